@@ -19,7 +19,7 @@ def test_bench_engine_quick_writes_json(tmp_path):
     assert all(keys <= r.keys() for r in runs)
     engine_runs = [r for r in runs if not r["method"].startswith("hf-")]
     assert {(r["method"], r["batch"]) for r in engine_runs} == {(m, b) for m in ("none", "srt") for b in (1, 4)}
-    assert all(r["identical_to_none"] for r in engine_runs)
+    assert all(r["identical_to_none"] and r["identical_share"] == 1.0 for r in engine_runs)
     assert all(r["tokens"] > 0 and r["tokens_per_s"] > 0 for r in runs)
     assert {r["method"] for r in runs} >= {"hf-generate", "hf-generate+prompt-lookup"}
     assert {row["method"] for row in data["summary"]} >= {"none", "srt"}

@@ -9,6 +9,7 @@ import torch
 
 from srt_agent.cache import DRAFTERS, Draft, make_drafter
 from srt_agent.engine import Engine, SamplingParams
+from srt_agent.engine.bench import identical_share
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
 N_SAMPLES = 3  # a GRPO group per prompt: siblings share the prompt key
@@ -170,13 +171,7 @@ def test_smollm2_speculative_matches_plain(smollm2):
     engine = Engine(smollm2, drafter="srt", max_batch=8, max_context=256, adaptive_drafts=False, max_draft_tokens=8)
     engine.generate(prompts, params)  # fills the trees: the second pass drafts whole continuations
     spec = engine.generate(prompts, params)
-    same = total = 0
-    for a, b in zip(plain, spec):
-        n = min(len(a.token_ids), len(b.token_ids))
-        prefix = next((i for i in range(n) if a.token_ids[i] != b.token_ids[i]), n)
-        same += prefix
-        total += max(len(a.token_ids), len(b.token_ids))
-    share = same / total
-    print(f"identical tokens: {share:.4f} ({same}/{total}); accepted drafts {engine.stats()['draft_accepted']}")
+    share = identical_share([o.token_ids for o in spec], [o.token_ids for o in plain])
+    print(f"identical tokens: {share:.4f}; accepted drafts {engine.stats()['draft_accepted']}")
     assert share >= 0.99
     assert engine.stats()["draft_accepted"] > 0
