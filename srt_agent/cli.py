@@ -83,7 +83,7 @@ def rollout(
 
     try:
         summary = rollout_env_file(env_file, console, model=model, n_samples=n, limit=limit, drafter=drafter, out=out)
-    except (ConfigError, FileNotFoundError, SandboxUnavailable) as exc:
+    except (ConfigError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2)
     write_json(asdict(summary), json_path)

@@ -61,3 +61,16 @@ def test_bad_env_files_fail_clearly(tmp_path):
     no_tools.write_text("model: tiny-llama\ntools: nowhere/tools.yaml\n")
     result = runner.invoke(app, ["rollout", str(no_tools)])
     assert result.exit_code == 2 and "tools.yaml: no such file" in result.output
+
+
+def test_bad_drafter_or_model_fails_clearly(tmp_path):
+    env = tiny_env(tmp_path)
+    bad_drafter = tmp_path / "bad_drafter.yaml"
+    bad_drafter.write_text(env.read_text().replace("engine: {", "engine: {drafter: sufix, "))
+    result = runner.invoke(app, ["rollout", str(bad_drafter)])
+    assert result.exit_code == 2 and "engine.drafter" in result.output and "sufix" in result.output
+    result = runner.invoke(app, ["rollout", str(env), "--drafter", "eagle"])
+    assert result.exit_code == 2 and "--drafter: drafter" in result.output and "eagle" in result.output
+    result = runner.invoke(app, ["rollout", str(env), "--model", str(ROOT / "pyproject.toml")])
+    assert result.exit_code == 2 and "error:" in result.output and "pyproject.toml" in result.output
+    assert not isinstance(result.exception, ValueError)

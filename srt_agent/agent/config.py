@@ -62,6 +62,15 @@ class EngineConfig(_Strict):
     max_batch: int = Field(32, ge=1)
     max_context: int = Field(2048, ge=16)
 
+    @field_validator("drafter")
+    @classmethod
+    def _known_drafter(cls, value: str) -> str:
+        from ..cache import DRAFTERS
+
+        if value not in DRAFTERS:
+            raise ValueError(f"unknown drafter {value!r}; choose one of {sorted(DRAFTERS)}")
+        return value
+
 
 class EnvConfig(_Strict):
     """One rollout environment: model, tasks, tools, turn and token limits, sampling, rewards."""

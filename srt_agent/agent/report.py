@@ -15,7 +15,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from .config import ConfigError, load_env_config
+from .config import ConfigError, EngineConfig, load_env_config, validate_config
 from .controller import MultiTurnController
 from .datasets import Task
 from .rollout import RolloutSummary, build_controller, run_rollouts, write_jsonl
@@ -81,7 +81,7 @@ def rollout_env_file(
     """Load an env config, run its rollouts with a progress bar, write JSONL to `out`, print the summary."""
     config = load_env_config(env_file)
     if drafter is not None:
-        config.engine.drafter = drafter
+        config.engine = validate_config(EngineConfig, {**config.engine.model_dump(), "drafter": drafter}, "--drafter")
     tasks = config.dataset.tasks(limit)
     if not tasks:
         raise ConfigError(f"{env_file}: dataset: no tasks")

@@ -65,17 +65,14 @@ class CodeInterpreterTool:
 
 def build_code_interpreter(entry: ToolEntry, interpreter: InterpreterConfig | None) -> Tool:
     """A sandboxed code interpreter from a ``code_interpreter`` entry (env overrides applied)."""
-    from srt_agent.tools import CodeInterpreter, make_sandbox
+    from srt_agent.tools import CodeInterpreter
 
-    options = {k: v for k, v in entry.config.items() if k != "type"}
-    kind = options.pop("sandbox", "local")
-    max_chars = options.pop("max_output_chars", 1024)
+    config = dict(entry.config)
     if interpreter is not None:
-        max_chars = interpreter.max_output_chars
+        config["max_output_chars"] = interpreter.max_output_chars
         if interpreter.timeout_s is not None:
-            options["timeout_s"] = interpreter.timeout_s
-    sandbox = make_sandbox(kind, **options)
-    return CodeInterpreterTool(CodeInterpreter(sandbox, max_output_chars=max_chars), entry.tool_schema)
+            config["timeout_s"] = interpreter.timeout_s
+    return CodeInterpreterTool(CodeInterpreter.from_config(config), entry.tool_schema)
 
 
 TOOL_BUILDERS: dict[str, Callable[[ToolEntry, InterpreterConfig | None], Tool]] = {
