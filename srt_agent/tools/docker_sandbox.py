@@ -59,6 +59,19 @@ class DockerSandbox:
                 f"cannot reach the Docker daemon ({exc}). Start Docker (or set DOCKER_HOST), "
                 "or use another sandbox: make_sandbox('local') (bubblewrap) or 'sandbox_fusion'."
             ) from exc
+        self._ensure_image()
+
+    def _ensure_image(self) -> None:
+        """Pull `image` once if the engine lacks it (`containers.create` does not pull)."""
+        import docker
+
+        try:
+            self._client.images.get(self.image)
+        except docker.errors.ImageNotFound:
+            try:
+                self._client.images.pull(self.image)
+            except docker.errors.DockerException as exc:
+                raise SandboxUnavailable(f"Docker image {self.image!r} is missing and cannot be pulled: {exc}") from exc
 
     def run(self, code: str, *, stdin: str = "", timeout_s: float | None = None) -> SandboxResult:
         """Run `code` in a new container; never raises for anything the program does.
@@ -67,6 +80,7 @@ class DockerSandbox:
         killed); a timer kills it at the deadline.
         """
         import docker
+        import requests
 
         timeout = self.timeout_s if timeout_s is None else timeout_s
         start = time.monotonic()
@@ -98,13 +112,13 @@ class DockerSandbox:
             exit_code = int(container.wait(timeout=30)["StatusCode"])
             container.reload()
             oom = bool(container.attrs["State"].get("OOMKilled"))
-        except docker.errors.DockerException as exc:
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             return SandboxResult(status="sandbox_error", stderr=f"docker: {exc}", wall_s=time.monotonic() - start)
         finally:
             if container is not None:
                 try:
                     container.remove(force=True)
-                except docker.errors.DockerException:
+                except (docker.errors.DockerException, requests.exceptions.RequestException):
                     pass
         result = SandboxResult(
             status="ok",
@@ -130,12 +144,13 @@ class DockerSandbox:
 def _kill_at_deadline(container: Any, flag: threading.Event | None) -> None:
     """Kill a container (from the deadline timer or past the output cap), ignoring one already gone."""
     import docker
+    import requests
 
     if flag is not None:
         flag.set()
     try:
         container.kill()
-    except docker.errors.DockerException:
+    except (docker.errors.DockerException, requests.exceptions.RequestException):
         pass
 
 
