@@ -134,9 +134,6 @@ class RolloutCache:
         """The prompt tokens that lead each stored sequence: the last `max_match`."""
         return list(prompt_ids[len(prompt_ids) - self.max_match :] if len(prompt_ids) > self.max_match else prompt_ids)
 
-    def prompt_key_of(self, request_id: Hashable) -> Hashable:
-        return self._request(request_id).prompt_key
-
     # ---- drafting -----------------------------------------------------------------------------
     def draft(
         self, prompt_key: Hashable, context: Sequence[int], budget: int, chain: bool = False, min_prob: float = 0.0

@@ -27,7 +27,6 @@ class SRTDrafter:
         self.cache = cache if cache is not None else RolloutCache(**cache_options)
         self.chain = chain
         self.min_prob = min_prob
-        self.step = 0
 
     def start_request(self, request_id: Hashable, prompt_key: Hashable, prompt_ids: Sequence[int]) -> None:
         self.cache.start_request(request_id, prompt_key, prompt_ids)
@@ -42,4 +41,4 @@ class SRTDrafter:
         self.cache.stop_request(request_id)
 
     def end_step(self) -> None:
-        self.step += 1
+        """Nothing to do: the trees keep every policy version's rollouts."""

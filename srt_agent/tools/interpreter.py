@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from .base import CodeSandbox, SandboxResult
 from .factory import make_sandbox
 
+VERL_TOOL_KEYS = frozenset({"type"})  # keys of a verl tool config that are verl's, not the sandbox's
+
 _STATUS_NOTES = {
     "timeout": "Execution timed out.",
     "memory": "Execution ran out of memory.",
@@ -49,9 +51,10 @@ class CodeInterpreter:
 
     @classmethod
     def from_config(cls, config: dict) -> "CodeInterpreter":
-        """Build from a tool config (see tools/code_interpreter.yaml): `sandbox` names the kind,
-        `max_output_chars` is the interpreter's, `type` is verl's; the rest are sandbox options."""
-        options = {k: v for k, v in config.items() if k not in ("type", "sandbox", "max_output_chars")}
+        """Build from a tool config's ``config`` section (see tools/code_interpreter.yaml): `sandbox`
+        names the kind, `max_output_chars` is the interpreter's; verl's own keys (`type`, …) are
+        ignored; the rest are sandbox options."""
+        options = {k: v for k, v in config.items() if k not in VERL_TOOL_KEYS | {"sandbox", "max_output_chars"}}
         sandbox = make_sandbox(config.get("sandbox", "local"), **options)
         return cls(sandbox, max_output_chars=config.get("max_output_chars", 1024))
 

@@ -77,13 +77,6 @@ class SandboxFusionSandbox:
     def close(self) -> None:
         self._client.close()
 
-    def ping(self) -> bool:
-        """Whether the server answers `GET /v1/ping`."""
-        try:
-            return self._client.get(f"{self.endpoint}/v1/ping", timeout=5.0).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     def run(self, code: str, *, stdin: str = "", timeout_s: float | None = None) -> SandboxResult:
         """Run `code` on the server; never raises for the program or the network."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
