@@ -72,3 +72,20 @@ def test_choice_is_optimal_and_a_tree(seed):
     )
     got = (len(drafts) + sum(sum(c.scores) for c in chosen)) / model.predict(base + sum(len(c) for c in chosen))
     assert got == pytest.approx(best, rel=1e-9)
+
+
+def test_measured_shapes_override_the_line():
+    """A CPU whose kernels jump in cost at 4 rows: the choice stops before the jump unless it pays."""
+    model = ForwardCostModel()
+    model.calibrate([(1, 0.030), (2, 0.031), (3, 0.032), (4, 0.045), (5, 0.046), (8, 0.050)])
+    assert model.predict(4, sequences=1) == pytest.approx(0.045) and model.predict(4) < 0.045
+    weak = Draft([1, 2, 3, 4], [-1, 0, 1, 2], [0.4, 0.2, 0.1, 0.05])
+    (chosen,) = choose_drafts([weak], 1, model)
+    assert len(chosen) == 2  # 1.6 tokens in 32 ms beats 1.75 in 45 ms
+    strong = Draft(list(range(7)), list(range(-1, 6)), [0.95**i for i in range(1, 8)])
+    (chosen,) = choose_drafts([strong], 1, model)
+    assert len(chosen) == 7  # the jump pays for itself
+    for _ in range(20):  # the machine now runs 3-row steps slowly
+        model.observe(3, 0.060, sequences=1)
+    assert model.predict(3, sequences=1) == pytest.approx(0.060, rel=0.01)
+    assert model.predict(3, sequences=2) == pytest.approx(model.predict(3))  # another shape: the line

@@ -21,14 +21,15 @@ import torch
 from ..cache.draft import Draft
 from ..cache.drafter import Drafter
 from ..models import LoadedModel, resolve_device
-from .cost_model import ForwardCostModel, choose_drafts
+from .acceptance import AcceptanceModel
+from .cost_model import ForwardCostModel, choose_nodes
 from .model_runner import Chunk, ModelRunner
 from .params import RequestOutput, SamplingParams
 from .sampler import RowSampling, sample_rows
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
 from .stops import StopChecker
-from .tree import validate_draft
+from .tree import sub_draft, validate_draft
 
 EAGER_LOGITS_ROWS = 64  # up to this many verified rows, all logits come from one LM-head pass
 
@@ -77,7 +78,8 @@ class Engine:
     """Batched, speculative, exactly on-policy generation over a Llama-style model.
 
     `max_draft_tokens` caps draft nodes per sequence and step; with `adaptive_drafts` the cost model
-    picks how many of them to verify (possibly none), otherwise all are verified.
+    picks which of them to verify (possibly none), by their scores as calibrated against the
+    acceptance observed so far; otherwise all are verified.
     """
 
     def __init__(
@@ -104,6 +106,7 @@ class Engine:
         self.scheduler = Scheduler(max_batch, max_prefill_tokens)
         self.stops = StopChecker(frozenset(model.eos_token_ids), max_context, model.tokenizer)
         self.cost_model = ForwardCostModel()
+        self.acceptance = AcceptanceModel()
         self.sequences: dict[str, Sequence] = {}
         self.totals = EngineStats()
         if calibrate and max_draft_tokens > 0 and getattr(self.drafter, "name", "none") != "none":
@@ -217,8 +220,8 @@ class Engine:
         )
         return out
 
-    def calibrate(self, sizes: tuple[int, ...] = (1, 8, 32)) -> None:
-        """Measure forward time for a few chunk sizes (on a free slot) to seed the cost model."""
+    def calibrate(self, sizes: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 12, 16, 32)) -> None:
+        """Measure forward + LM-head time for a few chunk sizes (on a free slot) to seed the cost model."""
         slot = self.scheduler.free_slots[-1] if self.scheduler.free_slots else None
         if slot is None:
             return
@@ -229,7 +232,7 @@ class Engine:
             best = float("inf")
             for _ in range(2):
                 t0 = time.perf_counter()
-                self.runner.forward([Chunk(slot, 0, [0] * n, n)])
+                self.runner.logits(self.runner.forward([Chunk(slot, 0, [0] * n, n)]))
                 self._sync()
                 best = min(best, time.perf_counter() - t0)
             samples.append((n, best))
@@ -250,15 +253,17 @@ class Engine:
         drafts, draft_s = self._draft(seqs)
         base = sum(len(s.pending()) for s in seqs)
         if self.adaptive_drafts and any(len(d) for d in drafts):
-            drafts = choose_drafts(drafts, base, self.cost_model)
+            keep = choose_nodes([self.acceptance.calibrate(d) for d in drafts], base, self.cost_model)
+            drafts = [sub_draft(d, k) for d, k in zip(drafts, keep)]
         chunks = [Chunk(s.slot, s.num_cached, s.pending() + d.token_ids, len(s.pending()), d.parents) for s, d in zip(seqs, drafts)]
         t0 = time.perf_counter()
         hidden = self.runner.forward(chunks)
-        self._sync()
-        forward_s = time.perf_counter() - t0
-        total = sum(len(c) for c in chunks)
-        self.cost_model.observe(total, forward_s)
         emitted, accepted = self._verify(seqs, chunks, drafts, hidden)
+        self._sync()
+        forward_s = time.perf_counter() - t0  # the forward pass, the LM head and sampling
+        total = sum(len(c) for c in chunks)
+        self.cost_model.observe(total, forward_s, len(seqs))
+        self.acceptance.observe(drafts, accepted)
         self._compact(seqs, chunks, accepted)
         finished = []
         for seq, chunk, draft, em, acc, ds in zip(seqs, chunks, drafts, emitted, accepted, draft_s):
