@@ -1,0 +1,1 @@
+"""Integrations with RL frameworks (each an optional extra)."""
