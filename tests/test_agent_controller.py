@@ -119,6 +119,25 @@ def test_code_block_runs_in_the_sandbox_and_output_comes_back_as_forced_tokens(t
     assert ctrl.waits.idle_slot_s >= 4 * ctrl.waits.wait_s
 
 
+def test_a_hermes_tool_call_runs_like_a_code_block(tiny, tools):
+    call_text = '<tool_call>{"name": "code_interpreter", "arguments": {"code": "print(2 ** 10)"}}</tool_call>'
+    task = arithmetic_tasks(1, seed=2)[0]
+    task.extra_info["prefix"] = call_text
+    (traj,) = run(controller(tiny, PrefilledReTool, tools, n_samples=1), [task])
+    assert traj.error is None, traj.error
+    (call,) = traj.tool_calls
+    assert (call.name, call.arguments, call.status, call.output.strip()) == (
+        "code_interpreter",
+        {"code": "print(2 ** 10)"},
+        "ok",
+        "1024",
+    )
+    runs = segments(traj)
+    assert [mask for mask, _ in runs][:3] == [0, 1, 0]
+    assert tiny.tokenizer.decode(runs[0][1]) == call_text
+    assert tiny.tokenizer.decode(runs[2][1]) == "\n<interpreter>\n1024\n</interpreter>\n"
+
+
 def test_logprobs_match_a_teacher_forced_pass_over_the_whole_trajectory(tiny, tools):
     """The engine continued each turn from exactly the recorded tokens (prompt, model and forced)."""
     (traj,) = run(controller(tiny, PrefilledReTool, tools, n_samples=1), arithmetic_tasks(1, seed=3))
