@@ -49,7 +49,7 @@ class ModelInfo:
     name: str
     kind: str  # "embedded", "hf-dir", "gguf"
     path: str
-    cached: bool
+    cached: bool | None  # converted weights in the cache (GGUF); None: nothing to convert (HF dir)
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -244,14 +244,18 @@ def list_models(search_dirs: list[Path] | None = None) -> list[ModelInfo]:
     found: list[ModelInfo] = []
     gguf = embedded_gguf_path()
     if gguf is not None:
-        cached = (cache_root() / "models").glob(f"{gguf.stem}-*/config.json")
-        found.append(ModelInfo(EMBEDDED_NAME, "embedded", str(gguf), any(True for _ in cached)))
+        found.append(ModelInfo(EMBEDDED_NAME, "embedded", str(gguf), is_converted(gguf)))
     for root in search_dirs or []:
         root = Path(root).expanduser()
         if not root.is_dir():
             continue
         for config in sorted(root.glob("*/config.json")):
-            found.append(ModelInfo(config.parent.name, "hf-dir", str(config.parent), True))
+            found.append(ModelInfo(config.parent.name, "hf-dir", str(config.parent), None))
         for path in sorted(root.glob("*.gguf")):
-            found.append(ModelInfo(path.name, "gguf", str(path), False))
+            found.append(ModelInfo(path.name, "gguf", str(path), is_converted(path)))
     return found
+
+
+def is_converted(gguf_path: Path) -> bool:
+    """Whether the float32 conversion of this GGUF is in the cache."""
+    return (converted_dir(gguf_path) / "config.json").exists()

@@ -63,3 +63,14 @@ def test_a_child_never_outscores_its_parent(seed):
         calibrated = model.calibrate(draft).scores
         assert all(0.0 <= c <= 1.0 for c in calibrated)
         assert all(p < 0 or calibrated[i] <= calibrated[p] + 1e-12 for i, p in enumerate(parents))
+
+
+def test_long_matches_and_short_matches_are_calibrated_apart():
+    """The same raw score means more after a long context match: each match bucket learns its own rate."""
+    model, rng = AcceptanceModel(decay=1.0), random.Random(1)
+    for _ in range(3000):
+        for match_len, rate in ((1, 0.1), (12, 0.8)):
+            draft = Draft([7], [-1], [1.0], match_len)
+            model.observe([draft], [[0] if rng.random() < rate else []])
+    assert model.calibrate(Draft([7], [-1], [1.0], 1)).scores[0] == pytest.approx(0.1, abs=0.03)
+    assert model.calibrate(Draft([7], [-1], [1.0], 12)).scores[0] == pytest.approx(0.8, abs=0.03)

@@ -89,3 +89,26 @@ def test_measured_shapes_override_the_line():
         model.observe(3, 0.060, sequences=1)
     assert model.predict(3, sequences=1) == pytest.approx(0.060, rel=0.01)
     assert model.predict(3, sequences=2) == pytest.approx(model.predict(3))  # another shape: the line
+
+
+def test_a_marginal_gain_is_not_worth_the_risk():
+    model = ForwardCostModel()
+    model.calibrate([(32, 0.120), (64, 0.152)])  # 1 ms per extra token on a batch of 32
+    drafts = [Draft([1], [-1], [0.3])] * 32  # each node barely pays for itself
+    assert sum(len(d) for d in choose_drafts(drafts, 32, model)) == 32
+    assert sum(len(d) for d in choose_drafts(drafts, 32, model, min_gain=0.1)) == 0
+    strong = [Draft([1], [-1], [0.9])] * 32
+    assert sum(len(d) for d in choose_drafts(strong, 32, model, min_gain=0.1)) == 32
+
+
+def test_the_fit_separates_tokens_from_sequences():
+    """Steps of 1 and of 32 sequences: one line in tokens alone would misprice a full batch's drafts."""
+    model = ForwardCostModel()
+    truth = lambda tokens, sequences: 0.027 + 0.002 * tokens + 0.0004 * (sequences - 1)  # noqa: E731
+    for _ in range(50):
+        for sequences, tokens in ((1, 1), (1, 3), (1, 9), (32, 32), (32, 40), (32, 64)):
+            model.observe(tokens, truth(tokens, sequences), sequences)
+    assert model.per_token_s == pytest.approx(0.002, rel=0.01)
+    assert model.per_sequence_s == pytest.approx(0.0004, rel=0.05)
+    assert model.predict(50, sequences=32) == pytest.approx(truth(50, 32), rel=0.01)
+    assert model.predict(5) == pytest.approx(truth(5, 1), rel=0.01)

@@ -1,6 +1,9 @@
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from srt_agent import models
+from srt_agent.cli import app
 from srt_agent.models import (
     EMBEDDED_NAME,
     converted_dir,
@@ -71,3 +74,31 @@ def test_tiny_spec_uses_the_embedded_tokenizer():
     assert loaded.model.config.model_type == "qwen2"
     assert loaded.model.config.vocab_size == len(loaded.tokenizer)
     assert loaded.tokenizer.convert_tokens_to_ids("<|im_end|>") in loaded.eos_token_ids
+
+
+@pytest.mark.slow
+def test_a_gguf_path_is_converted_once_then_loaded_from_the_cache(smollm2, tmp_path, monkeypatch):
+    monkeypatch.setenv("SRT_AGENT_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "models"
+    folder.mkdir()
+    link = folder / "smol.gguf"
+    link.symlink_to(embedded_gguf_path())
+    assert [(m.name, m.cached) for m in list_models([folder]) if m.kind == "gguf"] == [("smol.gguf", False)]
+    first = load_model(str(link), device="cpu")
+    assert [(m.name, m.cached) for m in list_models([folder]) if m.kind == "gguf"] == [("smol.gguf", True)]
+
+    def no_second_conversion(*args):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(models, "_convert_gguf", no_second_conversion)
+    second = load_model(str(link), device="cpu")
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.equal(first.model(ids).logits, second.model(ids).logits)
+    assert torch.allclose(second.model(ids).logits, smollm2.model(ids).logits)
+
+
+def test_models_command_lists_search_folders(tmp_path):
+    tiny_random_model("llama", seed=0).model.save_pretrained(tmp_path / "my-model")
+    result = CliRunner().invoke(app, ["models", "--search", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "my-model" in result.output and "hf-dir" in result.output

@@ -3,9 +3,11 @@
 A drafter scores each node with its estimate that the path to the node is accepted. Tree drafters
 estimate it from few counts (a continuation seen once scores 1.0) and are overconfident, so a cost
 model trusting them verifies long drafts that mostly fail. The engine therefore learns, per bin of a
-node's *conditional* score (its score over its parent's), how often a node whose parent was accepted
-was accepted itself; a node's calibrated score is the product of calibrated conditionals along its
-path, so a child never outscores its parent and a chosen set of nodes stays a tree.
+node's *conditional* score (its score over its parent's) and of the draft's match length (a draft
+hanging off a long matched context is far likelier to be right than one off a single token), how
+often a node whose parent was accepted was accepted itself. A node's calibrated score is the product
+of calibrated conditionals along its path, so a child never outscores its parent and a chosen set of
+nodes stays a tree.
 """
 
 from __future__ import annotations
@@ -26,35 +28,40 @@ def conditionals(draft: Draft) -> list[float]:
 
 @dataclass
 class AcceptanceModel:
-    """Observed acceptance per bin of conditional score, shrunk toward the raw score by a prior.
+    """Observed acceptance per (conditional-score bin, match-length bucket), shrunk toward the raw
+    score by a prior.
 
     Counts decay by `decay` at every `observe` call (one engine step), so the calibration follows the
     trees as they fill and the policy as it changes.
     """
 
     bins: int = 10
+    match_buckets: tuple[int, ...] = (2, 4, 8)  # match lengths below 2, below 4, below 8, the rest
     prior_weight: float = 4.0
     decay: float = 0.995
     tested: list[float] = field(default_factory=list)
     accepted: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.tested = self.tested or [0.0] * self.bins
-        self.accepted = self.accepted or [0.0] * self.bins
+        cells = self.bins * (len(self.match_buckets) + 1)
+        self.tested = self.tested or [0.0] * cells
+        self.accepted = self.accepted or [0.0] * cells
 
-    def _bin(self, p: float) -> int:
-        return min(int(p * self.bins), self.bins - 1)
+    def _cell(self, p: float, match_len: int) -> int:
+        bucket = sum(match_len >= edge for edge in self.match_buckets)
+        return bucket * self.bins + min(int(p * self.bins), self.bins - 1)
 
-    def conditional(self, p: float) -> float:
-        """Calibrated probability that a node of raw conditional score `p` is accepted, given its parent is."""
-        b = self._bin(p)
-        return (self.accepted[b] + self.prior_weight * p) / (self.tested[b] + self.prior_weight)
+    def conditional(self, p: float, match_len: int = 0) -> float:
+        """Calibrated probability that a node of raw conditional score `p`, in a draft that matched
+        `match_len` context tokens, is accepted given its parent is."""
+        c = self._cell(p, match_len)
+        return (self.accepted[c] + self.prior_weight * p) / (self.tested[c] + self.prior_weight)
 
     def calibrate(self, draft: Draft) -> Draft:
         """The draft with calibrated path scores."""
         scores: list[float] = []
         for parent, p in zip(draft.parents, conditionals(draft)):
-            scores.append((scores[parent] if parent >= 0 else 1.0) * self.conditional(p))
+            scores.append((scores[parent] if parent >= 0 else 1.0) * self.conditional(p, draft.match_len))
         return replace(draft, scores=scores)
 
     def observe(self, drafts: list[Draft], accepted: list[list[int]]) -> None:
@@ -65,6 +72,6 @@ class AcceptanceModel:
             kept = set(acc)
             for node, (parent, p) in enumerate(zip(draft.parents, conditionals(draft))):
                 if parent < 0 or parent in kept:
-                    b = self._bin(p)
-                    self.tested[b] += 1
-                    self.accepted[b] += node in kept
+                    c = self._cell(p, draft.match_len)
+                    self.tested[c] += 1
+                    self.accepted[c] += node in kept

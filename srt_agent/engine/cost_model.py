@@ -4,8 +4,9 @@ Verification time (the forward pass, the LM head and sampling) is predicted per 
 of sequences and total tokens fed — from measurements: start-up calibration and every step's measured
 time (an exponential moving average per shape). Matrix kernels make that cost far from linear on small
 shapes (on a CPU, 4 rows can cost 40% more than 3), so measured shapes use their own figure; unseen
-shapes fall back on a linear fit ``fixed_s + per_token_s * tokens`` (exponentially weighted least
-squares over all steps). Each drafted node's score is its expected acceptance (calibrated by
+shapes fall back on a linear fit ``fixed_s + per_token_s * tokens + per_sequence_s * (sequences - 1)``
+(exponentially weighted least squares over all steps; a full batch's draft tokens each cost about
+twice what a lone sequence's do, which a fit on tokens alone cannot express). Each drafted node's score is its expected acceptance (calibrated by
 `acceptance.AcceptanceModel`), so verifying a set of nodes yields ``num_sequences + sum(scores)``
 tokens in expectation. The choice takes nodes in decreasing score order (a parent always scores at least
 its child, so every prefix of that order is a tree) and keeps the prefix with the most expected tokens
@@ -15,6 +16,8 @@ per second: a lone sequence verifies long drafts, a full compute-bound batch few
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..cache.draft import Draft
 from .tree import sub_draft
@@ -26,62 +29,68 @@ class ForwardCostModel:
 
     fixed_s: float = 0.05
     per_token_s: float = 0.002
+    per_sequence_s: float = 0.0
     decay: float = 0.98
     prior_weight: float = 4.0
     shape_weight: float = 0.25  # how far one new measurement moves its shape's figure
 
     def __post_init__(self) -> None:
-        self._sums = [0.0] * 5  # weight, Σx, Σy, Σxx, Σxy
-        self._prior: list[tuple[int, float]] = []
+        self._xtx = np.zeros((3, 3))  # decayed Σ w·x·xᵀ over x = (1, tokens, sequences - 1)
+        self._xty = np.zeros(3)
+        self._prior: list[tuple[int, float, int]] = []
         self._shapes: dict[tuple[int, int], float] = {}
 
-    def calibrate(self, samples: list[tuple[int, float]]) -> None:
-        """Fit from one-sequence (tokens, seconds) measurements; they stay as a prior for the line and
-        seed the figures of their shapes."""
-        self._prior = list(samples)
-        self._sums = [0.0] * 5
-        self._shapes = {(1, tokens): seconds for tokens, seconds in samples}
+    def calibrate(self, samples: list[tuple]) -> None:
+        """Fit from (tokens, seconds[, sequences]) measurements (one sequence unless given); they stay
+        as a prior for the line and seed the figures of their shapes."""
+        self._prior = [(tokens, seconds, rest[0] if rest else 1) for tokens, seconds, *rest in samples]
+        self._xtx, self._xty = np.zeros((3, 3)), np.zeros(3)
+        self._shapes = {(sequences, tokens): seconds for tokens, seconds, sequences in self._prior}
         self._refit()
 
     def observe(self, tokens: int, seconds: float, sequences: int = 1) -> None:
         """Add one measured step (older observations decay)."""
-        w = self._sums
-        for i in range(5):
-            w[i] *= self.decay
-        w[0] += 1
-        w[1] += tokens
-        w[2] += seconds
-        w[3] += tokens * tokens
-        w[4] += tokens * seconds
+        x = np.array([1.0, tokens, sequences - 1])
+        self._xtx = self.decay * self._xtx + np.outer(x, x)
+        self._xty = self.decay * self._xty + seconds * x
         self._refit()
         key = (sequences, tokens)
-        old = self._shapes.get(key, self.predict(tokens))
+        old = self._shapes.get(key, self.predict(tokens, sequences))
         self._shapes[key] = old + self.shape_weight * (seconds - old)
 
     def _refit(self) -> None:
-        n, sx, sy, sxx, sxy = self._sums
+        xtx, xty = self._xtx.copy(), self._xty.copy()
         pw = self.prior_weight / max(1, len(self._prior))
-        for x, y in self._prior:
-            n, sx, sy, sxx, sxy = n + pw, sx + pw * x, sy + pw * y, sxx + pw * x * x, sxy + pw * x * y
-        var = n * sxx - sx * sx
-        if n <= 0 or var <= 1e-9 * max(1.0, n * sxx):
+        for tokens, seconds, sequences in self._prior:
+            x = np.array([1.0, tokens, sequences - 1])
+            xtx += pw * np.outer(x, x)
+            xty += pw * seconds * x
+        if xtx[0, 0] <= 0:
             return
-        slope = (n * sxy - sx * sy) / var
-        self.per_token_s = max(slope, 1e-7)
-        self.fixed_s = max((sy - self.per_token_s * sx) / n, 1e-6)
+        ridge = 1e-9 * np.trace(xtx) * np.eye(3)  # all-one-sequence data leaves the sequence term at 0
+        try:
+            fixed, per_token, per_sequence = np.linalg.solve(xtx + ridge, xty)
+        except np.linalg.LinAlgError:
+            return
+        self.per_token_s = max(float(per_token), 1e-7)
+        self.per_sequence_s = max(float(per_sequence), 0.0)
+        self.fixed_s = max(float(fixed), 1e-6)
 
     def predict(self, tokens: int, sequences: int | None = None) -> float:
-        """Seconds for a step of `sequences` feeding `tokens` (the linear fit when that shape is unmeasured)."""
+        """Seconds for a step of `sequences` (default 1) feeding `tokens` (the fit when that shape is unmeasured)."""
         if sequences is not None and (sequences, tokens) in self._shapes:
             return self._shapes[(sequences, tokens)]
-        return self.fixed_s + self.per_token_s * tokens
+        return self.fixed_s + self.per_token_s * tokens + self.per_sequence_s * ((sequences or 1) - 1)
 
 
-def choose_nodes(drafts: list[Draft], base_tokens: int, model: ForwardCostModel) -> list[list[int]]:
+def choose_nodes(
+    drafts: list[Draft], base_tokens: int, model: ForwardCostModel, min_gain: float = 0.0
+) -> list[list[int]]:
     """Per sequence, the draft nodes (sorted) that maximize expected emitted tokens per second.
 
     `base_tokens` are the pending tokens all sequences feed anyway; every sequence emits one token
-    even without a draft. Ties go to fewer nodes.
+    even without a draft. Ties go to fewer nodes. Nothing is verified unless the best choice beats
+    verifying nothing by the fraction `min_gain` (a margin for the models' errors).
     """
     candidates = sorted(
         ((score, seq, node) for seq, d in enumerate(drafts) for node, score in enumerate(d.scores)),
@@ -95,12 +104,14 @@ def choose_nodes(drafts: list[Draft], base_tokens: int, model: ForwardCostModel)
         rate = expected / model.predict(base_tokens + count, sequences)
         if rate > best_rate:
             best_rate, best_count = rate, count
+    if best_rate < (1.0 + min_gain) * sequences / model.predict(base_tokens, sequences):
+        best_count = 0
     chosen: list[list[int]] = [[] for _ in drafts]
     for _, seq, node in candidates[:best_count]:
         chosen[seq].append(node)
     return [sorted(c) for c in chosen]
 
 
-def choose_drafts(drafts: list[Draft], base_tokens: int, model: ForwardCostModel) -> list[Draft]:
+def choose_drafts(drafts: list[Draft], base_tokens: int, model: ForwardCostModel, min_gain: float = 0.0) -> list[Draft]:
     """The sub-drafts `choose_nodes` picks."""
-    return [sub_draft(d, keep) for d, keep in zip(drafts, choose_nodes(drafts, base_tokens, model))]
+    return [sub_draft(d, keep) for d, keep in zip(drafts, choose_nodes(drafts, base_tokens, model, min_gain))]

@@ -79,7 +79,8 @@ class Engine:
 
     `max_draft_tokens` caps draft nodes per sequence and step; with `adaptive_drafts` the cost model
     picks which of them to verify (possibly none), by their scores as calibrated against the
-    acceptance observed so far; otherwise all are verified.
+    acceptance observed so far, and only where it expects at least `min_draft_gain` more tokens per
+    second than without drafts; otherwise all are verified.
     """
 
     def __init__(
@@ -91,6 +92,7 @@ class Engine:
         max_context: int = 2048,
         max_draft_tokens: int = 16,
         adaptive_drafts: bool = True,
+        min_draft_gain: float = 0.1,
         max_prefill_tokens: int = 4096,
         calibrate: bool = True,
     ):
@@ -102,6 +104,7 @@ class Engine:
         self.max_context = max_context
         self.max_draft_tokens = max_draft_tokens
         self.adaptive_drafts = adaptive_drafts
+        self.min_draft_gain = min_draft_gain
         self.runner = ModelRunner(model.model, max_batch, max_context, max_draft_tokens + 1, self.device)
         self.scheduler = Scheduler(max_batch, max_prefill_tokens)
         self.stops = StopChecker(frozenset(model.eos_token_ids), max_context, model.tokenizer)
@@ -217,25 +220,30 @@ class Engine:
             held=len(self.scheduler.held),
             cost_fixed_s=self.cost_model.fixed_s,
             cost_per_token_s=self.cost_model.per_token_s,
+            cost_per_sequence_s=self.cost_model.per_sequence_s,
         )
         return out
 
     def calibrate(self, sizes: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 12, 16, 32)) -> None:
-        """Measure forward + LM-head time for a few chunk sizes (on a free slot) to seed the cost model."""
-        slot = self.scheduler.free_slots[-1] if self.scheduler.free_slots else None
-        if slot is None:
+        """Seed the cost model: forward + LM-head time of one sequence feeding each of `sizes` tokens,
+        and of every free slot feeding one and two tokens (a full batch verifying a little)."""
+        slots = list(self.scheduler.free_slots)
+        if not slots:
             return
+        shapes = [(1, min(n, self.runner.capacity)) for n in sizes]
+        if len(slots) > 1:
+            shapes += [(len(slots), 1), (len(slots), 2)]
+        self.runner.forward([Chunk(slots[0], 0, [0], 1)])  # warm-up
         samples = []
-        self.runner.forward([Chunk(slot, 0, [0], 1)])  # warm-up
-        for n in sizes:
-            n = min(n, self.runner.capacity)
+        for sequences, n in shapes:
+            chunks = [Chunk(slot, 0, [0] * n, n) for slot in slots[:sequences]]
             best = float("inf")
             for _ in range(2):
                 t0 = time.perf_counter()
-                self.runner.logits(self.runner.forward([Chunk(slot, 0, [0] * n, n)]))
+                self.runner.logits(self.runner.forward(chunks))
                 self._sync()
                 best = min(best, time.perf_counter() - t0)
-            samples.append((n, best))
+            samples.append((sequences * n, best, sequences))
         self.cost_model.calibrate(samples)
 
     def _sync(self) -> None:
@@ -253,7 +261,8 @@ class Engine:
         drafts, draft_s = self._draft(seqs)
         base = sum(len(s.pending()) for s in seqs)
         if self.adaptive_drafts and any(len(d) for d in drafts):
-            keep = choose_nodes([self.acceptance.calibrate(d) for d in drafts], base, self.cost_model)
+            calibrated = [self.acceptance.calibrate(d) for d in drafts]
+            keep = choose_nodes(calibrated, base, self.cost_model, self.min_draft_gain)
             drafts = [sub_draft(d, k) for d, k in zip(drafts, keep)]
         chunks = [Chunk(s.slot, s.num_cached, s.pending() + d.token_ids, len(s.pending()), d.parents) for s, d in zip(seqs, drafts)]
         t0 = time.perf_counter()
@@ -262,7 +271,8 @@ class Engine:
         self._sync()
         forward_s = time.perf_counter() - t0  # the forward pass, the LM head and sampling
         total = sum(len(c) for c in chunks)
-        self.cost_model.observe(total, forward_s, len(seqs))
+        if base == len(seqs):  # decoding and verifying only: the steps whose drafts the model sizes
+            self.cost_model.observe(total, forward_s, len(seqs))
         self.acceptance.observe(drafts, accepted)
         self._compact(seqs, chunks, accepted)
         finished = []
