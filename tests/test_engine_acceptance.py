@@ -74,3 +74,12 @@ def test_long_matches_and_short_matches_are_calibrated_apart():
             model.observe([draft], [[0] if rng.random() < rate else []])
     assert model.calibrate(Draft([7], [-1], [1.0], 1)).scores[0] == pytest.approx(0.1, abs=0.03)
     assert model.calibrate(Draft([7], [-1], [1.0], 12)).scores[0] == pytest.approx(0.8, abs=0.03)
+
+
+def test_steps_without_drafts_leave_the_calibration_alone():
+    model = AcceptanceModel()
+    model.observe([chain([1.0])], [[]])
+    before = list(model.tested)
+    for _ in range(1000):
+        model.observe([Draft(), Draft()], [[], []])
+    assert model.tested == before

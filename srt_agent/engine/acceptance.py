@@ -31,8 +31,8 @@ class AcceptanceModel:
     """Observed acceptance per (conditional-score bin, match-length bucket), shrunk toward the raw
     score by a prior.
 
-    Counts decay by `decay` at every `observe` call (one engine step), so the calibration follows the
-    trees as they fill and the policy as it changes.
+    Counts decay by `decay` at every step that verified a draft, so the calibration follows the trees
+    as they fill and the policy as it changes (and stays put while nothing is verified).
     """
 
     bins: int = 10
@@ -66,6 +66,8 @@ class AcceptanceModel:
 
     def observe(self, drafts: list[Draft], accepted: list[list[int]]) -> None:
         """Record one step's verified drafts (raw scores) and the nodes accepted in each."""
+        if not any(len(d) for d in drafts):
+            return
         self.tested = [x * self.decay for x in self.tested]
         self.accepted = [x * self.decay for x in self.accepted]
         for draft, acc in zip(drafts, accepted):
