@@ -6,9 +6,9 @@ time (an exponential moving average per shape). Matrix kernels make that cost fa
 shapes (on a CPU, 4 rows can cost 40% more than 3), so measured shapes use their own figure; unseen
 shapes fall back on a linear fit ``fixed_s + per_token_s * tokens + per_sequence_s * (sequences - 1)``
 (exponentially weighted least squares over all steps; a full batch's draft tokens each cost about
-twice what a lone sequence's do, which a fit on tokens alone cannot express). Each drafted node's score is its expected acceptance (calibrated by
-`acceptance.AcceptanceModel`), so verifying a set of nodes yields ``num_sequences + sum(scores)``
-tokens in expectation. The choice takes nodes in decreasing score order (a parent always scores at least
+twice what a lone sequence's do, which a fit on tokens alone cannot express). Each drafted node's
+score is its expected acceptance (calibrated by `acceptance.AcceptanceModel`), so verifying a set of
+nodes yields ``num_sequences + sum(scores)`` tokens in expectation. The choice takes nodes in decreasing score order (a parent always scores at least
 its child, so every prefix of that order is a tree) and keeps the prefix with the most expected tokens
 per second: a lone sequence verifies long drafts, a full compute-bound batch few or none.
 """
@@ -35,17 +35,24 @@ class ForwardCostModel:
     shape_weight: float = 0.25  # how far one new measurement moves its shape's figure
 
     def __post_init__(self) -> None:
-        self._xtx = np.zeros((3, 3))  # decayed Σ w·x·xᵀ over x = (1, tokens, sequences - 1)
+        self._xtx = np.zeros((3, 3))  # decayed Σ x·xᵀ over x = (1, tokens, sequences - 1)
         self._xty = np.zeros(3)
-        self._prior: list[tuple[int, float, int]] = []
+        self._prior_xtx = np.zeros((3, 3))  # the calibration's, weighted to `prior_weight` in all
+        self._prior_xty = np.zeros(3)
         self._shapes: dict[tuple[int, int], float] = {}
 
     def calibrate(self, samples: list[tuple]) -> None:
         """Fit from (tokens, seconds[, sequences]) measurements (one sequence unless given); they stay
         as a prior for the line and seed the figures of their shapes."""
-        self._prior = [(tokens, seconds, rest[0] if rest else 1) for tokens, seconds, *rest in samples]
+        prior = [(tokens, seconds, rest[0] if rest else 1) for tokens, seconds, *rest in samples]
+        weight = self.prior_weight / max(1, len(prior))
+        self._prior_xtx, self._prior_xty = np.zeros((3, 3)), np.zeros(3)
+        for tokens, seconds, sequences in prior:
+            x = np.array([1.0, tokens, sequences - 1])
+            self._prior_xtx += weight * np.outer(x, x)
+            self._prior_xty += weight * seconds * x
         self._xtx, self._xty = np.zeros((3, 3)), np.zeros(3)
-        self._shapes = {(sequences, tokens): seconds for tokens, seconds, sequences in self._prior}
+        self._shapes = {(sequences, tokens): seconds for tokens, seconds, sequences in prior}
         self._refit()
 
     def observe(self, tokens: int, seconds: float, sequences: int = 1) -> None:
@@ -59,12 +66,7 @@ class ForwardCostModel:
         self._shapes[key] = old + self.shape_weight * (seconds - old)
 
     def _refit(self) -> None:
-        xtx, xty = self._xtx.copy(), self._xty.copy()
-        pw = self.prior_weight / max(1, len(self._prior))
-        for tokens, seconds, sequences in self._prior:
-            x = np.array([1.0, tokens, sequences - 1])
-            xtx += pw * np.outer(x, x)
-            xty += pw * seconds * x
+        xtx, xty = self._xtx + self._prior_xtx, self._xty + self._prior_xty
         if xtx[0, 0] <= 0:
             return
         ridge = 1e-9 * np.trace(xtx) * np.eye(3)  # all-one-sequence data leaves the sequence term at 0
