@@ -8,9 +8,10 @@ shapes fall back on a linear fit ``fixed_s + per_token_s * tokens + per_sequence
 (exponentially weighted least squares over all steps; a full batch's draft tokens each cost about
 twice what a lone sequence's do, which a fit on tokens alone cannot express). Each drafted node's
 score is its expected acceptance (calibrated by `acceptance.AcceptanceModel`), so verifying a set of
-nodes yields ``num_sequences + sum(scores)`` tokens in expectation. The choice takes nodes in decreasing score order (a parent always scores at least
-its child, so every prefix of that order is a tree) and keeps the prefix with the most expected tokens
-per second: a lone sequence verifies long drafts, a full compute-bound batch few or none.
+nodes yields ``num_sequences + sum(scores)`` tokens in expectation. The choice takes nodes in
+decreasing score order (a parent always scores at least its child, so every prefix of that order is a
+tree) and keeps the prefix with the most expected tokens per second: a lone sequence verifies long
+drafts, a full compute-bound batch few or none.
 """
 
 from __future__ import annotations
