@@ -83,3 +83,11 @@ def test_steps_without_drafts_leave_the_calibration_alone():
     for _ in range(1000):
         model.observe([Draft(), Draft()], [[], []])
     assert model.tested == before
+
+
+def test_an_overconfident_drafter_is_discounted_in_cells_it_has_not_tried():
+    model = AcceptanceModel(decay=1.0)
+    for _ in range(200):  # always 1.0, never right, after short matches
+        model.observe([Draft([1], [-1], [1.0], 1)], [[]])
+    unseen = model.calibrate(Draft([1], [-1], [1.0], 12)).scores[0]  # a long match: another cell
+    assert unseen < 0.05

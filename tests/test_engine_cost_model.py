@@ -112,3 +112,16 @@ def test_the_fit_separates_tokens_from_sequences():
     assert model.per_sequence_s == pytest.approx(0.0004, rel=0.05)
     assert model.predict(50, sequences=32) == pytest.approx(truth(50, 32), rel=0.01)
     assert model.predict(5) == pytest.approx(truth(5, 1), rel=0.01)
+
+
+def test_makespan_mode_slows_a_step_only_when_every_sequence_gains():
+    model = ForwardCostModel()
+    model.calibrate([(1, 0.030), (64, 0.150)])
+    strong = Draft(list(range(4)), [-1, 0, 1, 2], [0.9, 0.8, 0.7, 0.6])
+    assert choose_drafts([strong], 1, model, makespan=True) == choose_drafts([strong], 1, model)
+    mixed = [strong] * 7 + [Draft()]
+    assert sum(len(d) for d in choose_drafts(mixed, 8, model)) > 0  # throughput: the seven gain
+    assert all(len(d) == 0 for d in choose_drafts(mixed, 8, model, makespan=True))
+    weak = Draft([9], [-1], [0.05])
+    chosen = choose_drafts([strong, weak], 2, model, makespan=True)
+    assert all(len(d) == 0 for d in chosen)  # the weak one bounds the gain: not worth slowing both

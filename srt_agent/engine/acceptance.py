@@ -29,7 +29,8 @@ def conditionals(draft: Draft) -> list[float]:
 @dataclass
 class AcceptanceModel:
     """Observed acceptance per (conditional-score bin, match-length bucket), shrunk toward the raw
-    score by a prior.
+    score scaled by the drafter's overall confidence (accepted over raw-score-expected, all cells
+    together), so cells with few observations learn from the others.
 
     Counts decay by `decay` at every step that verified a draft, so the calibration follows the trees
     as they fill and the policy as it changes (and stays put while nothing is verified).
@@ -41,6 +42,8 @@ class AcceptanceModel:
     decay: float = 0.995
     tested: list[float] = field(default_factory=list)
     accepted: list[float] = field(default_factory=list)
+    expected_total: float = 0.0  # Σ raw conditional score over tested nodes
+    accepted_total: float = 0.0
 
     def __post_init__(self) -> None:
         cells = self.bins * (len(self.match_buckets) + 1)
@@ -55,7 +58,8 @@ class AcceptanceModel:
         """Calibrated probability that a node of raw conditional score `p`, in a draft that matched
         `match_len` context tokens, is accepted given its parent is."""
         c = self._cell(p, match_len)
-        return (self.accepted[c] + self.prior_weight * p) / (self.tested[c] + self.prior_weight)
+        confidence = min(1.0, (self.accepted_total + self.prior_weight) / (self.expected_total + self.prior_weight))
+        return (self.accepted[c] + self.prior_weight * p * confidence) / (self.tested[c] + self.prior_weight)
 
     def calibrate(self, draft: Draft) -> Draft:
         """The draft with calibrated path scores."""
@@ -70,6 +74,8 @@ class AcceptanceModel:
             return
         self.tested = [x * self.decay for x in self.tested]
         self.accepted = [x * self.decay for x in self.accepted]
+        self.expected_total *= self.decay
+        self.accepted_total *= self.decay
         for draft, acc in zip(drafts, accepted):
             kept = set(acc)
             for node, (parent, p) in enumerate(zip(draft.parents, conditionals(draft))):
@@ -77,3 +83,5 @@ class AcceptanceModel:
                     c = self._cell(p, draft.match_len)
                     self.tested[c] += 1
                     self.accepted[c] += node in kept
+                    self.expected_total += p
+                    self.accepted_total += node in kept

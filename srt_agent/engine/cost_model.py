@@ -87,27 +87,38 @@ class ForwardCostModel:
 
 
 def choose_nodes(
-    drafts: list[Draft], base_tokens: int, model: ForwardCostModel, min_gain: float = 0.0
+    drafts: list[Draft], base_tokens: int, model: ForwardCostModel, min_gain: float = 0.0, makespan: bool = False
 ) -> list[list[int]]:
     """Per sequence, the draft nodes (sorted) that maximize expected emitted tokens per second.
 
     `base_tokens` are the pending tokens all sequences feed anyway; every sequence emits one token
     even without a draft. Ties go to fewer nodes. Nothing is verified unless the best choice beats
     verifying nothing by the fraction `min_gain` (a margin for the models' errors).
+
+    With `makespan` (no request waits: what counts is when the last sequence finishes, and any of
+    them may be that one) the rate is that of the sequence that gains least, so a step is only made
+    slower when every sequence in it expects to gain: a full batch with undrafted sequences verifies
+    nothing, a lone sequence exactly as many nodes as for throughput.
     """
+    sequences = len(drafts)
+    if makespan and not all(len(d) for d in drafts):
+        return [[] for _ in drafts]
     candidates = sorted(
         ((score, seq, node) for seq, d in enumerate(drafts) for node, score in enumerate(d.scores)),
         key=lambda c: (-c[0], c[1], c[2]),
     )
-    sequences = len(drafts)
-    expected = float(sequences)
-    best_rate, best_count = expected / model.predict(base_tokens, sequences), 0
-    for count, (score, _, _) in enumerate(candidates, start=1):
-        expected += score
-        rate = expected / model.predict(base_tokens + count, sequences)
+    gains = [0.0] * sequences  # expected accepted tokens per sequence so far
+    total = 0.0
+    base_rate = (1.0 if makespan else float(sequences)) / model.predict(base_tokens, sequences)
+    best_rate, best_count = base_rate, 0
+    for count, (score, seq, _) in enumerate(candidates, start=1):
+        gains[seq] += score
+        total += score
+        emitted = 1.0 + min(gains) if makespan else sequences + total
+        rate = emitted / model.predict(base_tokens + count, sequences)
         if rate > best_rate:
             best_rate, best_count = rate, count
-    if best_rate < (1.0 + min_gain) * sequences / model.predict(base_tokens, sequences):
+    if best_rate < (1.0 + min_gain) * base_rate:
         best_count = 0
     chosen: list[list[int]] = [[] for _ in drafts]
     for _, seq, node in candidates[:best_count]:
@@ -115,6 +126,9 @@ def choose_nodes(
     return [sorted(c) for c in chosen]
 
 
-def choose_drafts(drafts: list[Draft], base_tokens: int, model: ForwardCostModel, min_gain: float = 0.0) -> list[Draft]:
+def choose_drafts(
+    drafts: list[Draft], base_tokens: int, model: ForwardCostModel, min_gain: float = 0.0, makespan: bool = False
+) -> list[Draft]:
     """The sub-drafts `choose_nodes` picks."""
-    return [sub_draft(d, keep) for d, keep in zip(drafts, choose_nodes(drafts, base_tokens, model, min_gain))]
+    chosen = choose_nodes(drafts, base_tokens, model, min_gain, makespan)
+    return [sub_draft(d, keep) for d, keep in zip(drafts, chosen)]
