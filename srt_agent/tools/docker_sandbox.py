@@ -79,9 +79,6 @@ class DockerSandbox:
         Output is streamed from the container and cut at `max_output_bytes` (the container is then
         killed); a timer kills it at the deadline.
         """
-        import docker
-        import requests
-
         timeout = self.timeout_s if timeout_s is None else timeout_s
         start = time.monotonic()
         container = None
@@ -112,13 +109,13 @@ class DockerSandbox:
             exit_code = int(container.wait(timeout=30)["StatusCode"])
             container.reload()
             oom = bool(container.attrs["State"].get("OOMKilled"))
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        except _engine_errors() as exc:
             return SandboxResult(status="sandbox_error", stderr=f"docker: {exc}", wall_s=time.monotonic() - start)
         finally:
             if container is not None:
                 try:
                     container.remove(force=True)
-                except (docker.errors.DockerException, requests.exceptions.RequestException):
+                except _engine_errors():
                     pass
         result = SandboxResult(
             status="ok",
@@ -143,15 +140,20 @@ class DockerSandbox:
 
 def _kill_at_deadline(container: Any, flag: threading.Event | None) -> None:
     """Kill a container (from the deadline timer or past the output cap), ignoring one already gone."""
-    import docker
-    import requests
-
     if flag is not None:
         flag.set()
     try:
         container.kill()
-    except (docker.errors.DockerException, requests.exceptions.RequestException):
+    except _engine_errors():
         pass
+
+
+def _engine_errors() -> tuple[type[Exception], ...]:
+    """What the docker SDK raises when the engine fails or stalls (its HTTP layer is requests)."""
+    import docker
+    import requests
+
+    return (docker.errors.DockerException, requests.exceptions.RequestException)
 
 
 def _read_capped(stream: Any, cap: int) -> tuple[bytes, bytes, bool]:
