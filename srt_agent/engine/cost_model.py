@@ -49,7 +49,7 @@ class ForwardCostModel:
         weight = self.prior_weight / max(1, len(prior))
         self._prior_xtx, self._prior_xty = np.zeros((3, 3)), np.zeros(3)
         for tokens, seconds, sequences in prior:
-            x = np.array([1.0, tokens, sequences - 1])
+            x = _features(tokens, sequences)
             self._prior_xtx += weight * np.outer(x, x)
             self._prior_xty += weight * seconds * x
         self._xtx, self._xty = np.zeros((3, 3)), np.zeros(3)
@@ -58,7 +58,7 @@ class ForwardCostModel:
 
     def observe(self, tokens: int, seconds: float, sequences: int = 1) -> None:
         """Add one measured step (older observations decay)."""
-        x = np.array([1.0, tokens, sequences - 1])
+        x = _features(tokens, sequences)
         self._xtx = self.decay * self._xtx + np.outer(x, x)
         self._xty = self.decay * self._xty + seconds * x
         self._refit()
@@ -84,6 +84,11 @@ class ForwardCostModel:
         if sequences is not None and (sequences, tokens) in self._shapes:
             return self._shapes[(sequences, tokens)]
         return self.fixed_s + self.per_token_s * tokens + self.per_sequence_s * ((sequences or 1) - 1)
+
+
+def _features(tokens: int, sequences: int) -> np.ndarray:
+    """The regressors of the linear fit: (1, tokens, sequences - 1)."""
+    return np.array([1.0, tokens, sequences - 1])
 
 
 def choose_nodes(
