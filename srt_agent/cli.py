@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -206,6 +207,7 @@ def bench_engine(
     hf: bool = typer.Option(True, "--hf/--no-hf", help="Also time transformers' generate at batch 1."),
     max_draft_tokens: int = typer.Option(16, min=0, help="Draft nodes per sequence and step, at most."),
     threads: Optional[int] = typer.Option(None, min=1, help="torch threads (default: torch's choice)."),
+    dtype: str = typer.Option("float32", help="Policy dtype: float32 or bfloat16 (bf16 matmuls use AMX where the CPU has it)."),
     seed: int = typer.Option(0),
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, tiny workload: seconds."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
@@ -216,11 +218,11 @@ def bench_engine(
     from .engine.bench import METHODS, EngineBenchConfig, run_engine_bench, summary_table
 
     if quick:
-        config = EngineBenchConfig.quick()
+        config = dataclasses.replace(EngineBenchConfig.quick(), dtype=dtype)
     else:
         config = EngineBenchConfig(
             model=model, prompts=prompts, samples=samples, epochs=epochs, max_tokens=max_tokens, batches=tuple(batch),
-            methods=tuple(method) or METHODS, hf_baseline=hf, max_draft_tokens=max_draft_tokens, seed=seed, threads=threads,
+            methods=tuple(method) or METHODS, hf_baseline=hf, max_draft_tokens=max_draft_tokens, seed=seed, threads=threads, dtype=dtype,
         )
     total = len(config.batches) * len(config.methods) * config.epochs + (2 * config.epochs if config.hf_baseline and 1 in config.batches else 0)
     with Progress(console=console, transient=True) as progress:
