@@ -57,7 +57,8 @@ class AttentionGroup:
     """Chunks attended together: padded rows, their slots, key length and mask."""
 
     rows: torch.Tensor  # [B, L] packed-row index of each entry (padding → 0)
-    valid: torch.Tensor  # [B, L] bool
+    entries: torch.Tensor | None  # flat [B * L] indices of the real (non-padding) entries; None: all are
+    packed: torch.Tensor  # their packed-row indices, in the same order
     slots: torch.Tensor  # [B]
     slot_range: tuple[int, int] | None  # (lo, hi) when slots are consecutive: the cache is sliced, not copied
     key_len: int
@@ -119,10 +120,12 @@ class ModelRunner:
                 mask[b, 0, n:, 0] = True  # padding rows attend to something; their output is dropped
             slots = [chunks[i].slot for i in members]
             consecutive = slots == list(range(slots[0], slots[0] + len(slots)))
+            flat = valid.flatten()
             groups.append(
                 AttentionGroup(
                     rows=rows.to(self.device),
-                    valid=valid.to(self.device),
+                    entries=None if bool(flat.all()) else flat.nonzero().squeeze(1).to(self.device),
+                    packed=rows.flatten()[flat].to(self.device),
                     slots=torch.tensor(slots, device=self.device),
                     slot_range=(slots[0], slots[0] + len(slots)) if consecutive else None,
                     key_len=key_len,
@@ -175,8 +178,8 @@ class ModelRunner:
                 else:
                     kg, vg = k_cache[g.slots, :, : g.key_len], v_cache[g.slots, :, : g.key_len]
                 og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=attn.scaling, enable_gqa=True)
-                og = og.transpose(1, 2).reshape(g.rows.shape[0], g.rows.shape[1], n_q)
-                out[g.rows[g.valid]] = og[g.valid]
+                og = og.transpose(1, 2).reshape(-1, n_q)
+                out[g.packed] = og if g.entries is None else og[g.entries]
             x = x + attn.o_proj(out)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return inner.norm(x)
