@@ -215,7 +215,7 @@ def bench_engine(
     """The speculative engine per drafter and batch size (tokens/s, tokens per forward, speedup)."""
     from rich.progress import Progress
 
-    from .engine.bench import METHODS, EngineBenchConfig, run_engine_bench, summary_table
+    from .engine.bench import METHODS, EngineBenchConfig, run_engine_bench, summary_table, verification_cost_lines
 
     if quick:
         config = dataclasses.replace(EngineBenchConfig.quick(), dtype=dtype)
@@ -237,7 +237,7 @@ def bench_engine(
             console.print(f"[red]{exc}[/red]")
             raise typer.Exit(1)
     console.print(summary_table(result))
-    for note in result["notes"]:
+    for note in verification_cost_lines(result) + result["notes"]:
         console.print(f"[dim]{note}[/dim]")
     write_json(result, json_path)
 

@@ -24,6 +24,11 @@ def test_bench_engine_quick_writes_json(tmp_path):
     assert {r["method"] for r in runs} >= {"hf-generate", "hf-generate+prompt-lookup"}
     assert {row["method"] for row in data["summary"]} >= {"none", "srt"}
     assert "speedup" in result.output
+    costs = data["verification_cost"]  # the srt engines' start-up calibration, per batch size
+    assert {c["batch"] for c in costs} == {1, 4}
+    assert all(c["seconds"] > 0 for c in costs)
+    assert {(c["sequences"], c["tokens"]) for c in costs if c["batch"] == 4} >= {(1, 1), (1, 16), (4, 4), (4, 8)}
+    assert "verification cost at batch 4" in result.output
 
 
 def test_bench_engine_runs_a_bf16_policy_and_rejects_other_dtypes(tmp_path):

@@ -3,7 +3,8 @@
 Workload: P chat prompts × n samples at temperature 1.0, for several epochs over the same prompts
 with each drafter's trees kept between epochs (as across RL steps); every epoch draws new seeds.
 Each (method, batch size) gets a fresh engine; all runs of a batch size use the same seeds, so every
-method's tokens can be checked against `none`'s (`identical_to_none`). transformers' own `generate`
+method's tokens can be checked against `none`'s (`identical_to_none`). The engines' start-up
+calibration shows what verifying more tokens costs on the machine (`verification_cost`). transformers' own `generate`
 at batch 1, with and without prompt lookup, is the outside baseline.
 """
 
@@ -79,8 +80,9 @@ def workload(config: EngineBenchConfig, prompts: list[list[int]], batch: int, ep
     return [prompts[i] for i, _ in items], params, [f"p{i}" for i, _ in items]
 
 
-def run_method(loaded, config, method, batch, prompts, max_context, report) -> list[dict]:
-    """All epochs of one drafter at one batch size, on one engine (trees kept across epochs)."""
+def run_method(loaded, config, method, batch, prompts, max_context, report) -> tuple[list[dict], list[dict]]:
+    """All epochs of one drafter at one batch size, on one engine (trees kept across epochs); also
+    the engine's start-up measurement of verification time per step shape (empty for `none`)."""
     engine = Engine(
         loaded,
         drafter=method,
@@ -89,6 +91,7 @@ def run_method(loaded, config, method, batch, prompts, max_context, report) -> l
         max_context=max_context,
         max_draft_tokens=config.max_draft_tokens,
     )
+    calibration = engine.cost_model.measured() if method != "none" else []
     runs = []
     for epoch in range(config.epochs):
         ps, params, keys = workload(config, prompts, batch, epoch)
@@ -120,7 +123,7 @@ def run_method(loaded, config, method, batch, prompts, max_context, report) -> l
             )
         )
         report(runs[-1])
-    return runs
+    return runs, calibration
 
 
 def run_hf(loaded, config, prompts, prompt_lookup: bool, report) -> list[dict]:
@@ -169,7 +172,9 @@ def available_methods(methods: tuple[str, ...]) -> tuple[list[str], list[str]]:
 
 
 def run_engine_bench(config: EngineBenchConfig, report: Callable[[dict], None] = lambda r: None) -> dict:
-    """Run every method at every batch size; returns {"config", "runs", "summary", "notes"}."""
+    """Run every method at every batch size; returns {"config", "runs", "summary", "verification_cost",
+    "notes"}: verification_cost holds, per batch size, the seconds of a step (forward, LM head,
+    sampling) per shape (sequences, tokens fed) as the first drafting engine measured them at start-up."""
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads or threads)
     try:
@@ -188,10 +193,13 @@ def _run(config: EngineBenchConfig, report: Callable[[dict], None]) -> dict:
     if "none" not in methods:
         methods.insert(0, "none")
     runs: list[dict] = []
+    costs: list[dict] = []
     for batch in config.batches:
         reference = None
         for method in methods:
-            method_runs = run_method(loaded, config, method, batch, prompts, max_context, report)
+            method_runs, calibration = run_method(loaded, config, method, batch, prompts, max_context, report)
+            if calibration and not any(c["batch"] == batch for c in costs):
+                costs += [dict(batch=batch, **row) for row in calibration]
             if method == "none":
                 reference = [r["outputs"] for r in method_runs]
             for r, ref in zip(method_runs, reference):
@@ -204,7 +212,7 @@ def _run(config: EngineBenchConfig, report: Callable[[dict], None]) -> dict:
     for r in runs:
         r.pop("outputs", None)
     notes += [f"torch threads: {torch.get_num_threads()}", *config.notes]
-    return dict(config=asdict(config), runs=runs, summary=summarize(runs), notes=notes)
+    return dict(config=asdict(config), runs=runs, summary=summarize(runs), verification_cost=costs, notes=notes)
 
 
 def identical_share(outputs: list[list[int]], reference: list[list[int]]) -> float:
@@ -271,3 +279,16 @@ def summary_table(result: dict):
             "-" if row["identical_to_none"] is None else ("yes" if row["identical_to_none"] else f"{row['identical_share']:.1%}"),
         )
     return table
+
+
+def verification_cost_lines(result: dict) -> list[str]:
+    """One line per batch size: a step's milliseconds per number of tokens fed, alone and batched."""
+    lines = []
+    for batch in sorted({c["batch"] for c in result.get("verification_cost", [])}):
+        rows = [c for c in result["verification_cost"] if c["batch"] == batch]
+        by_shape = {}
+        for c in rows:
+            by_shape.setdefault(c["sequences"], []).append(f"{c['tokens']}: {1000 * c['seconds']:.1f}")
+        shapes = "; ".join(f"{q} sequence{'s' if q > 1 else ''}, tokens fed: ms {', '.join(v)}" for q, v in sorted(by_shape.items()))
+        lines.append(f"verification cost at batch {batch}: {shapes}")
+    return lines

@@ -79,6 +79,10 @@ class ForwardCostModel:
         self.per_sequence_s = max(float(per_sequence), 0.0)
         self.fixed_s = max(float(fixed), 1e-6)
 
+    def measured(self) -> list[dict]:
+        """The per-shape figures (calibrated and observed), as {"sequences", "tokens", "seconds"} rows."""
+        return [dict(sequences=q, tokens=t, seconds=self._shapes[(q, t)]) for q, t in sorted(self._shapes)]
+
     def predict(self, tokens: int, sequences: int | None = None) -> float:
         """Seconds for a step of `sequences` (default 1) feeding `tokens` (the fit when that shape is unmeasured)."""
         if sequences is not None and (sequences, tokens) in self._shapes:
