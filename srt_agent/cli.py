@@ -206,6 +206,7 @@ def bench_engine(
     method: list[str] = typer.Option([], "--method", help="Drafters (default: none ngram suffix history srt arctic)."),
     hf: bool = typer.Option(True, "--hf/--no-hf", help="Also time transformers' generate at batch 1."),
     max_draft_tokens: int = typer.Option(16, min=0, help="Draft nodes per sequence and step, at most."),
+    adaptive: bool = typer.Option(True, "--adaptive/--no-adaptive", help="Size drafts with the cost model, or verify every drafted node."),
     threads: Optional[int] = typer.Option(None, min=1, help="torch threads (default: torch's choice)."),
     dtype: str = typer.Option("float32", help="Policy dtype: float32 or bfloat16 (bf16 matmuls use AMX where the CPU has it)."),
     seed: int = typer.Option(0),
@@ -218,11 +219,11 @@ def bench_engine(
     from .engine.bench import METHODS, EngineBenchConfig, run_engine_bench, summary_table, verification_cost_lines
 
     if quick:
-        config = dataclasses.replace(EngineBenchConfig.quick(), dtype=dtype)
+        config = dataclasses.replace(EngineBenchConfig.quick(), dtype=dtype, adaptive_drafts=adaptive)
     else:
         config = EngineBenchConfig(
             model=model, prompts=prompts, samples=samples, epochs=epochs, max_tokens=max_tokens, batches=tuple(batch),
-            methods=tuple(method) or METHODS, hf_baseline=hf, max_draft_tokens=max_draft_tokens, seed=seed, threads=threads, dtype=dtype,
+            methods=tuple(method) or METHODS, hf_baseline=hf, max_draft_tokens=max_draft_tokens, adaptive_drafts=adaptive, seed=seed, threads=threads, dtype=dtype,
         )
     total = len(config.batches) * len(config.methods) * config.epochs + (2 * config.epochs if config.hf_baseline and 1 in config.batches else 0)
     with Progress(console=console, transient=True) as progress:

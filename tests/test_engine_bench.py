@@ -31,12 +31,13 @@ def test_bench_engine_quick_writes_json(tmp_path):
     assert "verification cost at batch 4" in result.output
 
 
-def test_bench_engine_runs_a_bf16_policy_and_rejects_other_dtypes(tmp_path):
+def test_bench_engine_runs_a_bf16_policy_unsized_and_rejects_other_dtypes(tmp_path):
     path = tmp_path / "engine.json"
-    result = CliRunner().invoke(app, ["bench", "engine", "--quick", "--dtype", "bfloat16", "--json", str(path)])
+    args = ["bench", "engine", "--quick", "--dtype", "bfloat16", "--no-adaptive", "--json", str(path)]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     data = json.loads(path.read_text())
-    assert data["config"]["dtype"] == "bfloat16"
+    assert data["config"]["dtype"] == "bfloat16" and data["config"]["adaptive_drafts"] is False
     assert all(r["tokens"] > 0 for r in data["runs"])
     bad = CliRunner().invoke(app, ["bench", "engine", "--quick", "--dtype", "float16"])
     assert bad.exit_code == 1 and "dtype must be one of float32, bfloat16" in bad.output

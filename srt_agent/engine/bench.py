@@ -48,6 +48,7 @@ class EngineBenchConfig:
     methods: tuple[str, ...] = METHODS
     hf_baseline: bool = True
     max_draft_tokens: int = 16
+    adaptive_drafts: bool = True  # False: verify every drafted node (the drafters' acceptance ceiling)
     temperature: float = 1.0
     seed: int = 0
     device: str = "auto"
@@ -90,6 +91,7 @@ def run_method(loaded, config, method, batch, prompts, max_context, report) -> t
         max_batch=batch,
         max_context=max_context,
         max_draft_tokens=config.max_draft_tokens,
+        adaptive_drafts=config.adaptive_drafts,
     )
     calibration = engine.cost_model.measured() if method != "none" else []
     runs = []
