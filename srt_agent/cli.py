@@ -212,6 +212,7 @@ def bench_engine(
     seed: int = typer.Option(0),
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, tiny workload: seconds."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the result as a PNG here."),
 ):
     """The speculative engine per drafter and batch size (tokens/s, tokens per forward, speedup)."""
     from rich.progress import Progress
@@ -241,6 +242,10 @@ def bench_engine(
     for note in verification_cost_lines(result) + result["notes"]:
         console.print(f"[dim]{note}[/dim]")
     write_json(result, json_path)
+    if plot is not None:
+        from .engine.bench_plot import plot_engine_bench
+
+        console.print(f"wrote {plot_engine_bench(result, plot)}")
 
 if __name__ == "__main__":
     app()

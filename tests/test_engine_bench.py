@@ -11,7 +11,8 @@ from srt_agent.cli import app
 
 def test_bench_engine_quick_writes_json(tmp_path):
     path = tmp_path / "engine.json"
-    result = CliRunner().invoke(app, ["bench", "engine", "--quick", "--json", str(path)])
+    picture = tmp_path / "engine.png"
+    result = CliRunner().invoke(app, ["bench", "engine", "--quick", "--json", str(path), "--plot", str(picture)])
     assert result.exit_code == 0, result.output
     data = json.loads(path.read_text())
     runs = data["runs"]
@@ -29,6 +30,7 @@ def test_bench_engine_quick_writes_json(tmp_path):
     assert all(c["seconds"] > 0 for c in costs)
     assert {(c["sequences"], c["tokens"]) for c in costs if c["batch"] == 4} >= {(1, 1), (1, 16), (4, 4), (4, 8)}
     assert "verification cost at batch 4" in result.output
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
 
 
 def test_bench_engine_runs_a_bf16_policy_unsized_and_rejects_other_dtypes(tmp_path):
