@@ -8,7 +8,7 @@ import random
 import pytest
 
 from srt_agent.cache import Draft
-from srt_agent.engine.cost_model import ForwardCostModel, choose_drafts
+from srt_agent.engine.cost_model import ForwardCostModel, choose_drafts, choose_nodes
 
 
 def rate(drafts: list[Draft], kept: list[list[int]], base: int, model: ForwardCostModel) -> float:
@@ -125,3 +125,16 @@ def test_makespan_mode_slows_a_step_only_when_every_sequence_gains():
     weak = Draft([9], [-1], [0.05])
     chosen = choose_drafts([strong, weak], 2, model, makespan=True)
     assert all(len(d) == 0 for d in chosen)  # the weak one bounds the gain: not worth slowing both
+
+
+def test_choice_calibrates_scores_only_when_a_choice_remains():
+    model = ForwardCostModel()
+    model.calibrate([(1, 0.030), (64, 0.150)])
+    strong = Draft(list(range(4)), [-1, 0, 1, 2], [0.9, 0.8, 0.7, 0.6])
+    doubted = choose_nodes([strong], 1, model, calibrate=lambda d: Draft(d.token_ids, d.parents, [0.01] * len(d)))
+    assert doubted == [[]] and choose_nodes([strong], 1, model) == [[0, 1, 2, 3]]
+
+    def never(draft: Draft) -> Draft:
+        raise AssertionError("calibrated a draft the makespan rule had already ruled out")
+
+    assert choose_nodes([strong, Draft()], 2, model, makespan=True, calibrate=never) == [[], []]

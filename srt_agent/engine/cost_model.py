@@ -16,6 +16,7 @@ drafts, a full compute-bound batch few or none.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,7 +97,12 @@ def _features(tokens: int, sequences: int) -> np.ndarray:
 
 
 def choose_nodes(
-    drafts: list[Draft], base_tokens: int, model: ForwardCostModel, min_gain: float = 0.0, makespan: bool = False
+    drafts: list[Draft],
+    base_tokens: int,
+    model: ForwardCostModel,
+    min_gain: float = 0.0,
+    makespan: bool = False,
+    calibrate: Callable[[Draft], Draft] | None = None,
 ) -> list[list[int]]:
     """Per sequence, the draft nodes (sorted) that maximize expected emitted tokens per second.
 
@@ -108,10 +114,15 @@ def choose_nodes(
     them may be that one) the rate is that of the sequence that gains least, so a step is only made
     slower when every sequence in it expects to gain: a full batch with undrafted sequences verifies
     nothing, a lone sequence exactly as many nodes as for throughput.
+
+    `calibrate` maps each draft to one with calibrated scores before the choice (skipped when the
+    makespan rule already rules every draft out).
     """
     sequences = len(drafts)
     if makespan and not all(len(d) for d in drafts):
         return [[] for _ in drafts]
+    if calibrate is not None:
+        drafts = [calibrate(d) for d in drafts]
     candidates = sorted(
         ((score, seq, node) for seq, d in enumerate(drafts) for node, score in enumerate(d.scores)),
         key=lambda c: (-c[0], c[1], c[2]),

@@ -261,9 +261,8 @@ class Engine:
         drafts, draft_s = self._draft(seqs)
         base = sum(len(s.pending()) for s in seqs)
         if self.adaptive_drafts and any(len(d) for d in drafts):
-            calibrated = [self.acceptance.calibrate(d) for d in drafts]
             makespan = not self.scheduler.waiting  # nothing queued: the last sequence to finish sets the time
-            keep = choose_nodes(calibrated, base, self.cost_model, self.min_draft_gain, makespan)
+            keep = choose_nodes(drafts, base, self.cost_model, self.min_draft_gain, makespan, self.acceptance.calibrate)
             drafts = [sub_draft(d, k) for d, k in zip(drafts, keep)]
         chunks = [Chunk(s.slot, s.num_cached, s.pending() + d.token_ids, len(s.pending()), d.parents) for s, d in zip(seqs, drafts)]
         t0 = time.perf_counter()
