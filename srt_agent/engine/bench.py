@@ -4,8 +4,8 @@ Workload: P chat prompts × n samples at temperature 1.0, for several epochs ove
 with each drafter's trees kept between epochs (as across RL steps); every epoch draws new seeds.
 Each (method, batch size) gets a fresh engine; all runs of a batch size use the same seeds, so every
 method's tokens can be checked against `none`'s (`identical_to_none`). The engines' start-up
-calibration shows what verifying more tokens costs on the machine (`verification_cost`). transformers' own `generate`
-at batch 1, with and without prompt lookup, is the outside baseline.
+calibration shows what verifying more tokens costs on the machine (`verification_cost`).
+transformers' own `generate` at batch 1, with and without prompt lookup, is the outside baseline.
 """
 
 from __future__ import annotations
