@@ -147,8 +147,13 @@ def choose_nodes(
 
 
 def choose_drafts(
-    drafts: list[Draft], base_tokens: int, model: ForwardCostModel, min_gain: float = 0.0, makespan: bool = False
+    drafts: list[Draft],
+    base_tokens: int,
+    model: ForwardCostModel,
+    min_gain: float = 0.0,
+    makespan: bool = False,
+    calibrate: Callable[[Draft], Draft] | None = None,
 ) -> list[Draft]:
-    """The sub-drafts `choose_nodes` picks."""
-    chosen = choose_nodes(drafts, base_tokens, model, min_gain, makespan)
+    """The sub-drafts `choose_nodes` picks (with the drafts' own scores, whatever `calibrate` made of them)."""
+    chosen = choose_nodes(drafts, base_tokens, model, min_gain, makespan, calibrate)
     return [sub_draft(d, keep) for d, keep in zip(drafts, chosen)]

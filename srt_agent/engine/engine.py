@@ -22,14 +22,14 @@ from ..cache.draft import Draft
 from ..cache.drafter import Drafter
 from ..models import LoadedModel, resolve_device
 from .acceptance import AcceptanceModel
-from .cost_model import ForwardCostModel, choose_nodes
+from .cost_model import ForwardCostModel, choose_drafts
 from .model_runner import Chunk, ModelRunner
 from .params import RequestOutput, SamplingParams
 from .sampler import RowSampling, sample_rows
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
 from .stops import StopChecker
-from .tree import sub_draft, validate_draft
+from .tree import validate_draft
 
 EAGER_LOGITS_ROWS = 64  # up to this many verified rows, all logits come from one LM-head pass
 
@@ -262,8 +262,7 @@ class Engine:
         base = sum(len(s.pending()) for s in seqs)
         if self.adaptive_drafts and any(len(d) for d in drafts):
             makespan = not self.scheduler.waiting  # nothing queued: the last sequence to finish sets the time
-            keep = choose_nodes(drafts, base, self.cost_model, self.min_draft_gain, makespan, self.acceptance.calibrate)
-            drafts = [sub_draft(d, k) for d, k in zip(drafts, keep)]
+            drafts = choose_drafts(drafts, base, self.cost_model, self.min_draft_gain, makespan, self.acceptance.calibrate)
         chunks = [Chunk(s.slot, s.num_cached, s.pending() + d.token_ids, len(s.pending()), d.parents) for s, d in zip(seqs, drafts)]
         t0 = time.perf_counter()
         hidden = self.runner.forward(chunks)
