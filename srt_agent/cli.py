@@ -94,6 +94,37 @@ def rollout(
     write_json(asdict(summary), json_path)
 
 
+@app.command()
+def train(
+    env_file: Path = typer.Argument(..., help="Env config (YAML) with optional train: and cold_start: sections."),
+    steps: Optional[int] = typer.Option(None, min=1, help="RL steps (default: the config's train.steps)."),
+    out: Optional[Path] = typer.Option(None, help="Run folder for checkpoints, logs and reports (default: runs/<env name>)."),
+    resume: Optional[Path] = typer.Option(None, help="Continue from a checkpoint: a run folder or a step folder."),
+    compare: Optional[str] = typer.Option(None, help="Comma-separated drafters that regenerate every step for timing, e.g. none,suffix."),
+    algorithm: Optional[str] = typer.Option(None, help="grpo, dapo or ppo (default: the config's)."),
+    model: Optional[str] = typer.Option(None, help="Override the config's model: smollm2, tiny-llama, an HF dir, a .gguf."),
+    cold_start: Optional[bool] = typer.Option(None, "--cold-start/--no-cold-start", help="Run (or skip) the SFT cold start."),
+    set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set train.lr=1e-5 (repeatable)."),
+):
+    """RL training: ReTool cold start, then GRPO / DAPO / PPO with SRT rollouts (the main job)."""
+    from .agent.config import ConfigError, load_env_config
+    from .rl.trainer import Trainer
+    from .tools import SandboxUnavailable
+
+    overrides = list(set_) + ([f"train.algorithm={algorithm}"] if algorithm else [])
+    try:
+        config = load_env_config(env_file, overrides)
+        names = [c.strip() for c in compare.split(",") if c.strip()] if compare is not None else None
+        trainer = Trainer(config, out or Path("runs") / config.name, steps=steps, compare=names, resume=resume,
+                          model=model, cold_start=cold_start, console=console)
+        report = trainer.run()
+    except (ConfigError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2)
+    if report.get("interrupted"):
+        raise typer.Exit(130)
+
+
 @sandbox_app.command("serve")
 def sandbox_serve(
     port: int = typer.Option(8080, help="TCP port."),

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ..rl.config import ColdStartConfig, TrainConfig
 from .datasets import Task, arithmetic_tasks, load_tasks
 from .rewards import RewardConfig
 
@@ -90,6 +91,8 @@ class EnvConfig(_Strict):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     interpreter: InterpreterConfig = Field(default_factory=InterpreterConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig, description="RL training (srt-agent train)")
+    cold_start: ColdStartConfig = Field(default_factory=ColdStartConfig, description="SFT before RL")
 
     @field_validator("env")
     @classmethod
@@ -143,14 +146,38 @@ def validate_config(model: type[M], data: dict, path: str | Path) -> M:
         raise ConfigError("\n".join(lines)) from None
 
 
-def load_env_config(path: str | Path) -> EnvConfig:
-    """Read and validate an env YAML; relative dataset and tool paths become absolute."""
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Set dotted keys from ``KEY=VALUE`` strings (values parsed as YAML), e.g. ``train.lr=1e-5``."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. train.steps=8")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML") from None
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def load_env_config(path: str | Path, overrides: list[str] | None = None) -> EnvConfig:
+    """Read and validate an env YAML (with ``KEY=VALUE`` overrides); relative paths become absolute."""
     path = Path(path)
-    config = validate_config(EnvConfig, read_yaml(path), path)
+    config = validate_config(EnvConfig, apply_overrides(read_yaml(path), overrides or []), path)
     base = path.resolve().parent
     if config.tools is not None and not config.tools.is_absolute():
         config.tools = (base / config.tools).resolve()
     if config.dataset.source != "arithmetic":
         source = Path(config.dataset.source)
         config.dataset.source = str(source if source.is_absolute() else (base / source).resolve())
+    traces = config.cold_start.source_path(base)
+    if traces is not None:
+        config.cold_start.source = str(traces)
     return config

@@ -103,8 +103,13 @@ class MultiTurnController:
         closed_text = self.tokenizer.decode(closed) if closed else None
         return self._encode(user_turn_text(self.tokenizer, result.observation, closed_text))
 
-    async def run_episode(self, task: Task, task_index: int = 0, sample_index: int = 0) -> Trajectory:
-        """One episode of `task`; never raises for a failing engine call, env or tool."""
+    async def run_episode(
+        self, task: Task, task_index: int = 0, sample_index: int = 0, seed: int | None = None
+    ) -> Trajectory:
+        """One episode of `task`; never raises for a failing engine call, env or tool.
+
+        Its sampling seed derives from `seed` (default: the config's) and the task and sample indices.
+        """
         start = time.perf_counter()
         traj = Trajectory(
             request_id=f"{self.config.name}-{task_index}-{sample_index}-{uuid.uuid4().hex[:8]}",
@@ -120,7 +125,8 @@ class MultiTurnController:
             traj.prompt = env.initial_messages()
             traj.messages = [dict(m) for m in traj.prompt]
             traj.prompt_ids = self._encode(render_prompt(self.tokenizer, traj.prompt))
-            await self._episode(env, task, traj, trajectory_seed(self.config.sampling.seed, task_index, sample_index))
+            base = self.config.sampling.seed if seed is None else seed
+            await self._episode(env, task, traj, trajectory_seed(base, task_index, sample_index))
         except Exception as exc:  # noqa: BLE001 - isolation: one broken episode never stops the batch
             traj.finish_reason, traj.error = "error", f"{type(exc).__name__}: {exc}"
         finally:
@@ -136,18 +142,23 @@ class MultiTurnController:
         return traj
 
     async def run(
-        self, tasks: Sequence[Task], n_samples: int | None = None, on_done: Callable[[Trajectory], None] | None = None
+        self,
+        tasks: Sequence[Task],
+        n_samples: int | None = None,
+        on_done: Callable[[Trajectory], None] | None = None,
+        seed: int | None = None,
     ) -> list[Trajectory]:
         """`n_samples` episodes per task (default: the config's), all in flight at once up to `max_concurrent`.
 
-        Trajectories come back ordered by (task, sample); `on_done` is called as each one finishes.
+        Trajectories come back ordered by (task, sample); `on_done` is called as each one finishes. `seed`
+        overrides the config's sampling seed (an RL step draws a new one per step).
         """
         n_samples = n_samples or self.config.n_samples
         limit = asyncio.Semaphore(self.config.max_concurrent or len(tasks) * n_samples or 1)
 
         async def one(task_index: int, sample_index: int) -> Trajectory:
             async with limit:
-                traj = await self.run_episode(tasks[task_index], task_index, sample_index)
+                traj = await self.run_episode(tasks[task_index], task_index, sample_index, seed)
             if on_done is not None:
                 on_done(traj)
             return traj

@@ -117,34 +117,40 @@ def save_tasks(tasks: Iterable[Task], path: str | Path) -> None:
         raise ValueError(f"dataset {path}: expected a .jsonl or .parquet file")
 
 
-def _product_minus(rng: random.Random) -> tuple[str, int]:
+def _product_minus(rng: random.Random) -> tuple[str, int, str]:
     a, b, c = rng.randint(12, 99), rng.randint(12, 99), rng.randint(1, 500)
-    return f"Compute {a} * {b} - {c}.", a * b - c
+    return f"Compute {a} * {b} - {c}.", a * b - c, f"print({a} * {b} - {c})"
 
 
-def _power_mod(rng: random.Random) -> tuple[str, int]:
+def _power_mod(rng: random.Random) -> tuple[str, int, str]:
     a, k, m = rng.randint(2, 30), rng.randint(5, 40), rng.randint(7, 97)
-    return f"What is the remainder when {a}^{k} is divided by {m}?", pow(a, k, m)
+    return f"What is the remainder when {a}^{k} is divided by {m}?", pow(a, k, m), f"print(pow({a}, {k}, {m}))"
 
 
-def _range_sum(rng: random.Random) -> tuple[str, int]:
+def _range_sum(rng: random.Random) -> tuple[str, int, str]:
     lo = rng.randint(1, 50)
     hi = lo + rng.randint(10, 200)
     step = rng.randint(2, 7)
     return (
         f"What is the sum of all integers from {lo} to {hi} inclusive that are divisible by {step}?",
         sum(x for x in range(lo, hi + 1) if x % step == 0),
+        f"print(sum(x for x in range({lo}, {hi} + 1) if x % {step} == 0))",
     )
 
 
-def _prime_count(rng: random.Random) -> tuple[str, int]:
+def _prime_count(rng: random.Random) -> tuple[str, int, str]:
     n = rng.randint(20, 400)
+    code = (
+        "def is_prime(x):\n"
+        "    return x > 1 and all(x % d for d in range(2, int(x ** 0.5) + 1))\n\n"
+        f"print(sum(1 for x in range({n}) if is_prime(x)))"
+    )
     return f"How many prime numbers are less than {n}?", sum(
         1 for x in range(2, n) if all(x % d for d in range(2, math.isqrt(x) + 1))
-    )
+    ), code
 
 
-def _shopping(rng: random.Random) -> tuple[str, int]:
+def _shopping(rng: random.Random) -> tuple[str, int, str]:
     apples, pa_ = rng.randint(3, 20), rng.randint(2, 9)
     pears, pp = rng.randint(2, 15), rng.randint(3, 12)
     paid = 50 * math.ceil((apples * pa_ + pears * pp + 1) / 50)
@@ -152,19 +158,21 @@ def _shopping(rng: random.Random) -> tuple[str, int]:
         f"Mia buys {apples} apples at {pa_} dollars each and {pears} pears at {pp} dollars each. "
         f"She pays with {paid} dollars. How many dollars of change does she get?"
     )
-    return question, paid - apples * pa_ - pears * pp
+    code = f"cost = {apples} * {pa_} + {pears} * {pp}\nprint({paid} - cost)"
+    return question, paid - apples * pa_ - pears * pp, code
 
 
-def _train_distance(rng: random.Random) -> tuple[str, int]:
+def _train_distance(rng: random.Random) -> tuple[str, int, str]:
     v1, v2, hours = rng.randint(40, 90), rng.randint(40, 90), rng.randint(2, 9)
     question = (
         f"Two trains leave the same station in opposite directions at {v1} km/h and {v2} km/h. "
         f"How many kilometres apart are they after {hours} hours?"
     )
-    return question, (v1 + v2) * hours
+    return question, (v1 + v2) * hours, f"print(({v1} + {v2}) * {hours})"
 
 
-ARITHMETIC_KINDS: dict[str, Callable[[random.Random], tuple[str, int]]] = {
+# Each kind returns (question, exact answer, a Python program that prints the answer).
+ARITHMETIC_KINDS: dict[str, Callable[[random.Random], tuple[str, int, str]]] = {
     "product_minus": _product_minus,
     "power_mod": _power_mod,
     "range_sum": _range_sum,
@@ -179,7 +187,8 @@ def arithmetic_tasks(
 ) -> list[Task]:
     """`n` seeded arithmetic and word problems with exact integer answers, cycling through the kinds.
 
-    `few_shot` puts :data:`RETOOL_EXAMPLE` between the system prompt and the question.
+    `few_shot` puts :data:`RETOOL_EXAMPLE` between the system prompt and the question. Each task's
+    ``extra_info["solution"]`` is a program that prints its answer (the cold start's traces run it).
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
@@ -188,7 +197,7 @@ def arithmetic_tasks(
     tasks = []
     for i in range(n):
         kind = kinds[i % len(kinds)]
-        question, answer = ARITHMETIC_KINDS[kind](rng)
+        question, answer, solution = ARITHMETIC_KINDS[kind](rng)
         tasks.append(
             Task(
                 prompt=[
@@ -198,7 +207,7 @@ def arithmetic_tasks(
                 ],
                 ground_truth=str(answer),
                 data_source=ARITHMETIC_SOURCE,
-                extra_info={"index": i, "kind": kind, "seed": seed},
+                extra_info={"index": i, "kind": kind, "seed": seed, "solution": solution},
             )
         )
     return tasks

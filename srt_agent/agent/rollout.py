@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -85,22 +86,29 @@ def write_jsonl(trajectories: Sequence[Trajectory], path: str | Path) -> None:
 
 
 def build_controller(
-    config: EnvConfig, model: str | None = None, loaded=None, env_class: type | None = None
+    config: EnvConfig,
+    model: str | None = None,
+    loaded=None,
+    env_class: type | None = None,
+    drafter: str | None = None,
+    tools: dict | None = None,
 ) -> MultiTurnController:
     """Load the model (`loaded`, else `model`, else the config's), start an AsyncEngine, load the tools.
 
-    `env_class` overrides the config's ``env`` (for classes defined in a script). Close the engine with
-    ``controller.engine.close()`` when done.
+    `env_class` overrides the config's ``env`` (for classes defined in a script), `drafter` the engine's
+    drafter, `tools` the config's tool file (already built tools, shared between controllers). Close the
+    engine with ``controller.engine.close()`` when done.
     """
     from srt_agent.engine import AsyncEngine, Engine
     from srt_agent.models import load_model
 
-    tools = load_tools(config.tools, config.interpreter) if config.tools is not None else {}
+    if tools is None:
+        tools = load_tools(config.tools, config.interpreter) if config.tools is not None else {}
     env_class = env_class or config.env_class()
     loaded = loaded or load_model(model or config.model, device=config.engine.device)
     engine = Engine(
         loaded,
-        drafter=config.engine.drafter,
+        drafter=drafter or config.engine.drafter,
         device=config.engine.device,
         max_batch=config.engine.max_batch,
         max_context=config.engine.max_context,
@@ -120,8 +128,15 @@ def run_rollouts(
     tasks: Sequence[Task],
     n_samples: int | None = None,
     on_done: Callable[[Trajectory], None] | None = None,
+    seed: int | None = None,
 ) -> tuple[list[Trajectory], RolloutSummary]:
-    """Run every task `n_samples` times (blocking) and summarize."""
+    """Run every task `n_samples` times (blocking) and summarize; `seed` overrides the config's."""
     start = time.perf_counter()
-    trajectories = asyncio.run(controller.run(tasks, n_samples, on_done))
-    return trajectories, summarize(trajectories, controller.waits, time.perf_counter() - start)
+    waits_before = dataclasses.replace(controller.waits)
+    trajectories = asyncio.run(controller.run(tasks, n_samples, on_done, seed))
+    waits = ToolWaitStats(
+        controller.waits.waits - waits_before.waits,
+        controller.waits.wait_s - waits_before.wait_s,
+        controller.waits.idle_slot_s - waits_before.idle_slot_s,
+    )
+    return trajectories, summarize(trajectories, waits, time.perf_counter() - start)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import queue
 import threading
 from collections.abc import Callable, Hashable
@@ -55,9 +56,23 @@ class AsyncEngine:
         """Forget a finished request (frees its held KV and ends it in the drafter)."""
         self._commands.put(lambda: self.engine.release(request_id))
 
-    def call(self, fn: Callable[[Engine], object]) -> None:
-        """Run `fn(engine)` on the engine thread between steps (e.g. update_weights, end_step)."""
-        self._commands.put(lambda: fn(self.engine))
+    def call(self, fn: Callable[[Engine], object]) -> concurrent.futures.Future:
+        """Run `fn(engine)` on the engine thread between steps (e.g. update_weights, end_step).
+
+        Returns a future of its result (``.result()`` waits; an exception in `fn` is raised there).
+        """
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn(self.engine))
+            except Exception as exc:  # noqa: BLE001 - handed to the caller
+                future.set_exception(exc)
+
+        self._commands.put(run)
+        return future
 
     def idle_capacity(self) -> int:
         return self.engine.idle_capacity()

@@ -1,0 +1,145 @@
+"""Training samples and padding-free packing into micro-batches.
+
+A :class:`Sample` is one trajectory as training data: prompt tokens, response tokens with their mask
+(1 = sampled by the model and trained on, 0 = forced tool output, never in the loss), the engine's
+sampling log-probs, the reward and the per-token quantities the algorithm adds (advantages, returns,
+old and reference log-probs). :func:`pack` concatenates samples into rows of at most
+``max_tokens`` tokens with position ids restarting at 0 for each sample, which transformers turns
+into a block-diagonal causal mask: no padding is computed. Only the rows that predict a trained token
+go through the LM head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Sample:
+    """One trajectory as training data; per-token lists cover the response tokens."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    engine_logprobs: list[float]
+    reward: float = 0.0
+    group: Hashable = 0
+    advantages: list[float] | None = None
+    returns: list[float] | None = None
+    values: list[float] | None = None
+    old_logprobs: list[float] | None = None
+    ref_logprobs: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.response_ids)
+        if len(self.response_mask) != n or len(self.engine_logprobs) != n:
+            raise ValueError(
+                f"response of {n} tokens but {len(self.response_mask)} mask entries and "
+                f"{len(self.engine_logprobs)} log-probs"
+            )
+        if not self.prompt_ids:
+            raise ValueError("a training sample needs at least one prompt token")
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(self.response_mask)
+
+    def trained(self, values: list[float]) -> list[float]:
+        """The entries of a per-response-token list at trained positions (mask 1), in order."""
+        return [v for v, m in zip(values, self.response_mask) if m]
+
+    def expand(self, trained: Sequence[float], fill: float = 0.0) -> list[float]:
+        """The inverse of :meth:`trained`: a per-response-token list with `fill` at untrained positions."""
+        values = iter(trained)
+        return [next(values) if m else fill for m in self.response_mask]
+
+
+@dataclass
+class MicroBatch:
+    """Packed samples: one row of tokens, and the rows whose next token is trained (``targets``)."""
+
+    input_ids: torch.Tensor  # [1, N]
+    position_ids: torch.Tensor  # [1, N]
+    targets: torch.Tensor  # [T] rows of the packed sequence whose hidden state predicts a trained token
+    target_ids: torch.Tensor  # [T] those tokens
+    seq_index: torch.Tensor  # [T] which sample of the mini-batch each target belongs to
+    samples: list[int] = field(default_factory=list)  # indices of the packed samples, in order
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def per_target(self, samples: Sequence[Sample], name: str) -> torch.Tensor:
+        """A per-response-token field of the samples (e.g. ``advantages``), at this batch's targets."""
+        out: list[float] = []
+        for i in self.samples:
+            values = getattr(samples[i], name)
+            if values is None:
+                raise ValueError(f"sample {i} has no {name}")
+            out += samples[i].trained(values)
+        return torch.tensor(out, dtype=torch.float32)
+
+    def split(self, samples: Sequence[Sample], values: torch.Tensor) -> list[tuple[int, list[float]]]:
+        """Per-target values back per sample: ``(sample index, its per-response-token list)``."""
+        flat = values.detach().float().tolist()
+        out, k = [], 0
+        for i in self.samples:
+            n = samples[i].trained_tokens
+            out.append((i, samples[i].expand(flat[k : k + n])))
+            k += n
+        return out
+
+
+def pack(samples: Sequence[Sample], max_tokens: int, indices: Sequence[int] | None = None) -> list[MicroBatch]:
+    """Pack samples (all, or those at `indices`) into micro-batches of at most `max_tokens` tokens.
+
+    Samples keep their order; one longer than `max_tokens` gets a micro-batch of its own. ``seq_index``
+    numbers samples by their position in `indices`, so the ``seq-mean`` losses of all micro-batches
+    share one numbering.
+    """
+    indices = list(range(len(samples))) if indices is None else list(indices)
+    groups: list[list[int]] = []
+    size = 0
+    for i in indices:
+        n = len(samples[i])
+        if groups and size + n <= max_tokens:
+            groups[-1].append(i)
+            size += n
+        else:
+            groups.append([i])
+            size = n
+    order = {i: k for k, i in enumerate(indices)}
+    return [_build(samples, members, order) for members in groups]
+
+
+def _build(samples: Sequence[Sample], members: list[int], order: dict[int, int]) -> MicroBatch:
+    ids: list[int] = []
+    positions: list[int] = []
+    targets: list[int] = []
+    target_ids: list[int] = []
+    seq_index: list[int] = []
+    for i in members:
+        s = samples[i]
+        base = len(ids)
+        tokens = s.prompt_ids + s.response_ids
+        ids += tokens
+        positions += range(len(tokens))
+        for j, (token, m) in enumerate(zip(s.response_ids, s.response_mask)):
+            if m:
+                targets.append(base + len(s.prompt_ids) + j - 1)
+                target_ids.append(token)
+                seq_index.append(order[i])
+    return MicroBatch(
+        input_ids=torch.tensor([ids]),
+        position_ids=torch.tensor([positions]),
+        targets=torch.tensor(targets, dtype=torch.long),
+        target_ids=torch.tensor(target_ids, dtype=torch.long),
+        seq_index=torch.tensor(seq_index, dtype=torch.long),
+        samples=list(members),
+    )

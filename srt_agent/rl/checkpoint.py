@@ -1,0 +1,96 @@
+"""Checkpoints of an RL run, written atomically: a step's folder appears whole or not at all.
+
+``OUT/checkpoints/step-000004/`` holds ``state.pt`` (policy, optimizer, scheduler, RNG states, data
+cursor, metrics history) and one ``rollout_cache-<drafter>.npz`` per drafter that keeps trees;
+``OUT/checkpoints/latest`` names the newest complete one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..cache import RolloutCache
+
+STATE_FILE = "state.pt"
+LATEST = "latest"
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def save_checkpoint(
+    out_dir: Path, step: int, state: dict, caches: dict[str, RolloutCache], keep: int = 2
+) -> Path:
+    """Write step `step`'s checkpoint under ``out_dir/checkpoints``; keep the newest `keep`."""
+    root = Path(out_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"step-{step:06d}"
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+    try:
+        torch.save({**state, "step": step, "rng": rng_state()}, tmp / STATE_FILE)
+        for name, cache in caches.items():
+            cache.save(tmp / f"rollout_cache-{name}.npz")
+        _fsync_dir(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+        _write_atomic(root / LATEST, target.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def find_checkpoint(path: Path) -> Path:
+    """The checkpoint folder `path` names: a step folder, a ``checkpoints`` folder or a run's out dir."""
+    path = Path(path)
+    if (path / STATE_FILE).is_file():
+        return path
+    for root in (path / "checkpoints", path):
+        latest = root / LATEST
+        if latest.is_file():
+            folder = root / latest.read_text().strip()
+            if (folder / STATE_FILE).is_file():
+                return folder
+    raise FileNotFoundError(f"no checkpoint in {path} (expected {STATE_FILE}, or checkpoints/{LATEST})")
+
+
+def load_checkpoint(path: Path) -> tuple[dict, dict[str, Path]]:
+    """The state of the checkpoint `path` names, and its saved caches by drafter name."""
+    folder = find_checkpoint(path)
+    try:
+        state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same problem to the user
+        raise ValueError(f"checkpoint {folder} is unreadable: {type(exc).__name__}: {exc}") from None
+    caches = {p.stem.removeprefix("rollout_cache-"): p for p in folder.glob("rollout_cache-*.npz")}
+    return state, caches
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(folder: Path) -> None:
+    for p in folder.iterdir():
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())

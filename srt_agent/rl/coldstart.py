@@ -1,0 +1,196 @@
+"""ReTool's cold start: SFT on code-integrated traces, with the tool-use report before and after.
+
+The traces, the cold-started weights and the report are cached under the user cache directory by a
+hash of the model, the traces' settings and the SFT settings, so a second run goes straight to RL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..agent.config import EnvConfig
+from ..agent.datasets import arithmetic_tasks
+from ..agent.trajectory import Trajectory
+from ..models import LoadedModel, cache_root
+from .batch import Sample
+from .evaluate import ToolUseReport
+from .policy import Policy
+from .sft import sft_epochs
+from .traces import load_message_traces, procedural_traces, trajectory_sample, turn_end_token
+
+COLD_START_VERSION = 1
+Evaluator = Callable[[str], ToolUseReport]  # runs the held-out tasks with the current engine weights
+
+
+@dataclass
+class ColdStartResult:
+    """What the cold start produced (weights for the plain model) and what it measured."""
+
+    weights: dict[str, torch.Tensor]
+    traces: int
+    trained_tokens: int
+    history: list[dict] = field(default_factory=list)
+    before: ToolUseReport | None = None
+    after: ToolUseReport | None = None
+    seconds: float = 0.0
+    cached: bool = False
+    key: str = ""
+
+    def report(self) -> dict:
+        return {
+            "key": self.key,
+            "cached": self.cached,
+            "traces": self.traces,
+            "trained_tokens": self.trained_tokens,
+            "seconds": self.seconds,
+            "sft": self.history,
+            "before": self.before.as_dict() if self.before else None,
+            "after": self.after.as_dict() if self.after else None,
+        }
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """A cheap digest of a model's weights (shapes, sums and a strided sample of every tensor)."""
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for name, tensor in sorted(model.state_dict().items()):
+            flat = tensor.detach().reshape(-1).double()
+            sample = flat[:: max(1, flat.numel() // 64)]
+            h.update(f"{name}{tuple(tensor.shape)}{float(flat.sum()):.10e}".encode())
+            h.update(sample.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def cold_start_key(config: EnvConfig, loaded: LoadedModel) -> str:
+    """The cache key: model weights, trace source and settings, env prompts and tools, SFT settings."""
+    cs = config.cold_start
+    parts = {
+        "version": COLD_START_VERSION,
+        "model": model_fingerprint(loaded.model),
+        "cold_start": cs.model_dump(),
+        "source_digest": _file_digest(cs.source) if cs.source != "procedural" else None,
+        "system_prompt": [m for m in arithmetic_tasks(1, 0, few_shot=config.dataset.few_shot)[0].prompt[:-1]],
+        "tools": Path(config.tools).read_text() if config.tools else None,
+        "interpreter": config.interpreter.model_dump(),
+        "lora": config.train.lora.model_dump(),
+        "dtype": config.train.dtype,
+        "micro_batch_tokens": config.train.micro_batch_tokens,
+        "temperature": config.sampling.temperature,
+        "max_tokens": [config.max_turns, config.max_tokens_per_turn, config.max_response_tokens],
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _file_digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def cold_start_dir(key: str) -> Path:
+    return cache_root() / "coldstart" / key
+
+
+def build_samples(config: EnvConfig, controller_args: dict, loaded: LoadedModel) -> tuple[list[Sample], list[Trajectory]]:
+    """The SFT samples: procedural traces (answers checked) or the user's own trace file."""
+    end = turn_end_token(loaded.tokenizer, loaded.eos_token_ids)
+    cs = config.cold_start
+    if cs.source != "procedural":
+        return load_message_traces(cs.source, loaded.tokenizer, end), []
+    rl_questions = {t.prompt[-1]["content"] for t in config.dataset.tasks()}
+    tasks = [
+        t for t in arithmetic_tasks(cs.n, cs.seed, few_shot=config.dataset.few_shot) if t.prompt[-1]["content"] not in rl_questions
+    ]
+    trajectories = procedural_traces(controller_args, tasks, end, seed=cs.seed)
+    good = [t for t in trajectories if t.finish_reason == "done" and t.reward >= config.reward.correct and t.tool_calls]
+    if not good:
+        statuses = sorted({c.status for t in trajectories for c in t.tool_calls})
+        raise RuntimeError(f"no cold-start trace came out right (tool statuses: {statuses}); is the sandbox working?")
+    return [trajectory_sample(t) for t in good], good
+
+
+def run_cold_start(
+    config: EnvConfig,
+    loaded: LoadedModel,
+    controller_args: dict,
+    evaluate: Evaluator | None = None,
+    on_sft_step: Callable[[int, int, float], None] | None = None,
+    log: Callable[[str], None] = print,
+) -> ColdStartResult:
+    """Cold-start `loaded` (from the cache when this exact cold start ran before).
+
+    `evaluate(label)` runs the held-out report with the engines' current weights; it is called before
+    SFT, and after, once the caller has loaded the returned weights (see :func:`finish_report`).
+    """
+    key = cold_start_key(config, loaded)
+    folder = cold_start_dir(key)
+    if (folder / "weights.pt").is_file() and (folder / "report.json").is_file():
+        report = json.loads((folder / "report.json").read_text())
+        weights = torch.load(folder / "weights.pt", map_location="cpu", weights_only=True)
+        log(f"cold start: cached ({folder})")
+        return ColdStartResult(
+            weights=weights,
+            traces=report["traces"],
+            trained_tokens=report["trained_tokens"],
+            history=report["sft"],
+            before=ToolUseReport(**report["before"]) if report.get("before") else None,
+            after=ToolUseReport(**report["after"]) if report.get("after") else None,
+            seconds=report["seconds"],
+            cached=True,
+            key=key,
+        )
+    start = time.perf_counter()
+    before = evaluate("before cold start") if evaluate is not None else None
+    samples, trajectories = build_samples(config, controller_args, loaded)
+    tokens = sum(s.trained_tokens for s in samples)
+    log(f"cold start: {len(samples)} traces, {tokens} trained tokens, {sum(len(s) for s in samples)} tokens in all")
+    cs, train = config.cold_start, config.train
+    policy = Policy(loaded.model, config.sampling.temperature, train.lora, dtype=getattr(torch, train.dtype))
+    history = sft_epochs(
+        policy, samples, cs.epochs, cs.lr, cs.batch_size, train.micro_batch_tokens, seed=cs.seed, on_step=on_sft_step
+    )
+    weights = policy.engine_weights()
+    del policy
+    result = ColdStartResult(weights, len(samples), tokens, history, before, None, time.perf_counter() - start, False, key)
+    _save(folder, result, trajectories)
+    return result
+
+
+def finish_report(result: ColdStartResult, evaluate: Evaluator | None) -> None:
+    """Measure the cold-started policy (engines already hold its weights) and cache the report."""
+    if result.cached or evaluate is None:
+        return
+    result.after = evaluate("after cold start")
+    folder = cold_start_dir(result.key)
+    if folder.is_dir():
+        _write_json_atomic(folder / "report.json", result.report())
+
+
+def _save(folder: Path, result: ColdStartResult, trajectories: list[Trajectory]) -> None:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder.parent))
+    try:
+        torch.save(result.weights, tmp / "weights.pt")
+        with (tmp / "traces.jsonl").open("w") as f:
+            for traj in trajectories:
+                f.write(json.dumps(traj.to_json()) + "\n")
+        (tmp / "report.json").write_text(json.dumps(result.report(), indent=2))
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)

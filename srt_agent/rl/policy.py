@@ -1,0 +1,130 @@
+"""The trainable policy: a causal LM (full fine-tuning or LoRA through peft), an optional value head.
+
+:meth:`Policy.score` runs one packed micro-batch and returns, for each trained token, its log-prob under
+``softmax(logits / temperature)`` (the distribution the engine samples from), the entropy and the value
+estimate. :meth:`Policy.engine_weights` gives the plain model's weights (LoRA merged) for
+``Engine.update_weights``: the engine gets the new policy in memory, with no disk round trip.
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from .algorithms import entropy_from_logits
+from .batch import MicroBatch
+from .config import LoraConfig
+
+
+@dataclass
+class Scores:
+    """Per trained token of a micro-batch."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+
+class Policy:
+    """A causal LM being trained (its own copy: the engine keeps a separate inference copy)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        temperature: float = 1.0,
+        lora: LoraConfig | None = None,
+        value_head: bool = False,
+        dtype: torch.dtype = torch.float32,
+    ):
+        if temperature <= 0:
+            raise ValueError("training needs a sampling temperature > 0 (log-probs of a greedy policy are undefined)")
+        self.temperature = temperature
+        self.lora = lora if lora is not None and lora.rank > 0 else None
+        base = copy.deepcopy(model).to(dtype)
+        base.config.use_cache = False
+        if self.lora is not None:
+            from peft import LoraConfig as PeftLoraConfig, get_peft_model
+
+            peft_config = PeftLoraConfig(
+                r=self.lora.rank, lora_alpha=self.lora.alpha, target_modules=list(self.lora.target_modules),
+                lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+            )
+            self.model = get_peft_model(base, peft_config)
+        else:
+            self.model = base
+        self.base = base  # the plain HF model (holds the LoRA layers when peft wraps it)
+        hidden = base.config.hidden_size
+        self.value_head = torch.nn.Linear(hidden, 1, dtype=dtype) if value_head else None
+        if self.value_head is not None:
+            torch.nn.init.zeros_(self.value_head.weight)
+            torch.nn.init.zeros_(self.value_head.bias)
+        self.model.train()
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """The trainable parameters (LoRA adapters only, when LoRA is on)."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.value_head is not None:
+            params += list(self.value_head.parameters())
+        return params
+
+    def score(self, batch: MicroBatch, entropy: bool = False, reference: bool = False) -> Scores:
+        """Log-probs (and entropy, values) of the micro-batch's trained tokens.
+
+        Entropies are differentiable with `entropy=True` (an entropy loss), detached otherwise;
+        `reference=True` scores with the LoRA adapters disabled (the frozen starting policy).
+        """
+        disable = self.model.disable_adapter() if reference and self.lora is not None else nullcontext()
+        with disable:
+            inner = self.base.get_decoder()
+            device = self.device
+            out = inner(
+                input_ids=batch.input_ids.to(device), position_ids=batch.position_ids.to(device), use_cache=False
+            )
+            hidden = out.last_hidden_state[0, batch.targets.to(device)]
+            logits = self.base.get_output_embeddings()(hidden).float() / self.temperature
+        # log p(token) = logit - logsumexp(logits): no full [tokens, vocab] log-softmax is kept.
+        lse = torch.logsumexp(logits, dim=-1)
+        token_logp = logits.gather(1, batch.target_ids.to(device).unsqueeze(1)).squeeze(1) - lse
+        if entropy:
+            ent = entropy_from_logits(logits)
+        else:  # a metric only: no graph, in row chunks so no extra [tokens, vocab] tensor lives long
+            with torch.no_grad():
+                ent = torch.cat([entropy_from_logits(c) for c in logits.detach().split(256)]) if len(logits) else lse.detach()
+        values = self.value_head(hidden).squeeze(-1).float() if self.value_head is not None else None
+        return Scores(token_logp, ent, values)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.base.parameters()).device
+
+    def engine_weights(self) -> dict[str, torch.Tensor]:
+        """The plain model's state dict (LoRA merged in), float32, detached copies."""
+        if self.lora is None:
+            return {k: v.detach().float().clone() for k, v in self.base.state_dict().items()}
+        self.model.merge_adapter()
+        try:
+            state = {}
+            for name, tensor in self.base.state_dict().items():
+                if "lora_" in name:
+                    continue
+                state[name.replace(".base_layer.", ".")] = tensor.detach().float().clone()
+            return state
+        finally:
+            self.model.unmerge_adapter()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything trainable, for checkpoints."""
+        state = {f"model.{k}": v for k, v in self.model.state_dict().items()}
+        if self.value_head is not None:
+            state.update({f"value_head.{k}": v for k, v in self.value_head.state_dict().items()})
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict({k[6:]: v for k, v in state.items() if k.startswith("model.")}, strict=True)
+        if self.value_head is not None:
+            self.value_head.load_state_dict(
+                {k[11:]: v for k, v in state.items() if k.startswith("value_head.")}, strict=True
+            )

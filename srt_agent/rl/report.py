@@ -1,0 +1,122 @@
+"""What a training run shows: a live per-step table, and at the end report.json, PNG plots and a summary."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.table import Table
+
+# (header, metric, format); missing metrics show as "-".
+STEP_COLUMNS = (
+    ("step", "step", "{:.0f}"),
+    ("reward", "critic/score/mean", "{:.3f}"),
+    ("acc", "env/accuracy", "{:.0%}"),
+    ("tool", "env/tool_call_rate", "{:.0%}"),
+    ("resp len", "response_length/mean", "{:.0f}"),
+    ("gen s", "timing_s/gen", "{:.1f}"),
+    ("upd s", "timing_s/update_actor", "{:.1f}"),
+    ("tok/fwd", "srt/tokens_per_forward", "{:.2f}"),
+    ("acc/draft", "srt/accepted_per_draft", "{:.0%}"),
+    ("|Δlogp|", "training/rollout_logprob_diff_mean", "{:.1e}"),
+)
+
+
+def step_table(metrics: dict[str, float], compare: Sequence[str], header: bool) -> Table:
+    """One step's row (with the header on the first step), so rows stack into one live table."""
+    columns = list(STEP_COLUMNS)
+    for name in compare:
+        columns += [(f"{name} gen s", f"compare/{name}/gen_s", "{:.1f}"), (f"vs {name}", f"compare/{name}/speedup", "{:.2f}x")]
+    table = Table(box=None, show_header=header, header_style="bold", pad_edge=False)
+    for title, _, _ in columns:
+        table.add_column(title, justify="right", width=max(len(title), 7), no_wrap=True)
+    table.add_row(*[fmt.format(metrics[key]) if key in metrics else "-" for _, key, fmt in columns])
+    return table
+
+
+PLOTS = (
+    ("reward and accuracy", ("critic/score/mean", "env/accuracy", "env/tool_call_rate")),
+    ("response length (tokens)", ("response_length/mean",)),
+    ("generation time per step (s)", None),  # every drafter's generation time
+    ("update time per step (s)", ("timing_s/update_actor", "timing_s/update_weights")),
+    ("tokens per forward", ("srt/tokens_per_forward",)),
+    ("|engine - trainer| log-prob", ("training/rollout_logprob_diff_mean", "training/rollout_logprob_diff_max")),
+)
+
+
+def plot_history(history: Sequence[dict[str, float]], compare: Sequence[str], main: str, path: Path) -> Path:
+    """Draw the run's series over steps as one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [m["step"] for m in history]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for ax, (title, keys) in zip(axes.flat, PLOTS):
+        series = (
+            [(main, "timing_s/gen")] + [(name, f"compare/{name}/gen_s") for name in compare]
+            if keys is None
+            else [(k, k) for k in keys]
+        )
+        for label, key in series:
+            values = [m.get(key) for m in history]
+            if any(v is not None for v in values):
+                ax.plot(steps, [float("nan") if v is None else v for v in values], marker="o", label=label)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def summary_markdown(report: dict) -> str:
+    """A short Markdown summary of a run (cold start, RL steps, speedups)."""
+    lines = [f"# {report['name']}: {report['algorithm']} with `{report['drafter']}` rollouts", ""]
+    cold = report.get("cold_start")
+    if cold:
+        lines.append(f"Cold start: {cold['traces']} traces, {cold['trained_tokens']} trained tokens"
+                     f"{' (cached)' if cold.get('cached') else ''}.")
+        if cold.get("before") and cold.get("after"):
+            lines += ["", "| held-out | tool calls | code ran cleanly | accuracy |", "|---|---:|---:|---:|"]
+            for label in ("before", "after"):
+                r = cold[label]
+                lines.append(f"| {label} | {r['tool_call_rate']:.0%} | {r['code_ok_rate']:.0%} | {r['accuracy']:.0%} |")
+        lines.append("")
+    steps = report.get("steps", [])
+    if steps:
+        compare = report.get("compare", [])
+        head = ["step", "reward", "accuracy", "tool calls", "gen s", "update s", "tokens/forward"]
+        head += [f"{d} gen s" for d in compare] + [f"speedup vs {d}" for d in compare]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+        for m in steps:
+            row = [f"{m['step']:.0f}", f"{m.get('critic/score/mean', 0):.3f}", f"{m.get('env/accuracy', 0):.0%}",
+                   f"{m.get('env/tool_call_rate', 0):.0%}", f"{m.get('timing_s/gen', 0):.1f}",
+                   f"{m.get('timing_s/update_actor', 0):.1f}", f"{m.get('srt/tokens_per_forward', 0):.2f}"]
+            row += [f"{m.get(f'compare/{d}/gen_s', 0):.1f}" for d in compare]
+            row += [f"{m.get(f'compare/{d}/speedup', 0):.2f}x" for d in compare]
+            lines.append("| " + " | ".join(row) + " |")
+        totals = report.get("totals", {})
+        for d in compare:
+            if f"speedup_vs_{d}" in totals:
+                lines.append(f"\nOver all steps, `{report['drafter']}` generated in "
+                             f"{totals[f'speedup_vs_{d}']:.2f}x less time than `{d}` "
+                             f"(identical tokens: {totals.get(f'identical_vs_{d}', 'n/a')}).")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out_dir: Path, report: dict) -> dict[str, Path]:
+    """report.json, summary.md and plots.png in `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"report": out_dir / "report.json", "summary": out_dir / "summary.md"}
+    paths["report"].write_text(json.dumps(report, indent=2, default=float))
+    paths["summary"].write_text(summary_markdown(report))
+    if report.get("steps"):
+        paths["plots"] = plot_history(report["steps"], report.get("compare", []), report["drafter"], out_dir / "plots.png")
+    return paths

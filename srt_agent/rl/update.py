@@ -1,0 +1,198 @@
+"""One policy update from a step's samples: mini-batches, packed micro-batches, gradient accumulation.
+
+The loss of a mini-batch is the same whatever its micro-batching: every micro-batch's loss is
+normalized by the mini-batch's trained tokens (or sequences), so the accumulated gradient is the
+gradient of the whole. A non-finite loss or gradient skips the optimizer step (counted, never applied).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+import torch
+
+from .algorithms import agg_loss, kl_penalty, policy_loss, value_loss
+from .batch import Sample, pack
+from .config import TrainConfig
+from .policy import Policy
+
+
+class MetricSums:
+    """Token-weighted running means of named metrics."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+
+    def add(self, name: str, value: float | torch.Tensor, weight: float = 1.0) -> None:
+        value = float(value)
+        self.sums[name] = self.sums.get(name, 0.0) + value * weight
+        self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def means(self) -> dict[str, float]:
+        return {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
+
+
+@torch.no_grad()
+def score_samples(
+    policy: Policy, samples: Sequence[Sample], micro_batch_tokens: int, reference: bool = False
+) -> tuple[list[list[float]], list[list[float]] | None]:
+    """Per sample, per response token: log-probs (0.0 at untrained positions) and values (or None)."""
+    logprobs: list[list[float]] = [[] for _ in samples]
+    values: list[list[float]] | None = None
+    if policy.value_head is not None and not reference:
+        values = [[] for _ in samples]
+    for batch in pack(samples, micro_batch_tokens):
+        scores = policy.score(batch, reference=reference)
+        for i, lp in batch.split(samples, scores.logprobs):
+            logprobs[i] = lp
+        if values is not None and scores.values is not None:
+            for i, v in batch.split(samples, scores.values):
+                values[i] = v
+    return logprobs, values
+
+
+def logprob_mismatch(samples: Sequence[Sample], trainer_logprobs: Sequence[Sequence[float]]) -> dict[str, float]:
+    """How far the engine's sampling log-probs are from the trainer's on the same tokens (trained tokens)."""
+    diffs = [
+        abs(a - b)
+        for s, lp in zip(samples, trainer_logprobs)
+        for a, b, m in zip(s.engine_logprobs, lp, s.response_mask)
+        if m
+    ]
+    probs = [
+        abs(math.exp(a) - math.exp(b))
+        for s, lp in zip(samples, trainer_logprobs)
+        for a, b, m in zip(s.engine_logprobs, lp, s.response_mask)
+        if m
+    ]
+    if not diffs:
+        return {}
+    return {
+        "training/rollout_logprob_diff_mean": sum(diffs) / len(diffs),
+        "training/rollout_logprob_diff_max": max(diffs),
+        "training/rollout_probs_diff_mean": sum(probs) / len(probs),
+        "training/rollout_probs_diff_max": max(probs),
+    }
+
+
+def needs_old_pass(cfg: TrainConfig) -> bool:
+    """Whether old log-probs must come from a separate no-grad pass (the policy moves between uses)."""
+    return cfg.ppo_epochs > 1 or cfg.mini_batches > 1
+
+
+def update_policy(
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    samples: Sequence[Sample],
+    cfg: TrainConfig,
+    generator: torch.Generator | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+) -> dict[str, float]:
+    """Run the configured epochs and mini-batches of PPO-style updates over `samples`.
+
+    Samples must carry ``advantages`` (and ``returns``/``values`` with a value head, ``ref_logprobs``
+    with a KL loss, ``old_logprobs`` when :func:`needs_old_pass`). Without a separate old pass, the first
+    pass's log-probs are the old policy's and are written to ``old_logprobs``. Returns verl-named metrics.
+    """
+    metrics = MetricSums()
+    trainable = [i for i, s in enumerate(samples) if s.trained_tokens > 0]
+    if not trainable:
+        return {"training/skipped_updates": 1.0}
+    first_pass = not needs_old_pass(cfg)
+    skipped = 0
+    trained_tokens = 0
+    start = time.perf_counter()
+    for _ in range(cfg.ppo_epochs):
+        if cfg.mini_batches > 1:
+            order = [trainable[i] for i in torch.randperm(len(trainable), generator=generator).tolist()]
+        else:
+            order = trainable
+        size = math.ceil(len(order) / cfg.mini_batches)
+        for lo in range(0, len(order), size):
+            chosen = order[lo : lo + size]
+            num_tokens = sum(samples[i].trained_tokens for i in chosen)
+            optimizer.zero_grad(set_to_none=True)
+            finite = True
+            for batch in pack(samples, cfg.micro_batch_tokens, chosen):
+                loss, parts, weight, logprobs = _micro_loss(policy, samples, batch, cfg, num_tokens, len(chosen), first_pass)
+                if first_pass:
+                    for i, lp in batch.split(samples, logprobs):
+                        samples[i].old_logprobs = lp
+                for name, value in parts.items():
+                    metrics.add(name, value, weight)
+                if not torch.isfinite(loss):
+                    finite = False
+                    break
+                loss.backward()
+                trained_tokens += weight
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip) if finite else torch.tensor(float("nan"))
+            if finite and torch.isfinite(grad_norm):
+                optimizer.step()
+                if scheduler is not None:
+                    scheduler.step()
+                metrics.add("actor/grad_norm", grad_norm)
+            else:
+                skipped += 1
+            optimizer.zero_grad(set_to_none=True)
+            first_pass = False
+    out = metrics.means()
+    out["actor/lr"] = optimizer.param_groups[0]["lr"]
+    out["training/nonfinite_updates"] = float(skipped)
+    elapsed = time.perf_counter() - start
+    out["perf/trained_tokens_per_s"] = trained_tokens / elapsed if elapsed > 0 else 0.0
+    return out
+
+
+def _micro_loss(
+    policy: Policy,
+    samples: Sequence[Sample],
+    batch,
+    cfg: TrainConfig,
+    num_tokens: int,
+    num_seqs: int,
+    first_pass: bool,
+) -> tuple[torch.Tensor, dict[str, float], float, torch.Tensor]:
+    """The loss of one micro-batch (normalized to its mini-batch), its metrics, weight and log-probs."""
+    scores = policy.score(batch, entropy=cfg.entropy_coef != 0)
+    lp = scores.logprobs
+    device = lp.device
+    mask = torch.ones_like(lp)
+    engine_lp = batch.per_target(samples, "engine_logprobs").to(device)
+    if cfg.old_logprobs == "engine":
+        old = engine_lp
+    elif first_pass:
+        old = lp.detach()
+    else:
+        old = batch.per_target(samples, "old_logprobs").to(device)
+    weights = None
+    if cfg.tis_cap is not None and cfg.old_logprobs == "trainer":
+        weights = torch.clamp(torch.exp(old - engine_lp), max=cfg.tis_cap)
+    adv = batch.per_target(samples, "advantages").to(device)
+    agg = dict(mode=cfg.loss_agg_mode, seq_index=batch.seq_index.to(device), num_tokens=num_tokens, num_seqs=num_seqs)
+    pg, pg_metrics = policy_loss(old, lp, adv, mask, cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c, weights)
+    pg_loss = agg_loss(pg, mask, **agg)
+    loss = pg_loss
+    parts: dict[str, float] = {k: float(v) for k, v in pg_metrics.items()}
+    # Metrics are token-weighted means; the losses are reported per token of the mini-batch.
+    tokens = float(len(lp))
+    parts["actor/pg_loss"] = float(agg_loss(pg.detach(), mask, "token-mean"))
+    if scores.entropy is not None:
+        loss = loss - cfg.entropy_coef * agg_loss(scores.entropy, mask, **agg)
+        parts["actor/entropy"] = float(scores.entropy.detach().mean())
+    if cfg.kl_coef > 0:
+        ref = batch.per_target(samples, "ref_logprobs").to(device)
+        kl = kl_penalty(lp, ref, cfg.kl_penalty)
+        loss = loss + cfg.kl_coef * agg_loss(kl, mask, **agg)
+        parts["actor/kl_loss"] = float(kl.detach().mean())
+    if scores.values is not None:
+        returns = batch.per_target(samples, "returns").to(device)
+        values_old = batch.per_target(samples, "values").to(device)
+        vf, clipped = value_loss(scores.values, returns, values_old, cfg.cliprange_value)
+        loss = loss + cfg.value_coef * agg_loss(vf, mask, **agg)
+        parts["critic/vf_loss"] = float(vf.detach().mean())
+        parts["critic/vf_clipfrac"] = float(clipped.float().mean())
+        parts["critic/vpred_mean"] = float(scores.values.detach().mean())
+    return loss, parts, tokens, lp.detach()
