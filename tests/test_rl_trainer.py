@@ -23,7 +23,7 @@ def env_file(tmp_path: Path, **train) -> Path:
         "name: tiny\nenv: rl_envs.ParityToolEnv\nmodel: tiny-llama\n"
         f"tools: {ROOT / 'tools' / 'code_interpreter.yaml'}\n"
         "dataset: {n: 4, seed: 1}\nn_samples: 3\nmax_turns: 2\nmax_tokens_per_turn: 6\nmax_response_tokens: 80\n"
-        "sampling: {temperature: 1.0, seed: 3}\nengine: {max_batch: 8, max_context: 512}\n"
+        "sampling: {temperature: 1.0, seed: 3}\nengine: {max_batch: 8, max_context: 512, calibrate: false}\n"
         "cold_start: {enabled: false}\n"
         f"train: {json.dumps(options)}\n"
     )

@@ -62,6 +62,7 @@ class EngineConfig(_Strict):
     device: str = "auto"
     max_batch: int = Field(32, ge=1)
     max_context: int = Field(2048, ge=16)
+    calibrate: bool = Field(True, description="measure step costs at start-up (sizes drafts from the first step)")
 
     @field_validator("drafter")
     @classmethod

@@ -112,6 +112,7 @@ def build_controller(
         device=config.engine.device,
         max_batch=config.engine.max_batch,
         max_context=config.engine.max_context,
+        calibrate=config.engine.calibrate,
     )
     return MultiTurnController(
         engine=AsyncEngine(engine),

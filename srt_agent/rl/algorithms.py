@@ -197,5 +197,5 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the categorical distribution of each row of logits: ``logsumexp(x) - Σ softmax(x)·x``."""
-    logits = logits.float()
+    logits = logits if logits.dtype == torch.float64 else logits.float()
     return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(-1)

@@ -84,7 +84,8 @@ class Policy:
                 input_ids=batch.input_ids.to(device), position_ids=batch.position_ids.to(device), use_cache=False
             )
             hidden = out.last_hidden_state[0, batch.targets.to(device)]
-            logits = self.base.get_output_embeddings()(hidden).float() / self.temperature
+            logits = self.base.get_output_embeddings()(hidden)
+            logits = (logits if logits.dtype == torch.float64 else logits.float()) / self.temperature
         # log p(token) = logit - logsumexp(logits): no full [tokens, vocab] log-softmax is kept.
         lse = torch.logsumexp(logits, dim=-1)
         token_logp = logits.gather(1, batch.target_ids.to(device).unsqueeze(1)).squeeze(1) - lse
@@ -93,7 +94,7 @@ class Policy:
         else:  # a metric only: no graph, in row chunks so no extra [tokens, vocab] tensor lives long
             with torch.no_grad():
                 ent = torch.cat([entropy_from_logits(c) for c in logits.detach().split(256)]) if len(logits) else lse.detach()
-        values = self.value_head(hidden).squeeze(-1).float() if self.value_head is not None else None
+        values = self.value_head(hidden).squeeze(-1) if self.value_head is not None else None
         return Scores(token_logp, ent, values)
 
     @property

@@ -142,7 +142,10 @@ def messages_sample(messages: list[dict], tokenizer, end_token: int, where: str 
     for m in messages[first:]:
         role, content = m["role"], str(m.get("content") or "")
         if role == "assistant":
-            text = content + "".join(_tool_call_text(c) for c in m.get("tool_calls") or [])
+            try:
+                text = content + "".join(_tool_call_text(c) for c in m.get("tool_calls") or [])
+            except (ValueError, AttributeError, TypeError) as exc:
+                raise ValueError(f"{where}: {exc}") from None
             piece, trained = tokenizer.encode(text, add_special_tokens=False), 1
             turn_open = True
         elif role == "tool":
