@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Set up, then run the main job on the embedded default model.
+# Set up, then run the main job: ReTool cold start + GRPO with SRT rollouts on the embedded SmolLM2,
+# every step's generation timed against plain decoding (--compare none). Extra arguments go to
+# `srt-agent train` (e.g. --steps 8, --algorithm dapo, --out runs/mine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/srt-agent demo "$@"
+exec .venv/bin/srt-agent train envs/retool_train.yaml --compare none "$@"

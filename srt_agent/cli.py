@@ -45,31 +45,6 @@ def models(search: list[Path] = typer.Option([], "--search", help="Folders to sc
 
 
 @app.command()
-def demo(
-    model: str = typer.Option("smollm2", help="Model: 'smollm2', an HF directory or a .gguf file."),
-    prompts: int = typer.Option(4, min=1, help="Number of prompts."),
-    n: int = typer.Option(4, min=1, help="Samples per prompt (a GRPO group)."),
-    epochs: int = typer.Option(2, min=1, help="Passes over the same prompts, the cache kept between them."),
-    max_tokens: int = typer.Option(96, min=1, help="Tokens per sample."),
-    drafter: str = typer.Option("srt", help="Drafter: none, srt, ngram, suffix, history, arctic."),
-    seed: int = typer.Option(0),
-    check: bool = typer.Option(False, "--check", help="Also decode without drafts and compare token for token."),
-):
-    """Multi-sample rollouts with the embedded model; prints the cache's acceptance figures."""
-    from .demo import run_demo
-
-    try:
-        results = run_demo(model=model, prompts=prompts, n=n, epochs=epochs, max_tokens=max_tokens, drafter=drafter,
-                           seed=seed, check=check, console=console)
-    except (ValueError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2)
-    if check and not all(r.identical for r in results):
-        console.print("[red]speculative rollouts differ from plain decoding[/red]")
-        raise typer.Exit(1)
-
-
-@app.command()
 def rollout(
     env_file: Path = typer.Argument(..., help="Env config (YAML), e.g. envs/retool_arith.yaml."),
     model: Optional[str] = typer.Option(None, help="Override the config's model: smollm2, tiny-llama, an HF dir, a .gguf."),
@@ -108,6 +83,7 @@ def train(
 ):
     """RL training: ReTool cold start, then GRPO / DAPO / PPO with SRT rollouts (the main job)."""
     from .agent.config import ConfigError, load_env_config
+    from .rl.coldstart import ColdStartError
     from .rl.trainer import Trainer
     from .tools import SandboxUnavailable
 
@@ -118,7 +94,7 @@ def train(
         trainer = Trainer(config, out or Path("runs") / config.name, steps=steps, compare=names, resume=resume,
                           model=model, cold_start=cold_start, console=console)
         report = trainer.run()
-    except (ConfigError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
+    except (ConfigError, ColdStartError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2)
     if report.get("interrupted"):
@@ -277,6 +253,35 @@ def bench_engine(
         from .engine.bench_plot import plot_engine_bench
 
         console.print(f"wrote {plot_engine_bench(result, plot)}")
+
+@bench_app.command("update")
+def bench_update(
+    model: str = typer.Option("smollm2", help="Model: 'smollm2', 'tiny-llama', an HF directory or a .gguf file."),
+    prompts: int = typer.Option(4, min=1, help="Prompts in the GRPO-shaped batch."),
+    samples: int = typer.Option(4, min=1, help="Samples per prompt."),
+    prompt_tokens: int = typer.Option(130, min=1, help="Tokens per prompt."),
+    response_tokens: int = typer.Option(110, min=2, help="Tokens per response (a masked tool span included)."),
+    micro_batch_tokens: int = typer.Option(2048, min=64, help="Tokens per forward/backward."),
+    lora_rank: int = typer.Option(16, min=1, help="LoRA rank of the LoRA row."),
+    repeats: int = typer.Option(3, min=1, help="Interleaved repetitions (the best of each method counts)."),
+    quick: bool = typer.Option(False, "--quick", help="Tiny random model, tiny batch: seconds."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+):
+    """The trainer's update (packed, LM head on trained tokens only; full and LoRA) against plain HF forward+backward."""
+    from .rl.bench import UpdateBenchConfig, run_update_bench
+
+    config = UpdateBenchConfig.quick() if quick else UpdateBenchConfig(
+        model=model, prompts=prompts, samples=samples, prompt_tokens=prompt_tokens, response_tokens=response_tokens,
+        tool_tokens=min(20, response_tokens // 4), micro_batch_tokens=micro_batch_tokens, lora_rank=lora_rank, repeats=repeats,
+    )
+    with console.status("update bench") as status:
+        result = run_update_bench(config, lambda name, s: status.update(f"{name}: {s:.1f} s"))
+    table = Table("method", "best s", "tokens/s", "trained tokens/s", "vs HF", title=f"{result['tokens']} tokens per update")
+    for name, row in result["methods"].items():
+        table.add_row(name, f"{row['best_s']:.2f}", f"{row['tokens_per_s']:.1f}", f"{row['trained_tokens_per_s']:.1f}", f"{row['vs_hf']:.2f}x")
+    console.print(table)
+    write_json(result, json_path)
+
 
 if __name__ == "__main__":
     app()

@@ -29,6 +29,11 @@ from .sft import sft_epochs
 from .traces import load_message_traces, procedural_traces, trajectory_sample, turn_end_token
 
 COLD_START_VERSION = 1
+
+
+class ColdStartError(RuntimeError):
+    """The cold start cannot produce training data (e.g. no trace's code ran to the right answer)."""
+
 Evaluator = Callable[[str], ToolUseReport]  # runs the held-out tasks with the current engine weights
 
 
@@ -109,11 +114,17 @@ def build_samples(config: EnvConfig, controller_args: dict, loaded: LoadedModel)
     tasks = [
         t for t in arithmetic_tasks(cs.n, cs.seed, few_shot=config.dataset.few_shot) if t.prompt[-1]["content"] not in rl_questions
     ]
-    trajectories = procedural_traces(controller_args, tasks, end, seed=cs.seed)
+    # A worked solution is short; the RL env's turn and token limits do not bind it.
+    limits = {"max_turns": max(config.max_turns, 2), "max_tokens_per_turn": 4096, "max_response_tokens": 8192}
+    args = {**controller_args, "config": config.model_copy(update=limits)}
+    trajectories = procedural_traces(args, tasks, end, seed=cs.seed)
     good = [t for t in trajectories if t.finish_reason == "done" and t.reward >= config.reward.correct and t.tool_calls]
     if not good:
         statuses = sorted({c.status for t in trajectories for c in t.tool_calls})
-        raise RuntimeError(f"no cold-start trace came out right (tool statuses: {statuses}); is the sandbox working?")
+        reasons = sorted({t.finish_reason for t in trajectories})
+        raise ColdStartError(
+            f"no cold-start trace came out right (tool statuses: {statuses}, endings: {reasons}); is the sandbox working?"
+        )
     return [trajectory_sample(t) for t in good], good
 
 

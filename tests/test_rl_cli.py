@@ -1,0 +1,76 @@
+"""`srt-agent train` (the Quickstart's main job) end to end on a tiny model, and its clear failures."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from srt_agent.cli import app
+from srt_agent.models import cache_root, load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+load_tokenizer("smollm2")  # converts the GGUF into the user cache once, before any test swaps the cache dir
+runner = CliRunner()
+TINY = [
+    "--model", "tiny-llama", "--steps", "1", "--compare", "none",
+    "--set", "n_samples=2", "--set", "train.prompts_per_step=2", "--set", "max_tokens_per_turn=8",
+    "--set", "max_response_tokens=48", "--set", "engine.max_context=512", "--set", "engine.calibrate=false",
+    "--set", "cold_start.n=4", "--set", "cold_start.eval_tasks=2", "--set", "cold_start.batch_size=2",
+]
+
+
+def fresh_cache(tmp_path, monkeypatch) -> Path:
+    """An empty cache dir for cold starts that still sees the converted SmolLM2 (its tokenizer)."""
+    models = cache_root() / "models"
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "models").symlink_to(models)
+    monkeypatch.setenv("SRT_AGENT_CACHE_DIR", str(cache))
+    return cache
+
+
+def test_train_cold_starts_then_steps_and_caches_the_cold_start(tmp_path, monkeypatch):
+    fresh_cache(tmp_path, monkeypatch)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", str(ROOT / "envs" / "retool_train.yaml"), "--out", str(out), *TINY])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    cold = report["cold_start"]
+    assert cold["traces"] >= 3 and not cold["cached"] and cold["before"] and cold["after"]
+    assert report["steps"][0]["compare/none/gen_s"] > 0 and "vs none" in result.output
+    traces = next((tmp_path / "cache" / "coldstart").glob("*/traces.jsonl")).read_text().splitlines()
+    assert all(json.loads(t)["tool_calls"][0]["status"] == "ok" for t in traces)
+    # A second run with the same settings takes the cold start from the cache and goes straight to RL.
+    again = runner.invoke(app, ["train", str(ROOT / "envs" / "retool_train.yaml"), "--out", str(tmp_path / "run2"), *TINY])
+    assert again.exit_code == 0, again.output
+    assert "cold start: cached" in again.output
+    assert json.loads((tmp_path / "run2" / "report.json").read_text())["cold_start"]["cached"]
+
+
+def test_train_reports_bad_input_and_exits_2(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ntrain: {algorithm: [\n")
+    result = runner.invoke(app, ["train", str(bad)])
+    assert result.exit_code == 2 and "malformed YAML" in result.output
+    env = ROOT / "envs" / "retool_train.yaml"
+    for args, message in [
+        (["--algorithm", "reinforce"], "unknown algorithm 'reinforce'"),
+        (["--set", "train.lr=-1"], "train.lr"),
+        (["--set", "nonsense"], "expected KEY=VALUE"),
+        (["--compare", "medusa", "--model", "tiny-llama"], "unknown drafter"),
+        (["--resume", str(tmp_path), "--model", "tiny-llama"], "no checkpoint"),
+    ]:
+        result = runner.invoke(app, ["train", str(env), "--out", str(tmp_path / "o"), *args])
+        assert result.exit_code == 2 and message in result.output, (args, result.output)
+
+
+def test_train_without_bubblewrap_names_the_missing_sandbox(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    result = runner.invoke(app, ["train", str(ROOT / "envs" / "retool_train.yaml"), "--out", str(tmp_path / "o"), *TINY])
+    assert result.exit_code == 2 and "bubblewrap" in result.output
