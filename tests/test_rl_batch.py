@@ -32,6 +32,25 @@ def test_pack_targets_only_trained_tokens():
     assert batch.seq_index.tolist() == [0, 0, 0, 1, 1, 2, 2]
 
 
+GROUP = [  # GRPO siblings: one prompt, three responses
+    sample([1, 2, 3], [10, 11, 12], [1, 0, 1]),
+    sample([1, 2, 3], [20, 21], [1, 1]),
+    sample([1, 2, 3], [30, 31, 32, 33], [1, 1, 0, 1]),
+]
+
+
+def test_siblings_share_one_copy_of_their_prompt():
+    (batch,) = pack(GROUP, max_tokens=64)
+    assert batch.input_ids.tolist() == [[1, 2, 3, 10, 11, 12, 20, 21, 30, 31, 32, 33]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4, 5, 3, 4, 3, 4, 5, 6]]
+    # A response's first token is predicted from the prompt's last row.
+    assert batch.targets.tolist() == [2, 4, 2, 6, 2, 8, 10]
+    assert batch.target_ids.tolist() == [10, 12, 20, 21, 30, 31, 33]
+    mask = batch.attention_mask[0, 0]
+    assert mask[6].tolist() == [True] * 3 + [False] * 3 + [True] + [False] * 5  # sibling 2 sees prompt + itself
+    assert mask[11].tolist() == [True] * 3 + [False] * 5 + [True] * 4
+
+
 def test_pack_respects_the_token_budget_and_keeps_order():
     batches = pack(SAMPLES, max_tokens=11)
     assert [b.samples for b in batches] == [[0], [1, 2]]
@@ -57,13 +76,17 @@ def test_bad_samples_are_clear_errors():
 
 @pytest.mark.parametrize("lora", [0, 4])
 def test_packed_scores_equal_one_sample_at_a_time(lora):
-    """Padding-free packing (position ids restarting per sample) gives each sample's own log-probs."""
+    """Padding-free packing (shared prompts included) gives each sample's own log-probs."""
     loaded = tiny_random_model("llama", seed=2)
     policy = Policy(loaded.model, temperature=0.7, lora=LoraConfig(rank=lora), dtype=torch.float64)
+    for group in (SAMPLES, GROUP, SAMPLES + GROUP):
+        (batch,) = pack(group, max_tokens=64)
+        packed = dict(batch.split(group, policy.score(batch).logprobs))
+        for i in range(len(group)):
+            (alone,) = pack(group, 64, [i])
+            torch.testing.assert_close(torch.tensor(packed[i]), torch.tensor(dict(alone.split(group, policy.score(alone).logprobs))[i]))
     (batch,) = pack(SAMPLES, max_tokens=64)
     packed = policy.score(batch).logprobs
-    alone = torch.cat([policy.score(pack(SAMPLES, 64, [i])[0]).logprobs for i in range(3)])
-    torch.testing.assert_close(packed, alone)
     # ... and they are log softmax(logits / T) of a plain forward of each sample.
     model = loaded.model
     s = SAMPLES[0]
@@ -84,7 +107,8 @@ def test_lora_engine_weights_merge_the_adapters():
     (batch,) = pack(SAMPLES, max_tokens=64)
     ids = batch.input_ids
     with torch.no_grad():
-        merged = plain.model(input_ids=ids, position_ids=batch.position_ids, use_cache=False).last_hidden_state
-        adapted = policy.base.get_decoder()(input_ids=ids, position_ids=batch.position_ids).last_hidden_state
+        kwargs = dict(input_ids=ids, position_ids=batch.position_ids, attention_mask=batch.attention_mask, use_cache=False)
+        merged = plain.model(**kwargs).last_hidden_state
+        adapted = policy.base.get_decoder()(**kwargs).last_hidden_state
     torch.testing.assert_close(merged, adapted.float().to(merged.dtype), rtol=1e-5, atol=1e-6)
     assert not torch.equal(weights["model.layers.0.self_attn.q_proj.weight"], loaded.model.state_dict()["model.layers.0.self_attn.q_proj.weight"].float())

@@ -3,10 +3,9 @@
 A :class:`Sample` is one trajectory as training data: prompt tokens, response tokens with their mask
 (1 = sampled by the model and trained on, 0 = forced tool output, never in the loss), the engine's
 sampling log-probs, the reward and the per-token quantities the algorithm adds (advantages, returns,
-old and reference log-probs). :func:`pack` concatenates samples into rows of at most
-``max_tokens`` tokens with position ids restarting at 0 for each sample, which transformers turns
-into a block-diagonal causal mask: no padding is computed. Only the rows that predict a trained token
-go through the LM head.
+old and reference log-probs). :func:`pack` concatenates samples into one row per micro-batch with no
+padding; siblings of a GRPO group share one copy of their prompt (an explicit attention mask lets each
+response see it). Only the rows that predict a trained token go through the LM head.
 """
 
 from __future__ import annotations
@@ -70,6 +69,7 @@ class MicroBatch:
     target_ids: torch.Tensor  # [T] those tokens
     seq_index: torch.Tensor  # [T] which sample of the mini-batch each target belongs to
     samples: list[int] = field(default_factory=list)  # indices of the packed samples, in order
+    attention_mask: torch.Tensor | None = None  # [1, 1, N, N] bool, True where a row may attend
 
     @property
     def num_tokens(self) -> int:
@@ -97,42 +97,64 @@ class MicroBatch:
 
 
 def pack(samples: Sequence[Sample], max_tokens: int, indices: Sequence[int] | None = None) -> list[MicroBatch]:
-    """Pack samples (all, or those at `indices`) into micro-batches of at most `max_tokens` tokens.
+    """Pack samples (all, or those at `indices`) into micro-batches of about `max_tokens` tokens.
 
-    Samples keep their order; one longer than `max_tokens` gets a micro-batch of its own. ``seq_index``
-    numbers samples by their position in `indices`, so the ``seq-mean`` losses of all micro-batches
-    share one numbering.
+    Samples with the same prompt (a GRPO group) are packed together and share one copy of it: each
+    response attends to the prompt block and to itself, so the prompt is computed once per micro-batch
+    instead of once per sample; gradients are the same as with separate copies. Groups keep their
+    first-appearance order; a sample that does not fit starts a new micro-batch (one larger than
+    `max_tokens` gets one of its own). ``seq_index`` numbers samples by their position in `indices`, so
+    the ``seq-mean`` losses of all micro-batches share one numbering.
     """
     indices = list(range(len(samples))) if indices is None else list(indices)
-    groups: list[list[int]] = []
-    size = 0
-    for i in indices:
-        n = len(samples[i])
-        if groups and size + n <= max_tokens:
-            groups[-1].append(i)
-            size += n
-        else:
-            groups.append([i])
-            size = n
     order = {i: k for k, i in enumerate(indices)}
-    return [_build(samples, members, order) for members in groups]
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i in indices:
+        by_prompt.setdefault(tuple(samples[i].prompt_ids), []).append(i)
+    batches: list[list[int]] = []
+    size = 0
+    last_prompt: tuple[int, ...] | None = None
+    for prompt, members in by_prompt.items():
+        for i in members:
+            cost = len(samples[i].response_ids) + (len(prompt) if prompt != last_prompt else 0)
+            if batches and size + cost <= max_tokens:
+                batches[-1].append(i)
+                size += cost
+            else:
+                batches.append([i])
+                size = len(samples[i])
+            last_prompt = prompt
+    return [_build(samples, members, order) for members in batches]
 
 
 def _build(samples: Sequence[Sample], members: list[int], order: dict[int, int]) -> MicroBatch:
     ids: list[int] = []
     positions: list[int] = []
+    segment: list[int] = []  # the block each token belongs to
+    parent: list[int] = []  # per block: the prompt block a response attends to (-1 for prompt blocks)
     targets: list[int] = []
     target_ids: list[int] = []
     seq_index: list[int] = []
+    prompt_block, prompt_end, prompt_key = -1, -1, None
     for i in members:
         s = samples[i]
+        key = tuple(s.prompt_ids)
+        if key != prompt_key:  # a new prompt block
+            prompt_block, prompt_key = len(parent), key
+            parent.append(-1)
+            ids += s.prompt_ids
+            positions += range(len(s.prompt_ids))
+            segment += [prompt_block] * len(s.prompt_ids)
+            prompt_end = len(ids) - 1
+        block = len(parent)
+        parent.append(prompt_block)
         base = len(ids)
-        tokens = s.prompt_ids + s.response_ids
-        ids += tokens
-        positions += range(len(tokens))
+        ids += s.response_ids
+        positions += range(len(s.prompt_ids), len(s.prompt_ids) + len(s.response_ids))
+        segment += [block] * len(s.response_ids)
         for j, (token, m) in enumerate(zip(s.response_ids, s.response_mask)):
             if m:
-                targets.append(base + len(s.prompt_ids) + j - 1)
+                targets.append(base + j - 1 if j else prompt_end)
                 target_ids.append(token)
                 seq_index.append(order[i])
     return MicroBatch(
@@ -142,4 +164,14 @@ def _build(samples: Sequence[Sample], members: list[int], order: dict[int, int])
         target_ids=torch.tensor(target_ids, dtype=torch.long),
         seq_index=torch.tensor(seq_index, dtype=torch.long),
         samples=list(members),
+        attention_mask=shared_prefix_mask(torch.tensor(segment), torch.tensor(parent)),
     )
+
+
+def shared_prefix_mask(segment: torch.Tensor, parent: torch.Tensor) -> torch.Tensor:
+    """``[1, 1, N, N]`` boolean mask (True = attend): causal inside each block, plus every response
+    block sees the whole prompt block it continues."""
+    pos = torch.arange(len(segment))
+    same = (segment[:, None] == segment[None, :]) & (pos[:, None] >= pos[None, :])
+    via_prompt = parent[segment][:, None] == segment[None, :]
+    return (same | via_prompt)[None, None]

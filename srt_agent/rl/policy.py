@@ -81,7 +81,10 @@ class Policy:
             inner = self.base.get_decoder()
             device = self.device
             out = inner(
-                input_ids=batch.input_ids.to(device), position_ids=batch.position_ids.to(device), use_cache=False
+                input_ids=batch.input_ids.to(device),
+                position_ids=batch.position_ids.to(device),
+                attention_mask=self._mask(batch),
+                use_cache=False,
             )
             hidden = out.last_hidden_state[0, batch.targets.to(device)]
             logits = self.base.get_output_embeddings()(hidden)
@@ -96,6 +99,16 @@ class Policy:
                 ent = torch.cat([entropy_from_logits(c) for c in logits.detach().split(256)]) if len(logits) else lse.detach()
         values = self.value_head(hidden).squeeze(-1) if self.value_head is not None else None
         return Scores(token_logp, ent, values)
+
+    def _mask(self, batch: MicroBatch) -> torch.Tensor | None:
+        """The micro-batch's mask in the form the model's attention implementation takes."""
+        if batch.attention_mask is None:
+            return None
+        mask = batch.attention_mask.to(self.device)
+        if getattr(self.base.config, "_attn_implementation", "sdpa") in ("sdpa", "flex_attention"):
+            return mask
+        dtype = next(self.base.parameters()).dtype
+        return torch.zeros(mask.shape, dtype=dtype, device=self.device).masked_fill(~mask, torch.finfo(dtype).min)
 
     @property
     def device(self) -> torch.device:
