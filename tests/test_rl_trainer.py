@@ -143,3 +143,23 @@ def test_bad_input_is_a_clear_error(tmp_path, tiny):
         Trainer.from_env_file(env_file(tmp_path), blocked / "run", loaded=tiny).run()
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         find_checkpoint(tmp_path)
+
+
+def test_ctrl_c_during_generation_saves_the_last_finished_step(tmp_path, tiny, monkeypatch):
+    from srt_agent.rl.rollouts import PolicyRollouts
+
+    run = PolicyRollouts.run
+    calls = []
+
+    def interrupted(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # step 2's rollouts
+            raise KeyboardInterrupt
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(PolicyRollouts, "run", interrupted)
+    out = tmp_path / "run"
+    report = Trainer.from_env_file(env_file(tmp_path, steps=3, checkpoint_every=5), out, loaded=tiny).run()
+    assert report["interrupted"] and [m["step"] for m in report["steps"]] == [1.0]
+    state, _ = load_checkpoint(out)
+    assert state["step"] == 1 and state["sampler"]["index"] == 2  # step 2's prompts were not consumed

@@ -1,0 +1,38 @@
+"""The real path: SmolLM2 cold-started on executed traces, then a GRPO step with SRT rollouts and a compare run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from srt_agent.agent.config import load_env_config
+from srt_agent.models import cache_root, load_model
+from srt_agent.rl.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_cold_start_teaches_the_tool_and_a_grpo_step_runs(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "models").symlink_to(cache_root() / "models")
+    monkeypatch.setenv("SRT_AGENT_CACHE_DIR", str(cache))
+    config = load_env_config(ROOT / "envs" / "retool_train.yaml", [
+        "cold_start.n=24", "cold_start.lr=5e-5", "cold_start.batch_size=4", "cold_start.eval_tasks=4",
+        "train.prompts_per_step=2", "n_samples=2", "max_tokens_per_turn=96", "max_response_tokens=256",
+        "engine.max_batch=4", "engine.max_context=768",
+    ])
+    # Its own copy: training changes the weights of the model the engines run.
+    report = Trainer(config, tmp_path / "run", steps=1, compare=["none"], loaded=load_model("smollm2", device="cpu")).run()
+    cold = report["cold_start"]
+    losses = [s["loss"] for s in cold["sft"]]
+    assert losses[-1] < losses[0]
+    assert cold["before"]["tool_call_rate"] == 0.0  # the plain model never writes a <code> block
+    assert cold["after"]["tool_call_rate"] >= 0.5  # after SFT on executed traces it calls the interpreter
+    (step,) = report["steps"]
+    assert step["env/tool_call_rate"] > 0 and step["srt/forced_tokens"] > 0
+    assert step["compare/none/gen_s"] > 0
+    assert step["training/rollout_logprob_diff_mean"] < 1e-3  # engine and trainer agree on the log-probs
+    assert step["training/nonfinite_updates"] == 0.0
