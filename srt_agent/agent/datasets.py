@@ -78,11 +78,12 @@ class Task:
         return json.dumps(self.prompt, sort_keys=True)
 
 
-def load_tasks(path: str | Path, limit: int | None = None) -> list[Task]:
-    """Read tasks from a ``.jsonl`` or ``.parquet`` file in verl's layout."""
+def read_rows(path: str | Path, what: str = "dataset") -> list[tuple[str, dict]]:
+    """The rows of a ``.jsonl`` or ``.parquet`` file, each with where it stands (``file:line`` / ``file row i``)
+    for error messages; `what` names the file's role in them."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"dataset {path} does not exist")
+        raise FileNotFoundError(f"{what} {path} does not exist")
     if path.suffix == ".jsonl":
         rows = []
         for lineno, line in enumerate(path.read_text().splitlines(), 1):
@@ -92,12 +93,17 @@ def load_tasks(path: str | Path, limit: int | None = None) -> list[Task]:
                 rows.append((f"{path}:{lineno}", json.loads(line)))
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-    elif path.suffix == ".parquet":
+        return rows
+    if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        rows = [(f"{path} row {i}", row) for i, row in enumerate(pq.read_table(path).to_pylist())]
-    else:
-        raise ValueError(f"dataset {path}: expected a .jsonl or .parquet file")
+        return [(f"{path} row {i}", row) for i, row in enumerate(pq.read_table(path).to_pylist())]
+    raise ValueError(f"{what} {path}: expected a .jsonl or .parquet file")
+
+
+def load_tasks(path: str | Path, limit: int | None = None) -> list[Task]:
+    """Read tasks from a ``.jsonl`` or ``.parquet`` file in verl's layout."""
+    rows = read_rows(path)
     rows = rows[:limit] if limit is not None else rows
     return [Task.from_row(row, where) for where, row in rows]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..agent.chat import render_prompt, user_turn_text
 from ..agent.controller import MultiTurnController
-from ..agent.datasets import Task
+from ..agent.datasets import Task, read_rows
 from ..agent.retool import interpreter_block
 from ..agent.trajectory import Trajectory
 from ..engine.params import RequestOutput, SamplingParams
@@ -169,23 +169,7 @@ def messages_sample(messages: list[dict], tokenizer, end_token: int, where: str 
 
 def load_message_traces(path: str | Path, tokenizer, end_token: int) -> list[Sample]:
     """Read a ``.jsonl`` or ``.parquet`` file of ``{"messages": [...]}`` rows into samples."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"cold-start traces {path} do not exist")
-    if path.suffix == ".jsonl":
-        rows = []
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append((f"{path}:{lineno}", json.loads(line)))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-    elif path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        rows = [(f"{path} row {i}", row) for i, row in enumerate(pq.read_table(path).to_pylist())]
-    else:
-        raise ValueError(f"cold-start traces {path}: expected a .jsonl or .parquet file")
+    rows = read_rows(path, "cold-start traces")
     samples = []
     for where, row in rows:
         messages = row.get("messages") if isinstance(row, dict) else None
