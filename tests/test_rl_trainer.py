@@ -43,7 +43,7 @@ def rollouts(out: Path, step: int) -> list[dict]:
 def test_grpo_run_trains_and_compares(tmp_path, tiny):
     out = tmp_path / "run"
     before = {k: v.clone() for k, v in tiny.model.state_dict().items()}
-    report = Trainer.from_env_file(env_file(tmp_path), out, loaded=tiny, compare=["none"]).run()
+    report = Trainer.from_env_file(env_file(tmp_path, kl_coef=0.01), out, loaded=tiny, compare=["none"]).run()
     steps = report["steps"]
     assert [m["step"] for m in steps] == [1.0, 2.0]
     for m in steps:
@@ -54,6 +54,7 @@ def test_grpo_run_trains_and_compares(tmp_path, tiny):
         assert m["srt/forced_tokens"] > 0
         assert m["training/rollout_logprob_diff_mean"] < 1e-4
         assert m["perf/trained_tokens"] == m["srt/model_tokens"]
+        assert m["actor/kl_loss"] >= 0.0  # a KL loss to the frozen starting policy
     assert any(m["critic/advantages/max"] > 0 for m in steps)
     # The engine got the new weights in memory: its model differs from the random start.
     assert any(not torch.equal(before[k], v) for k, v in tiny.model.state_dict().items())
@@ -68,7 +69,7 @@ def test_grpo_run_trains_and_compares(tmp_path, tiny):
         assert all(lp == 0.0 for lp, m in zip(row["response_logprobs"], row["response_mask"]) if m == 0)
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     state, caches = load_checkpoint(out)
-    assert state["step"] == 2 and "srt" in caches
+    assert state["step"] == 2 and "srt" in caches and state["reference"] is not None
 
 
 def test_resumed_run_matches_an_uninterrupted_one(tmp_path):
