@@ -205,35 +205,27 @@ def tiny_random_model(
     device: str | torch.device = "cpu",
     tokenizer=None,
 ) -> LoadedModel:
-    """A small random-weight Llama or Qwen2 model built from a config (no download), for tests.
+    """A small random-weight model of any verified architecture (`engine.architectures.VERIFIED`:
+    llama, qwen2, gemma2, …), built from a config (no download), for tests.
 
     Pass a tokenizer (e.g. SmolLM2's) when text matters; its vocabulary size then wins.
     """
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM
 
-    configs = {"llama": LlamaConfig, "qwen2": Qwen2Config}
-    if arch not in configs:
-        raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {sorted(configs)}")
+    from .engine.architectures import tiny_config
+
     if tokenizer is not None:
         vocab_size = len(tokenizer)
-    config = configs[arch](
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
+    config = tiny_config(
+        arch, vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
     )
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    # Mixture-of-experts layers default to grouped matmuls, which lack float64: loop over experts.
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, experts_implementation="eager")
     # Random init is near-uniform; sharpen the output layer so sampling has structure to find.
     with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
+        model.get_output_embeddings().weight.mul_(8.0)
     model.to(resolve_device(device)).eval()
     eos = end_token_ids(tokenizer) if tokenizer is not None else []
     return LoadedModel(model=model, tokenizer=tokenizer, name=f"tiny-{arch}", source="random", eos_token_ids=eos)

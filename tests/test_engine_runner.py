@@ -7,7 +7,7 @@ import torch
 
 from srt_agent.cache import Draft
 from srt_agent.engine import Engine, SamplingParams
-from srt_agent.engine.model_runner import Chunk, ModelRunner, check_architecture
+from srt_agent.engine.model_runner import Chunk, ModelRunner, check_model
 
 TOKENS = [5, 17, 33, 2, 99, 140, 7, 64, 200, 3, 12, 250]
 
@@ -125,5 +125,5 @@ def test_engine_logprobs_equal_transformers(tiny):
 
 
 def test_unsupported_model_is_rejected():
-    with pytest.raises(ValueError, match="Llama-style"):
-        check_architecture(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="not a Hugging Face causal LM"):
+        check_model(torch.nn.Linear(2, 2))

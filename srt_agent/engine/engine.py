@@ -75,7 +75,7 @@ def resolve_drafter(drafter: str | Drafter | None) -> Drafter | None:
 
 
 class Engine:
-    """Batched, speculative, exactly on-policy generation over a Llama-style model.
+    """Batched, speculative, exactly on-policy generation over a Hugging Face causal LM.
 
     `max_draft_tokens` caps draft nodes per sequence and step; with `adaptive_drafts` the cost model
     picks which of them to verify (possibly none), by their scores as calibrated against the
@@ -202,8 +202,7 @@ class Engine:
         Cached KV was computed by the old policy, so every sequence re-prefills at its next step.
         """
         state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
-        with torch.no_grad():
-            self.runner.model.load_state_dict(state, strict=True)
+        self.runner.load_weights(state)
         for seq in self.sequences.values():
             seq.num_cached = 0
 

@@ -1,0 +1,68 @@
+"""The KV cache: keys and values of every attention layer, per sequence slot, in preallocated tensors.
+
+One ``[slots, kv_heads, capacity, head_dim]`` tensor per layer for keys and one for values, so layers
+may differ in shape. The runner addresses entries only through this class (write rows, read the first
+``length`` entries of some slots, move entries within a slot), so the storage can become paged blocks
+without touching the attention or the model code.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Per-layer, per-slot key/value storage of fixed capacity."""
+
+    def __init__(
+        self,
+        layer_shapes: list[tuple[int, int]],
+        num_slots: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        """`layer_shapes`: (kv_heads, head_dim) of every layer, in layer order."""
+        self.num_slots = num_slots
+        self.capacity = capacity
+        # Zeroed, not empty: masked-out entries still enter the attention product (0 * NaN = NaN).
+        self.keys = [torch.zeros(num_slots, h, capacity, d, dtype=dtype, device=device) for h, d in layer_shapes]
+        self.values = [torch.zeros(num_slots, h, capacity, d, dtype=dtype, device=device) for h, d in layer_shapes]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store rows: ``k[i]``, ``v[i]`` (``[kv_heads, head_dim]``) at (``slots[i]``, ``positions[i]``)."""
+        keys, values = self.keys[layer], self.values[layer]
+        if k.shape[1:] != (keys.shape[1], keys.shape[3]):
+            raise ValueError(f"layer {layer} writes keys of shape {tuple(k.shape[1:])}, the cache holds {tuple(keys.shape[1::2])}")
+        keys[slots, :, positions] = k
+        values[slots, :, positions] = v
+
+    def read(self, layer: int, slots: torch.Tensor, slot_range: tuple[int, int] | None, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``[len(slots), kv_heads, length, head_dim]`` of some slots' first `length` entries.
+
+        A `slot_range` (lo, hi) of consecutive slots is read as a view instead of a copy.
+        """
+        keys, values = self.keys[layer], self.values[layer]
+        if slot_range is not None:
+            lo, hi = slot_range
+            return keys[lo:hi, :, :length], values[lo:hi, :, :length]
+        return keys[slots, :, :length], values[slots, :, :length]
+
+    def move(self, slots: list[int], src: list[int], dst: list[int]) -> None:
+        """Copy entries (slots[i], src[i]) → (slots[i], dst[i]) in every layer."""
+        if not slots:
+            return
+        device = self.keys[0].device
+        s = torch.tensor(slots, device=device)
+        a = torch.tensor(src, device=device)
+        b = torch.tensor(dst, device=device)
+        for keys, values in zip(self.keys, self.values):
+            keys[s, :, b] = keys[s, :, a]
+            values[s, :, b] = values[s, :, a]
