@@ -293,6 +293,39 @@ def bench_update(
     for name, row in result["methods"].items():
         table.add_row(name, f"{row['best_s']:.2f}", f"{row['tokens_per_s']:.1f}", f"{row['trained_tokens_per_s']:.1f}", f"{row['vs_hf']:.2f}x")
     console.print(table)
+
+
+
+@bench_app.command("roofline")
+def bench_roofline(
+    model: str = typer.Option("smollm2", help="Model: 'smollm2', 'tiny-llama', an HF directory or a .gguf file."),
+    dtype: str = typer.Option("float32", help="Policy dtype: float32 or bfloat16."),
+    device: str = typer.Option("auto", help="auto (CUDA when present), cpu or cuda."),
+    context: int = typer.Option(512, min=1, help="Tokens already cached per sequence."),
+    reps: int = typer.Option(5, min=1, help="Rounds per measurement (the best is kept)."),
+    threads: Optional[int] = typer.Option(None, min=1, help="torch threads (default: torch's choice)."),
+    profile: bool = typer.Option(True, "--profile/--no-profile", help="Also profile the 1- and 16-token steps."),
+    clock: str = typer.Option("wall", help="wall, or cpu (process CPU time: on a shared machine, with --threads 1)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+):
+    """This device's bandwidth and GEMM throughput, the model's bytes and FLOPs, and each step shape's time vs its floor."""
+    import torch
+
+    from .engine.roofline import roofline_lines, run_roofline
+    from .models import load_model
+
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        loaded = load_model(model, dtype=dtype, device=device)
+    except (ValueError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2)
+    if clock not in ("wall", "cpu"):
+        raise typer.BadParameter("choose wall or cpu", param_hint="--clock")
+    result = run_roofline(loaded, context=context, reps=reps, profile=profile, clock=clock)
+    for line in roofline_lines(result):
+        console.print(line, highlight=False)
     write_json(result, json_path)
 
 

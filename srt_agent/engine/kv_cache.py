@@ -38,11 +38,22 @@ class KVCache:
 
     def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store rows: ``k[i]``, ``v[i]`` (``[kv_heads, head_dim]``) at (``slots[i]``, ``positions[i]``)."""
+        keys, values = self._layer(layer, k)
+        keys[slots, :, positions] = k
+        values[slots, :, positions] = v
+
+    def write_span(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store ``len(k)`` consecutive rows of one slot from position `start` (a slice, not a scatter)."""
+        keys, values = self._layer(layer, k)
+        keys[slot, :, start : start + len(k)] = k.transpose(0, 1)
+        values[slot, :, start : start + len(v)] = v.transpose(0, 1)
+
+    def _layer(self, layer: int, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's key and value storage, after checking that rows `k` fit it."""
         keys, values = self.keys[layer], self.values[layer]
         if k.shape[1:] != (keys.shape[1], keys.shape[3]):
             raise ValueError(f"layer {layer} writes keys of shape {tuple(k.shape[1:])}, the cache holds {tuple(keys.shape[1::2])}")
-        keys[slots, :, positions] = k
-        values[slots, :, positions] = v
+        return keys, values
 
     def read(self, layer: int, slots: torch.Tensor, slot_range: tuple[int, int] | None, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``[len(slots), kv_heads, length, head_dim]`` of some slots' first `length` entries.

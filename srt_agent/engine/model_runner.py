@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .architectures import check_model
+from .device_info import detect_device
 from .kv_cache import KVCache
+from .packed_linear import pack_model_linears, should_pack
 from .tree_attention import TreeBatch, build_groups, use_tree_attention
 
 
@@ -59,17 +61,31 @@ class Chunk:
 class ModelRunner:
     """Owns the KV cache of `num_slots` sequences and runs packed, tree-masked forward passes."""
 
-    def __init__(self, model: torch.nn.Module, num_slots: int, max_context: int, tree_margin: int, device: torch.device):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        num_slots: int,
+        max_context: int,
+        tree_margin: int,
+        device: torch.device,
+        pack_linears: bool | None = None,
+    ):
+        """`pack_linears`: use oneDNN-prepacked copies of the linear weights (CPU); None decides by
+        device, dtype and free memory (`packed_linear.should_pack`)."""
         check_model(model)
         self.model = model.to(device).eval()
         use_tree_attention(self.model)
         self.device = device
+        self.device_info = detect_device(device)
+        dtype = next(model.parameters()).dtype
+        if pack_linears is None:
+            pack_linears = should_pack(model, device, dtype, self.device_info.fast_bf16)
+        self.packed_linears = pack_linears and pack_model_linears(model) > 0
         self.decoder = model.get_decoder()
         self.head = LogitHead.of(model)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.num_slots = num_slots
         self.capacity = max_context + tree_margin
-        dtype = next(model.parameters()).dtype
         self.kv = KVCache(attention_shapes(model), num_slots, self.capacity, dtype, device)
         # Decoder forwards prepare masks only for a mask that is not already 4-D: this one stands for
         # "tree attention builds its own" and skips that work.
@@ -94,6 +110,7 @@ class ModelRunner:
             cache_pos=torch.tensor([c.start + i for c in chunks for i in range(len(c))], device=dev),
             groups=build_groups(chunks, offsets, positions, dev),
             total=total,
+            span=(chunks[0].slot, chunks[0].start) if len(chunks) == 1 else None,
         )
         out = self.decoder(
             input_ids=tokens.unsqueeze(0),
@@ -114,7 +131,8 @@ class ModelRunner:
         self.kv.move(slots, src, dst)
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """Load new weights in place (same names and shapes as the model's state dict)."""
+        """Load new weights in place (same names and shapes as the model's state dict); packed copies
+        follow at their next use (the weights' version counters change)."""
         with torch.no_grad():
             self.model.load_state_dict(state, strict=True)
 

@@ -37,6 +37,7 @@ class AttentionGroup:
     slot_range: tuple[int, int] | None  # (lo, hi) when slots are consecutive: the cache is sliced, not copied
     key_len: int
     mask: torch.Tensor  # [B, 1, L, key_len] bool: cached context + ancestors
+    in_order: bool  # rows are exactly 0 … N-1 without padding: the pass's only group, no gather needed
     query_pos: torch.Tensor  # [B, 1, L, 1] rotary position of each entry
     key_pos: torch.Tensor  # [B, 1, 1, key_len] rotary position of each key
     windowed: dict[int, torch.Tensor] = field(default_factory=dict)  # sliding window → mask
@@ -59,6 +60,7 @@ class TreeBatch:
     cache_pos: torch.Tensor  # [N] cache position its key/value is written at
     groups: list[AttentionGroup]
     total: int
+    span: tuple[int, int] | None = None  # (slot, start) when all entries are one slot's consecutive positions
 
 
 def build_groups(
@@ -97,6 +99,7 @@ def build_groups(
         slots = [chunks[i].slot for i in members]
         consecutive = slots == list(range(slots[0], slots[0] + len(slots)))
         flat = valid.flatten()
+        in_order = len(buckets) == 1 and bool(flat.all()) and torch.equal(rows.flatten(), torch.arange(rows.numel()))
         groups.append(
             AttentionGroup(
                 rows=rows.to(device),
@@ -105,6 +108,7 @@ def build_groups(
                 slots=torch.tensor(slots, device=device),
                 slot_range=(slots[0], slots[0] + len(slots)) if consecutive else None,
                 key_len=key_len,
+                in_order=in_order,
                 mask=mask.to(device),
                 query_pos=query_pos.to(device),
                 key_pos=key_pos.to(device),
@@ -141,12 +145,16 @@ def tree_attention(
     cache = tree_batch.cache
     layer = module.layer_idx
     q = query[0].transpose(0, 1)  # [N, H, D]
-    cache.write(layer, tree_batch.slot_of, tree_batch.cache_pos, key[0].transpose(0, 1), value[0].transpose(0, 1))
+    k, v = key[0].transpose(0, 1), value[0].transpose(0, 1)
+    if tree_batch.span is not None:
+        cache.write_span(layer, *tree_batch.span, k, v)
+    else:
+        cache.write(layer, tree_batch.slot_of, tree_batch.cache_pos, k, v)
     heads, head_dim = q.shape[1], q.shape[2]
     scale = scaling if scaling is not None else head_dim**-0.5
-    out = torch.empty(tree_batch.total, heads, head_dim, dtype=query.dtype, device=query.device)
+    out = None
     for g in tree_batch.groups:
-        qg = q[g.rows].transpose(1, 2)  # [B, H, L, D]
+        qg = (q.view(*g.rows.shape, heads, head_dim) if g.in_order else q[g.rows]).transpose(1, 2)  # [B, H, L, D]
         kg, vg = cache.read(layer, g.slots, g.slot_range, g.key_len)
         mask = g.mask_for(sliding_window)
         if softcap is None and s_aux is None:
@@ -154,6 +162,10 @@ def tree_attention(
         else:
             og = _attention_math(qg, kg, vg, mask, scale, softcap, s_aux)
         og = og.transpose(1, 2).reshape(-1, heads, head_dim)
+        if g.in_order:
+            return og.unsqueeze(0), None
+        if out is None:
+            out = torch.empty(tree_batch.total, heads, head_dim, dtype=query.dtype, device=query.device)
         out[g.packed] = og if g.entries is None else og[g.entries]
     return out.unsqueeze(0), None
 

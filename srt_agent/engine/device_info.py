@@ -1,0 +1,45 @@
+"""What the device is and what its CPU can do: detected at run time, never assumed."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class DeviceInfo:
+    """What the device is and what its CPU can do (detected, not assumed)."""
+
+    device: str
+    name: str
+    threads: int
+    cpu_capability: str  # torch's dispatch level: DEFAULT, AVX2, AVX512, …
+    flags: list[str] = field(default_factory=list)  # avx2, avx512f, avx512_bf16, amx_tile, amx_bf16 present
+
+    @property
+    def fast_bf16(self) -> bool:
+        """bf16 matmuls beat fp32 here: AMX on CPU, any CUDA device."""
+        return self.device == "cuda" or "amx_bf16" in self.flags
+
+
+def detect_device(device: torch.device) -> DeviceInfo:
+    if device.type == "cuda":
+        return DeviceInfo("cuda", torch.cuda.get_device_name(device), 0, "cuda")
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+    return DeviceInfo(
+        "cpu", name, torch.get_num_threads(), torch.backends.cpu.get_cpu_capability(), [f for f in wanted if f in flags]
+    )
