@@ -3,6 +3,8 @@ training untouched, and the packed copy follows every in-place weight change."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -28,6 +30,20 @@ def test_packed_model_matches_and_keeps_its_state_dict():
     model(ids).logits.sum().backward()
     assert model.model.layers[0].mlp.down_proj.weight.grad is not None
     assert linear_bytes(model) > 0
+    assert pack_model_linears(model) == sum(isinstance(m, PackedLinear) for m in model.modules())  # idempotent
+
+
+def test_a_copy_of_a_packed_model_is_plain():
+    """A trainer's deep copy of the engine's model holds plain nn.Linear modules and no packed weights."""
+    model = tiny_random_model("llama", seed=0, dtype=torch.float32).model
+    pack_model_linears(model)
+    twin = copy.deepcopy(model)
+    assert not any(isinstance(m, PackedLinear) for m in twin.modules())
+    assert all(not hasattr(m, "_packed") for m in twin.modules())
+    ids = torch.tensor([[3, 4, 5]])
+    with torch.no_grad():
+        torch.testing.assert_close(twin(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+    assert twin.lm_head.weight is not model.lm_head.weight
 
 
 def test_packed_copy_follows_weight_updates():

@@ -12,6 +12,7 @@ second copy of the linear weights in memory, so `should_pack` only says yes when
 
 from __future__ import annotations
 
+import copy
 import os
 
 import torch
@@ -27,6 +28,15 @@ class PackedLinear(torch.nn.Linear):
     _packed: torch.Tensor | None
     _packed_version: int
     packing: bool  # False: behave exactly as nn.Linear (for side-by-side measurements)
+
+    def __deepcopy__(self, memo: dict) -> torch.nn.Linear:
+        """A copy is a plain ``nn.Linear`` (e.g. a trainer's own copy of the policy): the packed
+        weights belong to the module the engine runs, and copying them would double its memory."""
+        plain = torch.nn.Linear.__new__(torch.nn.Linear)
+        memo[id(self)] = plain
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_packed", "_packed_version", "packing")}
+        plain.__dict__.update(copy.deepcopy(state, memo))
+        return plain
 
     def repack(self) -> None:
         with torch.no_grad():
@@ -46,16 +56,15 @@ class PackedLinear(torch.nn.Linear):
 
 
 def pack_model_linears(model: torch.nn.Module) -> int:
-    """Make every ``nn.Linear`` of `model` a :class:`PackedLinear` (in place); returns how many."""
-    count = 0
+    """Make every ``nn.Linear`` of `model` a :class:`PackedLinear` (in place, idempotent: engines may
+    share a model); returns how many packed linears the model has."""
     for module in model.modules():
         if type(module) is torch.nn.Linear:
             module.__class__ = PackedLinear
             module._packed = None
             module.repack()
-            count += 1
     set_packing(model, True)
-    return count
+    return sum(isinstance(m, PackedLinear) for m in model.modules())
 
 
 def set_packing(model: torch.nn.Module, enabled: bool) -> None:
