@@ -295,7 +295,6 @@ def bench_update(
     console.print(table)
 
 
-
 @bench_app.command("roofline")
 def bench_roofline(
     model: str = typer.Option("smollm2", help="Model: 'smollm2', 'tiny-llama', an HF directory or a .gguf file."),

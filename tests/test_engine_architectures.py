@@ -94,7 +94,7 @@ def test_refused_before_weights_are_read(tmp_path, monkeypatch):
     writer.close()
     with pytest.raises(UnsupportedModel, match="bloom: BloomForCausalLM's attention"):
         load_model(str(path), device="cpu")
-    result = CliRunner().invoke(app, ["demo", "--model", str(path)])
+    result = CliRunner().invoke(app, ["rollout", "envs/retool_arith.yaml", "--model", str(path), "--out", str(tmp_path / "r.jsonl")])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "bloom" in result.output and "AttentionInterface" in result.output
 
