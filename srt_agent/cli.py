@@ -274,7 +274,7 @@ def bench_update(
     samples: int = typer.Option(4, min=1, help="Samples per prompt."),
     prompt_tokens: int = typer.Option(130, min=1, help="Tokens per prompt."),
     response_tokens: int = typer.Option(110, min=2, help="Tokens per response (a masked tool span included)."),
-    micro_batch_tokens: int = typer.Option(2048, min=64, help="Tokens per forward/backward."),
+    micro_batch_tokens: int = typer.Option(768, min=64, help="Tokens per forward/backward."),
     lora_rank: int = typer.Option(16, min=1, help="LoRA rank of the LoRA row."),
     repeats: int = typer.Option(3, min=1, help="Interleaved repetitions (the best of each method counts)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, tiny batch: seconds."),

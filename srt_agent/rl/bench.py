@@ -29,7 +29,7 @@ class UpdateBenchConfig:
     prompt_tokens: int = 130
     response_tokens: int = 110
     tool_tokens: int = 20
-    micro_batch_tokens: int = 2048
+    micro_batch_tokens: int = 768
     lora_rank: int = 16
     repeats: int = 3
     seed: int = 0
@@ -63,9 +63,8 @@ def packed_update(policy: Policy, optimizer, samples: list[Sample], micro_batch_
     optimizer.zero_grad(set_to_none=True)
 
 
-def hf_update(model: torch.nn.Module, optimizer, samples: list[Sample], micro_batch_tokens: int) -> None:
-    """The plain baseline: right-padded micro-batches of the same samples through the HF model with labels."""
-    per_batch = max(1, micro_batch_tokens // max(len(s) for s in samples))
+def hf_update(model: torch.nn.Module, optimizer, samples: list[Sample], per_batch: int) -> None:
+    """The plain baseline: right-padded batches of `per_batch` samples through the HF model with labels."""
     for lo in range(0, len(samples), per_batch):
         chunk = samples[lo : lo + per_batch]
         width = max(len(s) for s in chunk)
@@ -102,7 +101,7 @@ def run_update_bench(cfg: UpdateBenchConfig, report: Callable[[str, float], None
     lora = Policy(loaded.model, lora=LoraConfig(rank=cfg.lora_rank))
     hf = Policy(loaded.model).base  # a plain trainable copy for the baseline
     methods = {
-        "hf-forward-backward": (lambda o: hf_update(hf, o, samples, cfg.micro_batch_tokens), torch.optim.AdamW(hf.parameters(), lr=1e-7)),
+        "hf-forward-backward": (lambda o: hf_update(hf, o, samples, cfg.hf_batch_size), torch.optim.AdamW(hf.parameters(), lr=1e-7)),
         "srt-full": (lambda o: packed_update(full, o, samples, cfg.micro_batch_tokens), torch.optim.AdamW(full.parameters(), lr=1e-7)),
         f"srt-lora-r{cfg.lora_rank}": (lambda o: packed_update(lora, o, samples, cfg.micro_batch_tokens), torch.optim.AdamW(lora.parameters(), lr=1e-7)),
     }

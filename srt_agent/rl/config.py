@@ -53,7 +53,7 @@ class TrainConfig(_Strict):
     warmup_steps: int = Field(0, ge=0)
     ppo_epochs: int = Field(1, ge=1, description="passes over each step's batch")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per pass")
-    micro_batch_tokens: int = Field(2048, ge=64, description="packed tokens per forward/backward")
+    micro_batch_tokens: int = Field(768, ge=64, description="packed tokens per forward/backward (attention is dense within one)")
     dtype: Literal["float32", "bfloat16"] = "float32"
     lora: LoraConfig = Field(default_factory=LoraConfig)
     # policy loss
