@@ -113,6 +113,7 @@ class RolloutCache:
         if not req.detached:
             entry = self._prompts[req.prompt_key]
             entry.tree.close(entry.active.pop(request_id))
+            self._resize(entry, entry.tree.nbytes)  # closing releases the sequence's cursors
 
     def add_sequence(self, prompt_key: Hashable, token_ids: Sequence[int]) -> None:
         """Store a complete sequence (prompt tail + response) for `prompt_key` at once."""
@@ -216,20 +217,24 @@ class RolloutCache:
 
     @classmethod
     def load(cls, path: str | os.PathLike, backend: str = "auto", **overrides: int) -> RolloutCache:
-        """Rebuild a cache saved by `save` (its config, unless overridden)."""
+        """Rebuild a cache saved by `save` (its config, unless overridden).
+
+        A file that is missing, truncated, corrupted or not a saved cache raises ValueError naming the
+        file and the problem; nothing is half-loaded.
+        """
         try:
             with np.load(Path(path), allow_pickle=False) as data:
                 meta = json.loads(data["meta"].tobytes().decode())
-                flat = data["tokens"].tolist()
-        except (OSError, KeyError, ValueError) as exc:
-            raise ValueError(f"{path} is not a saved RolloutCache: {exc}") from exc
-        if meta.get("version") != FORMAT_VERSION:
-            raise ValueError(f"{path}: unsupported cache format version {meta.get('version')!r}")
+                tokens = data["tokens"]
+            prompts = _check_saved(meta, tokens)
+        except FileNotFoundError as exc:
+            raise ValueError(f"{path} is not a saved RolloutCache: no such file") from exc
+        except Exception as exc:  # noqa: BLE001 - zip, npy, JSON and layout errors alike
+            raise ValueError(f"{path} is not a saved RolloutCache, or is damaged ({type(exc).__name__}: {exc})") from exc
         cache = cls(**{**meta["config"], **overrides}, backend=backend)
-        pos = 0
-        for prompt in meta["prompts"]:
-            key = _decode_key(prompt["key"])
-            for n in prompt["lengths"]:
+        flat, pos = tokens.tolist(), 0
+        for key, lengths in prompts:
+            for n in lengths:
                 cache.add_sequence(key, flat[pos : pos + n])
                 pos += n
         return cache
@@ -328,6 +333,32 @@ class RolloutCache:
             self._requests[rid].detached = True
 
 
+def _check_saved(meta: Any, tokens: np.ndarray) -> list[tuple[Hashable, list[int]]]:
+    """The (prompt key, sequence lengths) of a saved cache's metadata, checked against its token array."""
+    if not isinstance(meta, dict) or meta.get("version") != FORMAT_VERSION:
+        version = meta.get("version") if isinstance(meta, dict) else None
+        raise ValueError(f"unsupported cache format version {version!r}")
+    config = meta.get("config")
+    if not isinstance(config, dict) or set(config) != {"max_depth", "max_match", "max_bytes", "max_nodes_per_prompt"}:
+        raise ValueError("the config entry is missing or malformed")
+    if not all(type(v) is int for v in config.values()):
+        raise ValueError("config values must be integers")
+    if tokens.dtype != np.int32 or tokens.ndim != 1:
+        raise ValueError(f"tokens must be a flat int32 array, got {tokens.dtype} of shape {tokens.shape}")
+    if tokens.size and int(tokens.min()) < 0:
+        raise ValueError("negative token ids")
+    prompts = []
+    for entry in meta.get("prompts") if isinstance(meta.get("prompts"), list) else [None]:
+        lengths = entry.get("lengths") if isinstance(entry, dict) else None
+        if not isinstance(lengths, list) or not all(type(n) is int and n >= 0 for n in lengths) or "key" not in entry:
+            raise ValueError("a prompt entry is malformed")
+        prompts.append((_decode_key(entry["key"]), lengths))
+    stored = sum(sum(lengths) for _, lengths in prompts)
+    if stored != tokens.size:
+        raise ValueError(f"the prompts' sequences hold {stored} tokens, the file {tokens.size}")
+    return prompts
+
+
 def _encode_key(key: Hashable) -> Any:
     if isinstance(key, bool) or not isinstance(key, (str, int, tuple)):
         raise ValueError(f"cannot save prompt key {key!r}: keys must be str, int or tuples of them")
@@ -335,4 +366,8 @@ def _encode_key(key: Hashable) -> Any:
 
 
 def _decode_key(value: Any) -> Hashable:
-    return tuple(_decode_key(v) for v in value["tuple"]) if isinstance(value, dict) else value
+    if isinstance(value, dict) and isinstance(value.get("tuple"), list):
+        return tuple(_decode_key(v) for v in value["tuple"])
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"bad prompt key {value!r}")
+    return value
