@@ -200,6 +200,11 @@ class ModelRunner:
         self.k_cache[:, s, :, b] = self.k_cache[:, s, :, a]
         self.v_cache[:, s, :, b] = self.v_cache[:, s, :, a]
 
+    def clear_slot(self, slot: int) -> None:
+        """Zero a slot's keys and values: NaN left there would leak through the masks into its next user."""
+        self.k_cache[:, slot] = 0
+        self.v_cache[:, slot] = 0
+
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
