@@ -29,3 +29,23 @@ def tiny_llama():
 def tiny_qwen2():
     """A 2-layer random Qwen2 in float64 (vocabulary 256)."""
     return tiny_random_model("qwen2", seed=1)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--fault-report",
+        default=None,
+        metavar="PATH",
+        help="append one JSON line per fault-injection test to PATH and print the totals (tests/faults)",
+    )
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The fault-injection figure (README): faults injected, kinds, requests hit beyond the faulty ones, leaks."""
+    path = config.getoption("--fault-report")
+    if path is None or getattr(config, "workerinput", None) is not None:
+        return
+    from faults_report import summarize
+
+    terminalreporter.write_sep("=", "fault injection")
+    terminalreporter.write_line(summarize(path))

@@ -83,8 +83,11 @@ class AsyncEngine:
         return await submission.future
 
     def release(self, request_id: str) -> None:
-        """Forget a finished request (frees its held KV and ends it in the drafter)."""
-        self._put(_Command(lambda: self.engine.release(request_id)))
+        """Forget a finished request (frees its held KV and ends it in the drafter); nothing once closed."""
+        try:
+            self._put(_Command(lambda: self.engine.release(request_id)))
+        except RuntimeError:
+            pass
 
     def call(self, fn: Callable[[Engine], object]) -> concurrent.futures.Future:
         """Run `fn(engine)` on the engine thread between steps (e.g. update_weights, end_step).
@@ -178,7 +181,6 @@ class AsyncEngine:
         except BaseException as exc:  # the engine itself failed: fail every waiter, loudly
             self.error = exc
             log.exception("the engine's step loop died; every waiting request gets an error")
-            raise
         finally:
             with self._lock:
                 self._closed = True

@@ -224,7 +224,8 @@ class Engine:
         """Count and log a drafter fault; the request it concerns decodes without drafts from then on.
 
         The drafter's record of that request may be incomplete, so the request is stopped there (best
-        effort) and never drafted for again. Other requests are untouched.
+        effort: a raise there is part of the same fault) and never drafted for again. Other requests are
+        untouched.
         """
         t = self.totals
         t.drafter_errors += 1
