@@ -12,6 +12,7 @@ least recently used first.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import tempfile
@@ -185,7 +186,11 @@ class RolloutCache:
 
     # ---- persistence --------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
-        """Write every prompt's sequences to `path` atomically (temp file + rename)."""
+        """Write every prompt's sequences to `path` atomically (temp file + rename).
+
+        An interrupted save leaves the previous file as it was; the temp file of a writer that was
+        killed outright is removed by the next save to the same path.
+        """
         path = Path(path)
         prompts, chunks = [], []
         for key, entry in self._prompts.items():
@@ -204,7 +209,8 @@ class RolloutCache:
         }
         flat = np.fromiter((t for s in chunks for t in s), dtype=np.int32)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        _remove_dead_writers_files(path)
+        fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), tokens=flat)
@@ -331,6 +337,24 @@ class RolloutCache:
         self._evicted += evicted
         for rid in entry.active:
             self._requests[rid].detached = True
+
+
+def _remove_dead_writers_files(path: Path) -> None:
+    """Delete `path`'s temp files (``name.PID.*.tmp``) whose writing process no longer exists."""
+    for tmp in path.parent.glob(f"{glob.escape(path.name)}.*.tmp"):
+        pid = tmp.name[len(path.name) + 1 :].split(".", 1)[0]
+        if pid.isdigit() and not _process_exists(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's
+        return True
+    return True
 
 
 def _check_saved(meta: Any, tokens: np.ndarray) -> list[tuple[Hashable, list[int]]]:
