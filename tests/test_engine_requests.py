@@ -211,9 +211,27 @@ def test_bad_requests_do_not_stop_good_ones(tiny_llama):
     assert len(outs[0].token_ids) == 5
     with pytest.raises(ValueError, match="empty prompt"):
         engine.add_request([], good)
-    for bad in (dict(temperature=-1), dict(top_p=0), dict(top_k=-2), dict(max_tokens=0), dict(seed="x"), dict(stop=[""])):
+    for bad in (dict(temperature=-1), dict(temperature=float("inf")), dict(top_p=0), dict(top_k=-2), dict(max_tokens=0), dict(seed="x"), dict(stop=[""])):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
+    with pytest.raises(ValueError, match="params must be SamplingParams"):
+        engine.add_request(PROMPT, {"max_tokens": 5})
+
+
+def test_a_request_keeps_the_params_it_was_given(tiny_llama):
+    """The engine copies and checks params at add_request: changing the caller's object later (even to
+    something invalid) does not reach the running request."""
+    params = SamplingParams(max_tokens=12, seed=3)
+    ref = Engine(tiny_llama, drafter=None, max_context=64).generate([PROMPT], SamplingParams(max_tokens=12, seed=3))[0]
+    engine = Engine(tiny_llama, drafter="srt", max_context=64)
+    rid = engine.add_request(PROMPT, params)
+    engine.step()
+    params.temperature, params.top_k, params.max_tokens = "hot", -1, 2
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    (out,) = outs
+    assert out.request_id == rid and out.token_ids == ref.token_ids
 
 
 def test_weight_update_changes_outputs_and_keeps_trees():
