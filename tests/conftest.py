@@ -19,6 +19,16 @@ def smollm2_tokenizer():
     return load_tokenizer("smollm2")
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest single-threaded, above all on a shared machine; a module opts in with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama():
     """A 2-layer random Llama in float64 (vocabulary 256)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import torch
 
 from srt_agent.cache import Draft, make_drafter
 from srt_agent.engine import AsyncEngine, Engine, SamplingParams
@@ -15,12 +14,7 @@ from srt_agent.models import LoadedModel, tiny_random_model
 PROMPT = [5, 17, 33, 2, 99, 140]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,7 @@ from srt_agent.engine.model_runner import Chunk, ModelRunner, check_architecture
 TOKENS = [5, 17, 33, 2, 99, 140, 7, 64, 200, 3, 12, 250]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(params=["tiny_llama", "tiny_qwen2"])

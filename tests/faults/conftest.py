@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from faults_report import FaultLedger
 
 
@@ -13,9 +12,5 @@ def ledger(pytestconfig) -> FaultLedger:
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest single-threaded, above all on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def single_threaded(one_thread):
+    """Every fault test runs its tiny models single-threaded (tests/conftest.py's one_thread)."""
