@@ -50,6 +50,12 @@ def pytest_addoption(parser):
     )
 
 
+def pytest_configure(config):
+    path = config.getoption("--fault-report")
+    if path is not None and getattr(config, "workerinput", None) is None:  # a new report per run
+        open(path, "w").close()
+
+
 def pytest_terminal_summary(terminalreporter, config):
     """The fault-injection figure (README): faults injected, kinds, requests hit beyond the faulty ones, leaks."""
     path = config.getoption("--fault-report")

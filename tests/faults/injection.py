@@ -39,7 +39,7 @@ class HostState:
         )
 
 
-def host_leaks(before: HostState, wait_s: float = 5.0) -> list[str]:
+def host_leaks(before: HostState, wait_s: float = 10.0) -> list[str]:
     """What is held now and was not `before` (after giving stragglers `wait_s` to finish)."""
     deadline = time.monotonic() + wait_s
     while True:

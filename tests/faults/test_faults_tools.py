@@ -32,7 +32,7 @@ from srt_agent.tools.local import bwrap_path
 pytestmark = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed")
 TOOLS = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "code_interpreter.yaml")
 FAULT_MARK = "'inject a fault here'"
-TOOL_TIMEOUT_S = 1.5
+TOOL_TIMEOUT_S = 8.0  # well past a sandbox call on a loaded machine (its own timeout is 5 s)
 
 
 @pytest.fixture(scope="module")
