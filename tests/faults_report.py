@@ -17,7 +17,7 @@ class FaultRecord:
     """One test's injections: where, what, how many, and what they did to everything else."""
 
     boundary: str  # drafter, model, sampler, async front, tool call, sandbox, server, cache file, cache save
-    kind: str  # e.g. "add_tokens raises", "NaN logits", "SIGKILL of the sandbox"
+    kind: str  # e.g. "add_tokens raises", "NaN logits"; several joined by "+"
     injected: int  # faults injected
     bystanders: int  # requests, runs or calls in flight beside the faulty ones
     affected: int  # bystanders whose result differs from their fault-free result (goal: 0)
@@ -39,8 +39,12 @@ class FaultLedger:
             os.close(fd)
 
 
+def _kinds(records: list[FaultRecord]) -> set[str]:
+    return {kind for r in records if r.injected for kind in r.kind.split("+")}
+
+
 def summarize(path: str) -> str:
-    """A table per boundary and the totals."""
+    """A Markdown table: per boundary and in all, the kinds of fault, faults, bystanders, affected, leaks."""
     try:
         with open(path) as f:
             records = [FaultRecord(**json.loads(line)) for line in f if line.strip()]
@@ -49,12 +53,9 @@ def summarize(path: str) -> str:
     rows: dict[str, list[FaultRecord]] = defaultdict(list)
     for r in records:
         rows[r.boundary].append(r)
-    lines = [f"{'boundary':<14} {'kinds':>5} {'injected':>8} {'bystanders':>10} {'affected':>8} {'leaks':>5}"]
-    for boundary, group in rows.items():
-        kinds = len({r.kind for r in group})
+    lines = ["| boundary | kinds | faults injected | bystanders | bystanders affected | leaks |", "|---|---:|---:|---:|---:|---:|"]
+    for boundary, group in [*sorted(rows.items()), ("**total**", records)]:
+        kinds = len(_kinds(group)) if group is not records else sum(len(_kinds(g)) for g in rows.values())
         totals = [sum(getattr(r, f) for r in group) for f in ("injected", "bystanders", "affected", "leaks")]
-        lines.append(f"{boundary:<14} {kinds:>5} {totals[0]:>8} {totals[1]:>10} {totals[2]:>8} {totals[3]:>5}")
-    kinds = len({(r.boundary, r.kind) for r in records})
-    totals = [sum(getattr(r, f) for r in records) for f in ("injected", "bystanders", "affected", "leaks")]
-    lines.append(f"{'total':<14} {kinds:>5} {totals[0]:>8} {totals[1]:>10} {totals[2]:>8} {totals[3]:>5}")
+        lines.append(f"| {boundary} | {kinds} | " + " | ".join(map(str, totals)) + " |")
     return "\n".join(lines)

@@ -74,7 +74,7 @@ def test_a_damaged_file_loads_exactly_or_raises_a_clear_error(tmp_path, saved, l
         wrong = 0
     else:
         wrong = int(loaded != want)  # a damaged file that loads must load exactly what was saved
-    ledger.record(FaultRecord("cache file", "damaged: " + "+".join(sorted({h[0] for h in hits})), 1, 0, wrong, 0))
+    ledger.record(FaultRecord("cache file", "+".join(sorted({h[0] for h in hits})), 1, 0, wrong, 0))
     assert wrong == 0
 
 

@@ -23,6 +23,7 @@ from injection import HostState, InjectedFault, engine_leaks, host_leaks
 
 from srt_agent.agent import EnvConfig, MultiTurnController, ReToolEnv, arithmetic_tasks, load_tools
 from srt_agent.agent.config import InterpreterConfig
+from srt_agent.agent.env import ToolResult
 from srt_agent.engine import AsyncEngine, Engine
 from srt_agent.models import load_model
 from srt_agent.tools import LocalSandbox
@@ -68,7 +69,7 @@ class FaultyTool:
             raise InjectedFault("the sandbox crashed")
         if self.mode == "hang":
             self.release.wait(60)
-            return self.inner(arguments)
+            return ToolResult("an answer nobody waits for any more")
         return {"stdout": "not a ToolResult"}
 
 
