@@ -124,6 +124,7 @@ def sandbox_serve(
     memory_mb: int = typer.Option(512, help="Default address-space limit; requests may ask for up to --max-memory-mb."),
     max_memory_mb: int = typer.Option(4096, help="Cap on a request's memory_limit_MB."),
     max_output_bytes: int = typer.Option(65536, help="Cap on stdout+stderr per run."),
+    max_request_bytes: int = typer.Option(8 << 20, min=1, help="Larger request bodies are refused (413)."),
     allow_unsandboxed: bool = typer.Option(False, help="Run without bubblewrap if it is missing (no isolation)."),
 ):
     """A SandboxFusion-compatible server (/run_code, /v1/ping) on the local bubblewrap sandbox."""
@@ -137,7 +138,10 @@ def sandbox_serve(
     except SandboxUnavailable as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(1)
-    serve(ServerConfig(sandbox, workers=workers, max_timeout_s=max_timeout_s, max_memory_mb=max_memory_mb), host=host, port=port)
+    config = ServerConfig(
+        sandbox, workers=workers, max_timeout_s=max_timeout_s, max_memory_mb=max_memory_mb, max_request_bytes=max_request_bytes
+    )
+    serve(config, host=host, port=port)
 
 
 @sandbox_app.command("run")

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from srt_agent.agent.config import ConfigError, EnvConfig, load_env_config
+from srt_agent.agent.config import ConfigError, load_env_config
+from srt_agent.agent.env import Env
 from srt_agent.agent.retool import ReToolEnv
 
 ENVS = Path(__file__).resolve().parents[1] / "envs"
@@ -15,10 +16,9 @@ ENVS = Path(__file__).resolve().parents[1] / "envs"
 @pytest.mark.parametrize("path", sorted(ENVS.glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_env_configs_validate(path):
     config = load_env_config(path)
-    assert isinstance(config, EnvConfig)
-    assert config.env_class() is not None
+    assert isinstance(config.env_class(), type) and issubclass(config.env_class(), Env)
     if config.tools is not None:
-        assert config.tools.is_absolute()
+        assert config.tools.is_absolute() and config.tools.is_file()
 
 
 def test_retool_arith_config():

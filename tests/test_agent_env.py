@@ -1,27 +1,29 @@
-"""The Env API (tool registry, worker-thread calls, failure records) and ReTool's environment."""
+"""The Env API (tool registry, worker-thread calls, failure records) and ReTool's environment on the real
+code interpreter (bubblewrap sandbox)."""
 
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import threading
+from pathlib import Path
 
 import pytest
 
+from srt_agent.agent.config import InterpreterConfig
 from srt_agent.agent.datasets import Task, arithmetic_tasks
 from srt_agent.agent.env import Env, FunctionTool, StepResult, ToolResult
 from srt_agent.agent.retool import ReToolEnv, interpreter_block
 from srt_agent.agent.rewards import RewardConfig
+from srt_agent.agent.toolconfig import load_tools
+from srt_agent.tools.local import bwrap_path
 
-
-def run_python(code: str) -> str:
-    """A real (unsandboxed) Python runner, standing in for a code tool where sandboxing is not the point."""
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False)
-    return done.stdout + done.stderr
-
-
-PYTHON = FunctionTool("code_interpreter", run_python, {"type": "function"})
+@pytest.fixture(scope="module")
+def interpreter():
+    """The real code interpreter of tools/code_interpreter.yaml (bubblewrap sandbox)."""
+    if bwrap_path() is None:
+        pytest.skip("bubblewrap (bwrap) is not installed")
+    path = Path(__file__).resolve().parents[1] / "tools" / "code_interpreter.yaml"
+    return load_tools(path, InterpreterConfig(max_output_chars=256, timeout_s=10))["code_interpreter"]
 
 
 class Echo(Env):
@@ -75,44 +77,44 @@ def test_tool_result_status_passes_through():
     assert (env.tool_calls[0].status, env.tool_calls[0].truncated) == ("timeout", True)
 
 
-def test_retool_env_runs_code_then_scores_the_answer():
+def test_retool_env_runs_code_then_scores_the_answer(interpreter):
     t = arithmetic_tasks(1, seed=0)[0]
-    env = ReToolEnv(t, {"code_interpreter": PYTHON})
+    env = ReToolEnv(t, {"code_interpreter": interpreter})
     expr = t.prompt[-1]["content"].removeprefix("Compute ").rstrip(".")
     result = asyncio.run(env.step(f"Let me compute.\n<code>\n```python\nprint({expr})\n```\n</code>", final=False))
-    assert result.observation == interpreter_block(t.ground_truth + "\n") and not result.done
+    assert result.observation == interpreter_block(t.ground_truth) and not result.done
     assert env.tool_calls[0].arguments == {"code": f"print({expr})"}
     result = asyncio.run(env.step(f"So the answer is \\boxed{{{t.ground_truth}}}.", final=False))
     assert result.done and result.reward == 1.0
 
 
-def test_retool_env_turn_penalty_and_wrong_answer():
-    env = ReToolEnv(task("4"), {"code_interpreter": PYTHON}, reward={"turn_penalty": 0.25, "incorrect": -1.0})
+def test_retool_env_turn_penalty_and_wrong_answer(interpreter):
+    env = ReToolEnv(task("4"), {"code_interpreter": interpreter}, reward={"turn_penalty": 0.25, "incorrect": -1.0})
     asyncio.run(env.step("<code>\n```python\nprint(2+2)\n```\n</code>", final=False))
     assert asyncio.run(env.step("\\boxed{4}", final=False)).reward == pytest.approx(0.75)
     env = ReToolEnv(task("4"), {}, reward=RewardConfig(incorrect=-1.0))
     assert asyncio.run(env.step("\\boxed{5}", final=False)).reward == -1.0
 
 
-def test_retool_env_reports_errors_to_the_model_and_goes_on():
-    env = ReToolEnv(task(), {"code_interpreter": PYTHON})
+def test_retool_env_reports_errors_to_the_model_and_goes_on(interpreter):
+    env = ReToolEnv(task(), {"code_interpreter": interpreter})
     bad_json = asyncio.run(env.step("<tool_call>{nope}</tool_call>", final=False))
     assert "not valid JSON" in bad_json.observation and not bad_json.done
     unknown = asyncio.run(env.step('<tool_call>{"name": "shell", "arguments": {}}</tool_call>', final=False))
     assert "unknown tool 'shell'" in unknown.observation
     crash = asyncio.run(env.step("<code>\n```python\n1/0\n```\n</code>", final=False))
-    assert "ZeroDivisionError" in crash.observation
-    assert [c.status for c in env.tool_calls] == ["parse_error", "unknown_tool", "ok"]
+    assert "ZeroDivisionError: division by zero" in crash.observation
+    assert [c.status for c in env.tool_calls] == ["parse_error", "unknown_tool", "error"]
 
 
-def test_retool_env_unterminated_block_ends_the_episode():
-    env = ReToolEnv(task(), {"code_interpreter": PYTHON})
+def test_retool_env_unterminated_block_ends_the_episode(interpreter):
+    env = ReToolEnv(task(), {"code_interpreter": interpreter})
     result = asyncio.run(env.step("<code>\n```python\nprint(1)", final=False))
     assert result.done and result.reward == 0.0
     assert env.tool_calls[0].status == "parse_error" and "unterminated" in env.tool_calls[0].output
 
 
-def test_retool_env_final_turn_does_not_call_tools():
-    env = ReToolEnv(task(), {"code_interpreter": PYTHON})
+def test_retool_env_final_turn_does_not_call_tools(interpreter):
+    env = ReToolEnv(task(), {"code_interpreter": interpreter})
     result = asyncio.run(env.step("\\boxed{4} <code>\n```python\nprint(1)\n```\n</code>", final=True))
     assert result.done and result.reward == 1.0 and env.tool_calls == []

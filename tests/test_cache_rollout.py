@@ -40,6 +40,11 @@ def test_siblings_draft_from_each_other_within_a_step(backend):
     assert cache.sequences("p") == [prompt[-4:] + [1, 2, 3, 4, 5, 6, 7], prompt[-4:] + [1, 2, 9]]
 
 
+def tree_bytes(cache: RolloutCache) -> int:
+    """What the prompts' trees hold right now, each asked for its own allocated bytes."""
+    return sum(entry.tree.nbytes for entry in cache._prompts.values())
+
+
 ops = st.lists(
     st.one_of(
         st.tuples(st.just("start"), st.integers(0, 5), st.integers(0, 2)),
@@ -70,6 +75,7 @@ def test_counts_budget_and_caps_hold_under_any_operation_sequence(backend, scrip
         elif op == "seq":
             cache.add_sequence(f"p{a}", b)
         stats = cache.stats()
+        assert stats.bytes == tree_bytes(cache)  # the running counter is the trees' allocation, recounted
         assert stats.bytes <= max_bytes
         assert stats.prompts == len(cache) and stats.active_requests == len(running)
     for key in cache.prompt_keys():

@@ -10,7 +10,7 @@ import torch
 from srt_agent.cache import DRAFTERS, Draft, make_drafter
 from srt_agent.engine import Engine, SamplingParams
 from srt_agent.engine.architectures import VERIFIED
-from srt_agent.engine.bench import identical_share
+from srt_agent.engine.cost_model import ForwardCostModel
 from srt_agent.models import tiny_random_model
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
@@ -19,16 +19,11 @@ SETTINGS = {
     "greedy": dict(temperature=0.0),
     "t1-top-p": dict(temperature=1.0, top_p=0.9),
     "t0.7-top-k": dict(temperature=0.7, top_k=20),
+    "t0.5-top-p": dict(temperature=0.5, top_p=0.9),
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest single-threaded, above all on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class ScriptedDrafter:
@@ -79,8 +74,25 @@ class ScriptedDrafter:
         pass
 
 
+class FixedCosts(ForwardCostModel):
+    """The verification-time table of a machine where draft tokens cost next to nothing, never updated by
+    measurements: adaptive drafting then chooses by calibrated acceptance alone, the same on every
+    machine and under any load."""
+
+    def observe(self, tokens: int, seconds: float, sequences: int = 1) -> None:
+        pass
+
+
+FIXED_COSTS = [(t, 0.010 + 1e-6 * t, s) for s in (1, 4, 8, 12) for t in (s, 2 * s, 4 * s, 8 * s, 16 * s)]
+
+
 def run(model, drafter, params_kw, epochs=1, adaptive=False, max_tokens=24):
-    engine = Engine(model, drafter=drafter, max_batch=8, max_context=96, max_draft_tokens=8, adaptive_drafts=adaptive)
+    engine = Engine(
+        model, drafter=drafter, max_batch=8, max_context=96, max_draft_tokens=8, adaptive_drafts=adaptive, calibrate=False
+    )
+    if adaptive:
+        engine.cost_model = FixedCosts()
+        engine.cost_model.calibrate(FIXED_COSTS)
     prompts = [p for p in PROMPTS for _ in range(N_SAMPLES)]
     params = [
         SamplingParams(max_tokens=max_tokens, seed=100 + i, **params_kw) for i in range(len(prompts))
@@ -97,7 +109,7 @@ def tiny(request):
     return request.getfixturevalue(request.param)
 
 
-@pytest.mark.parametrize("setting", sorted(SETTINGS))
+@pytest.mark.parametrize("setting", ["greedy", "t1-top-p", "t0.7-top-k"])
 @pytest.mark.parametrize("mode", ["right", "wrong", "tree"])
 def test_scripted_drafts_are_lossless(tiny, setting, mode):
     (plain,), _ = run(tiny, None, SETTINGS[setting])
@@ -116,21 +128,34 @@ def test_scripted_drafts_are_lossless(tiny, setting, mode):
         assert max(o.metrics.forwards for o in spec) < max(o.metrics.forwards for o in plain)
 
 
+_plain_runs: dict[tuple, list] = {}
+
+
 @pytest.mark.parametrize("adaptive", [False, True])
 @pytest.mark.parametrize("name", sorted(n for n in DRAFTERS if n != "arctic") + ["arctic"])
-def test_every_drafter_is_lossless(tiny, name, adaptive):
+@pytest.mark.parametrize("setting", ["greedy", "t0.5-top-p"])
+def test_every_drafter_is_lossless(tiny, name, adaptive, setting):
+    """Two epochs over the same prompts (the second drafts from the first's trees): the same tokens as
+    plain decoding, with drafts verified and accepted (T=0.5 gives random models structure enough that
+    even n-gram lookup finds continuations)."""
     try:
-        drafter = make_drafter(name)
+        make_drafter(name)
     except ValueError as exc:  # arctic-inference is optional (built from source)
         pytest.skip(str(exc))
-    for setting in ("greedy", "t1-top-p"):
-        plain, _ = run(tiny, None, SETTINGS[setting], epochs=2)
-        spec, engine = run(tiny, make_drafter(name), SETTINGS[setting], epochs=2, adaptive=adaptive)
-        for plain_epoch, spec_epoch in zip(plain, spec):
-            assert [o.token_ids for o in spec_epoch] == [o.token_ids for o in plain_epoch]
-        if name in ("srt", "history") and not adaptive:  # the second epoch repeats the first: it drafts
-            assert engine.stats()["draft_accepted"] > 0
-    del drafter
+    key = (id(tiny), setting)
+    if key not in _plain_runs:
+        _plain_runs[key] = run(tiny, None, SETTINGS[setting], epochs=2)[0]
+    plain = _plain_runs[key]
+    spec, engine = run(tiny, make_drafter(name), SETTINGS[setting], epochs=2, adaptive=adaptive)
+    for plain_epoch, spec_epoch in zip(plain, spec):
+        assert [o.token_ids for o in spec_epoch] == [o.token_ids for o in plain_epoch]
+        for a, b in zip(plain_epoch, spec_epoch):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-9)
+    stats = engine.stats()
+    if name == "none":
+        assert stats["draft_proposed"] == 0
+    else:
+        assert stats["draft_verified"] > 0 and stats["draft_accepted"] > 0, stats
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
@@ -179,7 +204,10 @@ def test_random_trees_are_lossless(tiny_llama):
 
 @pytest.mark.slow
 def test_smollm2_speculative_matches_plain(smollm2):
-    """Real model in float32: at least 99% of tokens identical (float32 batch-shape rounding aside)."""
+    """Real model in float32: speculative decoding emits token for token what plain decoding emits.
+
+    A verified row's logits differ from the plain step's by float32 rounding (other matrix shapes); on
+    this workload that flips no sample, so the identity is exact (in bf16 it is not: see README)."""
     tok = smollm2.tokenizer
     questions = ["What is 17 * 23?", "Write a Python function that reverses a string.", "Name three colors."]
     prompts = [
@@ -192,7 +220,5 @@ def test_smollm2_speculative_matches_plain(smollm2):
     engine = Engine(smollm2, drafter="srt", max_batch=8, max_context=256, adaptive_drafts=False, max_draft_tokens=8)
     engine.generate(prompts, params)  # fills the trees: the second pass drafts whole continuations
     spec = engine.generate(prompts, params)
-    share = identical_share([o.token_ids for o in spec], [o.token_ids for o in plain])
-    print(f"identical tokens: {share:.4f}; accepted drafts {engine.stats()['draft_accepted']}")
-    assert share >= 0.99
-    assert engine.stats()["draft_accepted"] > 0
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert engine.stats()["draft_accepted"] > 0 and engine.stats()["draft_verified"] > 0

@@ -15,12 +15,7 @@ from srt_agent.models import tiny_random_model
 TOKENS = [5, 17, 33, 2, 99, 140, 7, 64, 200, 3, 12, 250]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # Where transformers computes in float32 inside a float64 model: Gemma 2's eager attention (the only

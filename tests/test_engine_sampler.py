@@ -14,12 +14,7 @@ from srt_agent.engine.sampler import RowSampling, filter_logits, position_key, s
 CONTEXT = [3, 1, 4, 1, 5, 9, 2, 6]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def chi_square_threshold(df: int, z: float = 3.09) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import socket
+import sys
 import tarfile
 import threading
 import time
@@ -161,7 +162,13 @@ class TestSandboxFusionResponses:
 
 
 class TestDocker:
+    def test_missing_docker_sdk_is_a_clear_error(self, monkeypatch):
+        monkeypatch.setitem(sys.modules, "docker", None)  # as if `pip install docker` never ran
+        with pytest.raises(SandboxUnavailable, match=r"needs the docker SDK: pip install 'srt-agent\[docker\]'"):
+            DockerSandbox(timeout_s=2)
+
     def test_unreachable_daemon_is_a_clear_error(self, monkeypatch, tmp_path):
+        pytest.importorskip("docker", reason="the docker client is an optional extra: pip install 'srt-agent[docker]'")
         monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
         with pytest.raises(SandboxUnavailable, match="cannot reach the Docker daemon.*make_sandbox\\('local'\\)"):
             DockerSandbox(timeout_s=2)

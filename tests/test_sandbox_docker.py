@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import threading
 
-import docker
 import pytest
-import requests
 
-from srt_agent.tools import DockerSandbox, SandboxUnavailable
+docker = pytest.importorskip("docker", reason="the docker client is an optional extra: pip install 'srt-agent[docker]'")
+requests = pytest.importorskip("requests")
+
+from srt_agent.tools import DockerSandbox, SandboxUnavailable  # noqa: E402
 
 
 class FakeContainer:

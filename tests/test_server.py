@@ -11,13 +11,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from sandbox_fusion import (
-    RunCodeRequest,
-    RunStatus,
-    SummaryMapping,
-    run_code,
-    summary_run_code_result,
-)
 from test_sandbox_security import (
     MAX_OUTPUT,
     MEMORY_MB,
@@ -37,6 +30,7 @@ __all__ = ["listener"]  # the battery's host listener fixture, shared with test_
 WORKERS = 6
 MAX_TIMEOUT_S = 6.0
 DEFAULT_TIMEOUT_S = 1.5
+MAX_MEMORY_MB = 384
 
 
 def free_port() -> int:
@@ -51,7 +45,7 @@ def endpoint():
     port = free_port()
     argv = [sys.executable, "-m", "srt_agent.cli", "sandbox", "serve", "--port", str(port), "--workers", str(WORKERS)]
     argv += ["--max-timeout-s", str(MAX_TIMEOUT_S), "--timeout-s", str(DEFAULT_TIMEOUT_S)]
-    argv += ["--max-output-bytes", str(MAX_OUTPUT), "--memory-mb", "512"]
+    argv += ["--max-output-bytes", str(MAX_OUTPUT), "--memory-mb", "256", "--max-memory-mb", str(MAX_MEMORY_MB)]
     server = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -77,28 +71,62 @@ def post(endpoint: str, **body) -> dict:
     return response.json()
 
 
+@pytest.fixture(scope="module")
+def sf():
+    """ByteDance's `sandbox-fusion` client."""
+    return pytest.importorskip("sandbox_fusion", reason="an optional client: pip install 'srt-agent[sandbox-fusion]'")
+
+
 class TestSandboxFusionClient:
     def test_ping(self, endpoint):
         assert httpx.get(f"{endpoint}/v1/ping").json() == "pong"
 
-    def test_success(self, endpoint):
-        response = run_code(
-            RunCodeRequest(code="print(input()[::-1])", stdin="abc", language="python"), endpoint=endpoint
-        )
-        assert response.status == RunStatus.Success
+    def test_success(self, endpoint, sf):
+        response = sf.run_code(sf.RunCodeRequest(code="print(input()[::-1])", stdin="abc", language="python"), endpoint=endpoint)
+        assert response.status == sf.RunStatus.Success
         assert response.run_result.stdout == "cba\n" and response.run_result.return_code == 0
-        assert summary_run_code_result(response, SummaryMapping()) == "Success"
+        assert sf.summary_run_code_result(response, sf.SummaryMapping()) == "Success"
 
-    def test_failure(self, endpoint):
-        response = run_code(RunCodeRequest(code="raise SystemExit(4)", language="python"), endpoint=endpoint)
-        assert response.status == RunStatus.Failed and response.run_result.return_code == 4
-        assert summary_run_code_result(response, SummaryMapping(RunFailed="wrong")) == "wrong"
+    def test_failure(self, endpoint, sf):
+        response = sf.run_code(sf.RunCodeRequest(code="raise SystemExit(4)", language="python"), endpoint=endpoint)
+        assert response.status == sf.RunStatus.Failed and response.run_result.return_code == 4
+        assert sf.summary_run_code_result(response, sf.SummaryMapping(RunFailed="wrong")) == "wrong"
 
-    def test_time_limit(self, endpoint):
-        request = RunCodeRequest(code="import time\ntime.sleep(30)", language="python", run_timeout=1)
-        response = run_code(request, endpoint=endpoint)
-        assert response.status == RunStatus.Failed and response.run_result.status == "TimeLimitExceeded"
-        assert summary_run_code_result(response, SummaryMapping(RunTimeout="tle")) == "tle"
+    def test_time_limit(self, endpoint, sf):
+        request = sf.RunCodeRequest(code="import time\ntime.sleep(30)", language="python", run_timeout=1)
+        response = sf.run_code(request, endpoint=endpoint)
+        assert response.status == sf.RunStatus.Failed and response.run_result.status == "TimeLimitExceeded"
+        assert sf.summary_run_code_result(response, sf.SummaryMapping(RunTimeout="tle")) == "tle"
+
+
+@pytest.fixture(scope="module")
+def verl_sandbox_fusion():
+    """verl's own SandboxFusion code: the reward function's request path (verl 0.9 ships no SandboxFusion tool)."""
+    return pytest.importorskip(
+        "verl.utils.reward_score.sandbox_fusion", reason="verl is an optional extra: pip install 'srt-agent[verl]'"
+    )
+
+
+class TestVerlRequestPath:
+    """verl's `call_sandbox_api` and `compute_score` post to the server exactly as they post to SandboxFusion."""
+
+    def test_call_sandbox_api(self, endpoint, verl_sandbox_fusion):
+        from verl.utils.reward_score.sandbox_fusion.utils import call_sandbox_api
+
+        body, error = call_sandbox_api(f"{endpoint}/run_code", "print(input() * 2)", "ab", 5, 5, 256, "python")
+        assert error is None and body["status"] == "Success" and body["run_result"]["stdout"] == "abab\n"
+        body, error = call_sandbox_api(f"{endpoint}/run_code", "print(1)", None, 5, 5, 256, "cpp")
+        assert error is None and body["status"] == "SandboxError" and "python only" in body["message"]
+
+    def test_compute_score_runs_test_cases(self, endpoint, verl_sandbox_fusion):
+        completion = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+        cases = {"inputs": ["1 2\n", "5 7\n", "0 0\n"], "outputs": ["3\n", "12\n", "1\n"]}
+        score, metadata = verl_sandbox_fusion.compute_score(f"{endpoint}/run_code", None, 256, completion, cases)
+        assert score == pytest.approx(2 / 3)
+        assert [m["status"] for m in metadata] == ["success", "success", "wrong_answer"]
+        crashing = "```python\nraise ValueError('no')\n```"
+        score, metadata = verl_sandbox_fusion.compute_score(f"{endpoint}/run_code", None, 256, crashing, cases)
+        assert score == 0.0 and all("ValueError: no" in m["stderr"] for m in metadata)
 
 
 class TestRawHttp:
@@ -109,26 +137,21 @@ class TestRawHttp:
         assert (run["status"], run["return_code"], run["stdout"], run["stderr"]) == ("Finished", 0, "out\n", "err\n")
         assert run["execution_time"] > 0 and body["srt_status"] == "ok"
 
-    def test_verls_request_shape(self, endpoint):
-        """The body verl's SandboxFusion utilities post (call_sandbox_api): stdin may be null."""
-        body = post(
-            endpoint,
-            code="print('from verl')",
-            stdin=None,
-            compile_timeout=5,
-            run_timeout=5,
-            memory_limit_MB=1024,
-            files={},
-            fetch_files=[],
-        )
-        assert body["status"] == "Success" and body["run_result"]["stdout"] == "from verl\n"
-
     def test_memory_limit_per_request(self, endpoint):
-        code = "x = bytearray(300 << 20)\nprint('fits')"
+        code = "x = bytearray(250 << 20)\nprint('fits')"
         small = post(endpoint, code=code, memory_limit_MB=128)
-        large = post(endpoint, code=code, memory_limit_MB=1024)
+        large = post(endpoint, code=code, memory_limit_MB=MAX_MEMORY_MB)
+        default = post(endpoint, code=code)  # the server's --memory-mb 256: no room beside a 250 MB array
         assert small["srt_status"] == "memory" and "MemoryError" in small["run_result"]["stderr"]
         assert large["run_result"]["stdout"] == "fits\n"
+        assert default["srt_status"] == "memory"
+
+    def test_memory_limit_is_capped_by_the_server(self, endpoint):
+        """A request asking for 64 GB runs under --max-memory-mb; just below the cap still fits."""
+        above = post(endpoint, code=f"x = bytearray({MAX_MEMORY_MB + 64} << 20)\nprint('fits')", memory_limit_MB=65536)
+        below = post(endpoint, code=f"x = bytearray({MAX_MEMORY_MB - 160} << 20)\nprint('fits')", memory_limit_MB=65536)
+        assert above["srt_status"] == "memory" and "MemoryError" in above["run_result"]["stderr"]
+        assert below["run_result"]["stdout"] == "fits\n"
 
     def test_run_timeout_defaults_to_the_servers(self, endpoint):
         run = post(endpoint, code="import time\nprint('start')\ntime.sleep(60)")["run_result"]

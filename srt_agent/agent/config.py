@@ -88,6 +88,7 @@ class EnvConfig(_Strict):
     max_tokens_per_turn: int = Field(256, ge=1)
     max_response_tokens: int = Field(1024, ge=1, description="budget over all turns, tool tokens included")
     max_concurrent: int | None = Field(None, ge=1, description="trajectories in flight at once (default: all)")
+    tool_timeout_s: float = Field(120.0, gt=0, description="a tool call still running after this is a 'timeout'")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     interpreter: InterpreterConfig = Field(default_factory=InterpreterConfig)

@@ -73,7 +73,9 @@ class MultiTurnController:
         options = dict(self.config.env_options)
         if "reward" in inspect.signature(self.env_class).parameters:
             options.setdefault("reward", self.config.reward)
-        return self.env_class(task, self.tools, **options)
+        env = self.env_class(task, self.tools, **options)
+        env.tool_timeout_s = self.config.tool_timeout_s
+        return env
 
     def _params(self, env: Env, max_tokens: int, seed: int | None) -> SamplingParams:
         from srt_agent.engine import SamplingParams

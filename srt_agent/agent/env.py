@@ -9,6 +9,7 @@ in a few lines; :class:`srt_agent.agent.retool.ReToolEnv` is the code-interprete
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -25,7 +26,7 @@ class ToolResult:
     """What a tool returns: the text the model sees and how the call went."""
 
     text: str
-    status: str = "ok"  # "ok", or a failure such as "error", "timeout", "crash", "unknown_tool", "bad_arguments"
+    status: str = "ok"  # "ok", or a failure: "error", "timeout", "crash", "unknown_tool", "bad_arguments", "bad_result"
     truncated: bool = False
 
 
@@ -49,6 +50,43 @@ class FunctionTool:
 
     def __call__(self, arguments: dict) -> ToolResult:
         return ToolResult(str(self.fn(**arguments)))
+
+
+async def run_tool(tool: Tool, name: str, arguments: dict, timeout_s: float | None) -> ToolResult:
+    """`tool(arguments)` in a thread of its own, never raising: a raise, a hang past `timeout_s` or a
+    result that is not a ToolResult becomes a failed ToolResult.
+
+    Each call gets its own thread rather than a shared pool's, so a hung tool holds only that thread
+    (left to finish in the background) and never delays the calls of other trajectories.
+    """
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future = loop.create_future()
+
+    def settle(outcome: tuple[object, BaseException | None]) -> None:
+        if not answer.done():
+            answer.set_result(outcome)
+
+    def work() -> None:
+        try:
+            outcome: tuple[object, BaseException | None] = (tool(arguments), None)
+        except Exception as exc:  # noqa: BLE001 - reported as this call's result
+            outcome = (None, exc)
+        try:
+            loop.call_soon_threadsafe(settle, outcome)
+        except RuntimeError:  # the loop closed while a hung call went on
+            pass
+
+    threading.Thread(target=work, name=f"tool-{name}", daemon=True).start()
+    try:
+        result, exc = await asyncio.wait_for(asyncio.shield(answer), timeout_s)
+    except asyncio.TimeoutError:
+        return ToolResult(f"Error: tool {name!r} did not answer within {timeout_s:g} s", "timeout")
+    if exc is not None:
+        return ToolResult(f"Error: tool {name!r} failed: {type(exc).__name__}: {exc}", "crash")
+    if not isinstance(result, ToolResult) or not isinstance(result.text, str) or not isinstance(result.status, str):
+        what = type(result).__name__ if not isinstance(result, ToolResult) else "a ToolResult with non-string fields"
+        return ToolResult(f"Error: tool {name!r} returned {what}, not a ToolResult", "bad_result")
+    return result
 
 
 @dataclass
@@ -84,6 +122,8 @@ class Env(ABC):
 
     #: Stop strings for generation (kept in the output), e.g. the end of a tool-call block.
     stop: tuple[str, ...] = ()
+    #: Seconds a tool call may take before it becomes a "timeout" record (None: no limit).
+    tool_timeout_s: float | None = 120.0
 
     def __init__(self, task: Task, tools: Mapping[str, Tool] | None = None):
         self.task = task
@@ -105,17 +145,18 @@ class Env(ABC):
         """React to the model's turn `response`; `final` is True when no further turn is allowed."""
 
     async def call_tool(self, name: str, arguments: dict) -> ToolCallRecord:
-        """Run a registered tool in a worker thread and record the call; failures become records, not raises."""
+        """Run a registered tool in a worker thread and record the call; failures become records, not raises.
+
+        A tool that raises ("crash"), has not answered after `tool_timeout_s` ("timeout") or returns
+        something other than a ToolResult ("bad_result") gives an error message as its output.
+        """
         start = time.perf_counter()
         tool = self.tools.get(name)
         if tool is None:
             known = ", ".join(sorted(self.tools)) or "none"
             result = ToolResult(f"Error: unknown tool {name!r} (available: {known})", "unknown_tool")
         else:
-            try:
-                result = await asyncio.to_thread(tool, arguments)
-            except Exception as exc:  # noqa: BLE001 - a crashing tool ends its call, not the batch
-                result = ToolResult(f"Error: tool {name!r} failed: {type(exc).__name__}: {exc}", "crash")
+            result = await run_tool(tool, name, arguments, self.tool_timeout_s)
         record = ToolCallRecord(
             name=name,
             arguments=arguments,

@@ -12,6 +12,7 @@ least recently used first.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import tempfile
@@ -113,6 +114,7 @@ class RolloutCache:
         if not req.detached:
             entry = self._prompts[req.prompt_key]
             entry.tree.close(entry.active.pop(request_id))
+            self._resize(entry, entry.tree.nbytes)  # closing releases the sequence's cursors
 
     def add_sequence(self, prompt_key: Hashable, token_ids: Sequence[int]) -> None:
         """Store a complete sequence (prompt tail + response) for `prompt_key` at once."""
@@ -184,7 +186,11 @@ class RolloutCache:
 
     # ---- persistence --------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
-        """Write every prompt's sequences to `path` atomically (temp file + rename)."""
+        """Write every prompt's sequences to `path` atomically (temp file + rename).
+
+        An interrupted save leaves the previous file as it was; the temp file of a writer that was
+        killed outright is removed by the next save to the same path.
+        """
         path = Path(path)
         prompts, chunks = [], []
         for key, entry in self._prompts.items():
@@ -203,7 +209,8 @@ class RolloutCache:
         }
         flat = np.fromiter((t for s in chunks for t in s), dtype=np.int32)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        _remove_dead_writers_files(path)
+        fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), tokens=flat)
@@ -216,20 +223,24 @@ class RolloutCache:
 
     @classmethod
     def load(cls, path: str | os.PathLike, backend: str = "auto", **overrides: int) -> RolloutCache:
-        """Rebuild a cache saved by `save` (its config, unless overridden)."""
+        """Rebuild a cache saved by `save` (its config, unless overridden).
+
+        A file that is missing, truncated, corrupted or not a saved cache raises ValueError naming the
+        file and the problem; nothing is half-loaded.
+        """
         try:
             with np.load(Path(path), allow_pickle=False) as data:
                 meta = json.loads(data["meta"].tobytes().decode())
-                flat = data["tokens"].tolist()
-        except (OSError, KeyError, ValueError) as exc:
-            raise ValueError(f"{path} is not a saved RolloutCache: {exc}") from exc
-        if meta.get("version") != FORMAT_VERSION:
-            raise ValueError(f"{path}: unsupported cache format version {meta.get('version')!r}")
+                tokens = data["tokens"]
+            prompts = _check_saved(meta, tokens)
+        except FileNotFoundError as exc:
+            raise ValueError(f"{path} is not a saved RolloutCache: no such file") from exc
+        except Exception as exc:  # noqa: BLE001 - zip, npy, JSON and layout errors alike
+            raise ValueError(f"{path} is not a saved RolloutCache, or is damaged ({type(exc).__name__}: {exc})") from exc
         cache = cls(**{**meta["config"], **overrides}, backend=backend)
-        pos = 0
-        for prompt in meta["prompts"]:
-            key = _decode_key(prompt["key"])
-            for n in prompt["lengths"]:
+        flat, pos = tokens.tolist(), 0
+        for key, lengths in prompts:
+            for n in lengths:
                 cache.add_sequence(key, flat[pos : pos + n])
                 pos += n
         return cache
@@ -328,6 +339,50 @@ class RolloutCache:
             self._requests[rid].detached = True
 
 
+def _remove_dead_writers_files(path: Path) -> None:
+    """Delete `path`'s temp files (``name.PID.*.tmp``) whose writing process no longer exists."""
+    for tmp in path.parent.glob(f"{glob.escape(path.name)}.*.tmp"):
+        pid = tmp.name[len(path.name) + 1 :].split(".", 1)[0]
+        if pid.isdigit() and not _process_exists(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's
+        return True
+    return True
+
+
+def _check_saved(meta: Any, tokens: np.ndarray) -> list[tuple[Hashable, list[int]]]:
+    """The (prompt key, sequence lengths) of a saved cache's metadata, checked against its token array."""
+    if not isinstance(meta, dict) or meta.get("version") != FORMAT_VERSION:
+        version = meta.get("version") if isinstance(meta, dict) else None
+        raise ValueError(f"unsupported cache format version {version!r}")
+    config = meta.get("config")
+    if not isinstance(config, dict) or set(config) != {"max_depth", "max_match", "max_bytes", "max_nodes_per_prompt"}:
+        raise ValueError("the config entry is missing or malformed")
+    if not all(type(v) is int for v in config.values()):
+        raise ValueError("config values must be integers")
+    if tokens.dtype != np.int32 or tokens.ndim != 1:
+        raise ValueError(f"tokens must be a flat int32 array, got {tokens.dtype} of shape {tokens.shape}")
+    if tokens.size and int(tokens.min()) < 0:
+        raise ValueError("negative token ids")
+    prompts = []
+    for entry in meta.get("prompts") if isinstance(meta.get("prompts"), list) else [None]:
+        lengths = entry.get("lengths") if isinstance(entry, dict) else None
+        if not isinstance(lengths, list) or not all(type(n) is int and n >= 0 for n in lengths) or "key" not in entry:
+            raise ValueError("a prompt entry is malformed")
+        prompts.append((_decode_key(entry["key"]), lengths))
+    stored = sum(sum(lengths) for _, lengths in prompts)
+    if stored != tokens.size:
+        raise ValueError(f"the prompts' sequences hold {stored} tokens, the file {tokens.size}")
+    return prompts
+
+
 def _encode_key(key: Hashable) -> Any:
     if isinstance(key, bool) or not isinstance(key, (str, int, tuple)):
         raise ValueError(f"cannot save prompt key {key!r}: keys must be str, int or tuples of them")
@@ -335,4 +390,8 @@ def _encode_key(key: Hashable) -> Any:
 
 
 def _decode_key(value: Any) -> Hashable:
-    return tuple(_decode_key(v) for v in value["tuple"]) if isinstance(value, dict) else value
+    if isinstance(value, dict) and isinstance(value.get("tuple"), list):
+        return tuple(_decode_key(v) for v in value["tuple"])
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"bad prompt key {value!r}")
+    return value

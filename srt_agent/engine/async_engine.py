@@ -4,12 +4,42 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import queue
 import threading
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 
 from .engine import Engine
 from .params import RequestOutput, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Submission:
+    """A `generate` call on its way to the engine thread, with the future its caller awaits."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams | None
+    prompt_key: Hashable | None
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+
+    def answer(self, output: RequestOutput) -> None:
+        self.loop.call_soon_threadsafe(_set_result, self.future, output)
+
+    def fail(self, reason: str) -> None:
+        self.answer(_error_output(self.request_id, reason))
+
+
+@dataclass
+class _Command:
+    """Work for the engine thread between steps; `fail` tells whoever waits when it can no longer run."""
+
+    run: Callable[[], None]
+    fail: Callable[[str], None] = lambda reason: None
 
 
 class AsyncEngine:
@@ -18,76 +48,116 @@ class AsyncEngine:
     All engine calls run on one background thread; submissions and releases reach it through a queue,
     results come back to each caller's event loop. Follows verl's server API: every turn passes the
     full token list so far under the same `request_id` (see Engine.add_request).
+
+    Faults stay with their request: bad input, a failing drafter or a model fault in one request comes
+    back as that request's "error" output, and a failing `call` reaches only its own future. Should the
+    step loop itself die, every waiting caller gets an "error" output at once, the front reports itself
+    `closed` (with the cause in `error`), and later calls raise instead of waiting.
     """
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
-        self._waiters: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self._commands: queue.Queue[_Command | _Submission] = queue.Queue()
+        self._waiters: dict[str, _Submission] = {}
+        self._lock = threading.Lock()  # orders submissions against the loop's end
         self._closed = False
-        self._error: BaseException | None = None
+        self.error: BaseException | None = None  # what killed the step loop, if anything did
         self._thread = threading.Thread(target=self._loop, name="srt-engine", daemon=True)
         self._thread.start()
+
+    @property
+    def closed(self) -> bool:
+        """True after `close()` or once the step loop has died (see `error`)."""
+        return self._closed
 
     async def generate(
         self, request_id: str, prompt_ids: list[int], params: SamplingParams | None = None, prompt_key: Hashable | None = None
     ) -> RequestOutput:
-        """Generate one turn; bad input comes back as finish_reason "error" (never raises for it)."""
-        if self._closed:
-            raise RuntimeError("the engine is closed")
+        """Generate one turn; bad input comes back as finish_reason "error" (never raises for it).
+
+        Raises RuntimeError when the front is closed (see `closed`).
+        """
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
-
-        def submit() -> None:
-            if request_id in self._waiters:
-                message = f"request {request_id!r} is already running"
-                loop.call_soon_threadsafe(_set_result, future, _error_output(request_id, message))
-                return
-            self._waiters[request_id] = (loop, future)
-            try:
-                self.engine.add_request(prompt_ids, params, request_id, prompt_key)
-            except ValueError as exc:
-                self._resolve(request_id, _error_output(request_id, str(exc)))
-
-        self._commands.put(submit)
-        return await future
+        submission = _Submission(request_id, prompt_ids, params, prompt_key, loop, loop.create_future())
+        self._put(submission)
+        return await submission.future
 
     def release(self, request_id: str) -> None:
-        """Forget a finished request (frees its held KV and ends it in the drafter)."""
-        self._commands.put(lambda: self.engine.release(request_id))
+        """Forget a finished request (frees its held KV and ends it in the drafter); nothing once closed."""
+        try:
+            self._put(_Command(lambda: self.engine.release(request_id)))
+        except RuntimeError:
+            pass
 
     def call(self, fn: Callable[[Engine], object]) -> concurrent.futures.Future:
         """Run `fn(engine)` on the engine thread between steps (e.g. update_weights, end_step).
 
-        Returns a future of its result (``.result()`` waits; an exception in `fn` is raised there).
+        Returns a future with its result or exception; a raise reaches that future only.
         """
-        if self._closed:
-            raise RuntimeError("the engine is closed")
-        future: concurrent.futures.Future = concurrent.futures.Future()
+        done: concurrent.futures.Future = concurrent.futures.Future()
 
         def run() -> None:
-            try:
-                future.set_result(fn(self.engine))
-            except Exception as exc:  # noqa: BLE001 - handed to the caller
-                future.set_exception(exc)
+            if done.set_running_or_notify_cancel():
+                try:
+                    done.set_result(fn(self.engine))
+                except Exception as exc:  # noqa: BLE001 - the caller's fault, reported to the caller
+                    log.warning("engine call %r failed: %s: %s", fn, type(exc).__name__, exc)
+                    done.set_exception(exc)
 
-        self._commands.put(run)
-        return future
+        command = _Command(run, lambda reason: done.set_exception(RuntimeError(reason)))
+        try:
+            self._put(command)
+        except RuntimeError as exc:
+            command.fail(str(exc))
+        return done
 
     def idle_capacity(self) -> int:
         return self.engine.idle_capacity()
 
     def close(self) -> None:
         """Stop the loop; requests still running get an "error" output."""
-        self._closed = True
-        self._commands.put(lambda: None)
+        with self._lock:
+            self._closed = True
+        self._commands.put(_Command(lambda: None))  # wake the loop
         self._thread.join()
+
+    # ----- the engine thread ----------------------------------------------------------------------
+
+    def _put(self, command: _Command | _Submission) -> None:
+        """Queue work for the engine thread; RuntimeError once the front is closed."""
+        with self._lock:
+            if not self._closed:
+                self._commands.put(command)
+                return
+        raise RuntimeError(self._closed_reason())
+
+    def _closed_reason(self) -> str:
+        return f"the engine stopped: {self.error!r}" if self.error is not None else "the engine is closed"
+
+    def _submit(self, sub: _Submission) -> None:
+        if sub.request_id in self._waiters:
+            sub.answer(_error_output(sub.request_id, f"request {sub.request_id!r} is already running"))
+            return
+        self._waiters[sub.request_id] = sub
+        try:
+            self.engine.add_request(sub.prompt_ids, sub.params, sub.request_id, sub.prompt_key)
+        except Exception as exc:  # noqa: BLE001 - bad input (ValueError) or any other fault of this request
+            message = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+            self._resolve(sub.request_id, _error_output(sub.request_id, message))
+
+    def _run(self, command: _Command | _Submission) -> None:
+        if isinstance(command, _Submission):
+            self._submit(command)
+            return
+        try:
+            command.run()
+        except Exception:  # noqa: BLE001 - a failing release or call never stops the loop
+            log.exception("an engine command failed")
 
     def _resolve(self, request_id: str, output: RequestOutput) -> None:
         waiter = self._waiters.pop(request_id, None)
         if waiter is not None:
-            loop, future = waiter
-            loop.call_soon_threadsafe(_set_result, future, output)
+            waiter.answer(output)
 
     def _loop(self) -> None:
         try:
@@ -98,7 +168,7 @@ class AsyncEngine:
                 except queue.Empty:
                     command = None
                 while command is not None:
-                    command()
+                    self._run(command)
                     try:
                         command = self._commands.get_nowait()
                     except queue.Empty:
@@ -109,12 +179,19 @@ class AsyncEngine:
                     for out in self.engine.step():
                         self._resolve(out.request_id, out)
         except BaseException as exc:  # the engine itself failed: fail every waiter, loudly
-            self._error = exc
-            raise
+            self.error = exc
+            log.exception("the engine's step loop died; every waiting request gets an error")
         finally:
-            reason = f"engine stopped: {self._error!r}" if self._error else "engine closed"
+            with self._lock:
+                self._closed = True
+            reason = self._closed_reason()
             for request_id in list(self._waiters):
-                self._resolve(request_id, _error_output(request_id, reason))
+                self._waiters.pop(request_id).fail(reason)
+            while True:  # work queued before the end: tell whoever waits on it
+                try:
+                    self._commands.get_nowait().fail(reason)
+                except queue.Empty:
+                    break
 
 
 def _set_result(future: asyncio.Future, output: RequestOutput) -> None:

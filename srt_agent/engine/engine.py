@@ -9,7 +9,9 @@ Emitted and forced tokens go into the drafter (the prompt's tree) as they are pr
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import logging
 import secrets
 import time
 import uuid
@@ -32,6 +34,9 @@ from .stops import StopChecker
 from .tree import validate_draft
 
 EAGER_LOGITS_ROWS = 64  # up to this many verified rows, all logits come from one LM-head pass
+DRAFTER_CALLS = ("start_request", "add_tokens", "draft", "stop_request", "end_step")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,6 +49,10 @@ class EngineStats:
     draft_verified: int = 0
     draft_accepted: int = 0
     drafter_errors: int = 0
+    drafter_faults: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DRAFTER_CALLS, 0))
+    undrafted_requests: int = 0  # requests whose speculation a drafter fault ended
+    last_drafter_error: str | None = None
+    model_errors: int = 0  # requests ended by a failing forward pass, sampler or non-finite logits
     draft_s: float = 0.0
     forward_s: float = 0.0
     bookkeeping_s: float = 0.0
@@ -51,6 +60,7 @@ class EngineStats:
 
     def as_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["drafter_faults"] = dict(self.drafter_faults)
         out["forwards"] = self.steps
         out["tokens_per_forward"] = self.tokens / self.steps if self.steps else 0.0
         out["accepted_per_step"] = self.draft_accepted / self.steps if self.steps else 0.0
@@ -129,8 +139,10 @@ class Engine:
         If `request_id` names a finished, held sequence whose tokens are a prefix of `prompt_ids`,
         its KV is reused and the extra tokens (tool output) are fed as forced tokens.
         """
-        params = params if params is not None else SamplingParams()
-        params.validate()
+        if params is not None and not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        # A private copy, validated: a caller changing its object later cannot reach the running request.
+        params = dataclasses.replace(params) if params is not None else SamplingParams()
         prompt = self._check_prompt(prompt_ids, params)
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         seed = params.seed if params.seed is not None else secrets.randbits(63)
@@ -140,8 +152,8 @@ class Engine:
         if seq is not None and prompt[: len(seq.tokens)] == seq.tokens:
             forced = prompt[len(seq.tokens) :]
             seq.begin_call(prompt, params, seed)
-            if forced and self.drafter is not None:
-                self.drafter.add_tokens(request_id, forced)
+            if forced and seq.drafting:
+                self._call_drafter("add_tokens", seq, forced)
             if self.scheduler.take_held(request_id) is not None:
                 self.scheduler.resume(seq)
             else:  # evicted: prefill again
@@ -152,7 +164,8 @@ class Engine:
         key = prompt_key if prompt_key is not None else default_prompt_key(prompt)
         seq = Sequence(request_id, key, prompt, params, seed, call_start=len(prompt))
         if self.drafter is not None:
-            self.drafter.start_request(request_id, key, prompt)
+            seq.drafting = True
+            self._call_drafter("start_request", seq, key, prompt)
         self.sequences[request_id] = seq
         self.scheduler.add(seq)
         return request_id
@@ -187,12 +200,48 @@ class Engine:
         else:
             sched.held.pop(request_id, None)
         sched.release(seq)
-        if self.drafter is not None:
-            self.drafter.stop_request(request_id)
+        if seq.drafting:
+            seq.drafting = False
+            self._call_drafter("stop_request", seq)
 
     def idle_capacity(self) -> int:
         """Batch slots not needed by running or queued requests."""
         return self.scheduler.idle_capacity()
+
+    # ----- the drafter's fault boundary -----------------------------------------------------------
+
+    def _call_drafter(self, method: str, seq: Sequence | None, *args: object) -> None:
+        """Call a drafter method for `seq` (None: `end_step`) behind a fault boundary (see `_drafter_fault`)."""
+        try:
+            if seq is None:
+                getattr(self.drafter, method)(*args)
+            else:
+                getattr(self.drafter, method)(seq.request_id, *args)
+        except Exception as exc:  # noqa: BLE001 - a failing drafter costs speed, never a request
+            self._drafter_fault(method, seq, exc)
+
+    def _drafter_fault(self, method: str, seq: Sequence | None, exc: Exception) -> None:
+        """Count and log a drafter fault; the request it concerns decodes without drafts from then on.
+
+        The drafter's record of that request may be incomplete, so the request is stopped there (best
+        effort: a raise there is part of the same fault) and never drafted for again. Other requests are
+        untouched.
+        """
+        t = self.totals
+        t.drafter_errors += 1
+        t.drafter_faults[method] += 1
+        where = f" for request {seq.request_id!r}" if seq is not None else ""
+        t.last_drafter_error = f"{method}{where}: {type(exc).__name__}: {exc}"
+        report = log.warning if t.drafter_faults[method] == 1 else log.debug
+        report("drafter %r failed in %s; %s", getattr(self.drafter, "name", "?"), t.last_drafter_error,
+               "that request decodes without drafts" if seq is not None else "drafting goes on")
+        if seq is not None and seq.drafting:
+            seq.drafting = False
+            t.undrafted_requests += 1
+            try:
+                self.drafter.stop_request(seq.request_id)
+            except Exception:  # noqa: BLE001 - the same fault, already counted
+                pass
 
     # ----- policy ---------------------------------------------------------------------------------
 
@@ -209,7 +258,7 @@ class Engine:
     def end_step(self) -> None:
         """A training step ended: tell the drafter (policy-version boundary)."""
         if self.drafter is not None:
-            self.drafter.end_step()
+            self._call_drafter("end_step", None)
 
     def stats(self) -> dict:
         out = self.totals.as_dict()
@@ -262,21 +311,30 @@ class Engine:
         if self.adaptive_drafts and any(len(d) for d in drafts):
             makespan = not self.scheduler.waiting  # nothing queued: the last sequence to finish sets the time
             drafts = choose_drafts(drafts, base, self.cost_model, self.min_draft_gain, makespan, self.acceptance.calibrate)
-        chunks = [Chunk(s.slot, s.num_cached, s.pending() + d.token_ids, len(s.pending()), d.parents) for s, d in zip(seqs, drafts)]
+        chunks = self._chunks(seqs, drafts)
         t0 = time.perf_counter()
-        hidden = self.runner.forward(chunks)
-        emitted, accepted = self._verify(seqs, chunks, drafts, hidden)
-        self._sync()
+        try:
+            emitted, accepted, faults = self._forward_and_verify(seqs, chunks, drafts)
+            batched = True
+        except Exception:  # noqa: BLE001 - the batched pass failed: find out whose fault it is
+            drafts = [Draft() for _ in seqs]
+            chunks = self._chunks(seqs, drafts)
+            emitted, accepted, faults = self._forward_one_by_one(seqs, chunks, drafts)
+            batched = False
         forward_s = time.perf_counter() - t0  # the forward pass, the LM head and sampling
         total = sum(len(c) for c in chunks)
-        if base == len(seqs):  # decoding and verifying only: the steps whose drafts the model sizes
-            self.cost_model.observe(total, forward_s, len(seqs))
-        self.acceptance.observe(drafts, accepted)
+        if batched:
+            if base == len(seqs) and not faults:  # decoding and verifying only: the steps whose drafts the model sizes
+                self.cost_model.observe(total, forward_s, len(seqs))
+            self.acceptance.observe(drafts, accepted)
         self._compact(seqs, chunks, accepted)
         finished = []
-        for seq, chunk, draft, em, acc, ds in zip(seqs, chunks, drafts, emitted, accepted, draft_s):
-            seq.num_cached = chunk.start + chunk.num_pending + len(acc)
+        for i, (seq, chunk, draft, em, acc, ds) in enumerate(zip(seqs, chunks, drafts, emitted, accepted, draft_s)):
             kept = self._append(seq, em)
+            # KV holds the pending tokens and the accepted nodes, but a stop may have cut the tokens short.
+            seq.num_cached = min(chunk.start + chunk.num_pending + len(acc), len(seq.tokens) - 1)
+            if i in faults and seq.finish_reason is None:
+                self._model_fault(seq, faults[i])
             m = seq.metrics
             m.forwards += 1
             m.draft_proposed += len(draft)
@@ -303,6 +361,46 @@ class Engine:
         t.last_step = dict(sequences=len(seqs), tokens_fed=total, draft_verified=total - base, forward_s=forward_s, step_s=step_s)
         return outputs
 
+    @staticmethod
+    def _chunks(seqs: list[Sequence], drafts: list[Draft]) -> list[Chunk]:
+        return [Chunk(s.slot, s.num_cached, s.pending() + d.token_ids, len(s.pending()), d.parents) for s, d in zip(seqs, drafts)]
+
+    def _forward_and_verify(
+        self, seqs: list[Sequence], chunks: list[Chunk], drafts: list[Draft]
+    ) -> tuple[list[list[tuple[int, float]]], list[list[int]], dict[int, str]]:
+        """One forward pass and the walk of every draft tree. Changes no sequence: on a raise the step can
+        run again (the pass writes KV only at positions no sequence counts as cached)."""
+        hidden = self.runner.forward(chunks)
+        out = self._verify(seqs, chunks, drafts, hidden)
+        self._sync()
+        return out
+
+    def _forward_one_by_one(
+        self, seqs: list[Sequence], chunks: list[Chunk], drafts: list[Draft]
+    ) -> tuple[list[list[tuple[int, float]]], list[list[int]], dict[int, str]]:
+        """The step's pass for each sequence alone (after the batched one raised): only a sequence whose own
+        pass fails is charged with the fault."""
+        emitted, accepted, faults = [], [], {}
+        for i, (seq, chunk, draft) in enumerate(zip(seqs, chunks, drafts)):
+            try:
+                (em,), (acc,), fault = self._forward_and_verify([seq], [chunk], [draft])
+            except Exception as exc:  # noqa: BLE001 - this request's fault, no one else's
+                em, acc, fault = [], [], {0: f"the forward pass or sampling failed: {type(exc).__name__}: {exc}"}
+            emitted.append(em)
+            accepted.append(acc)
+            if fault:
+                faults[i] = fault[0]
+        return emitted, accepted, faults
+
+    def _model_fault(self, seq: Sequence, message: str) -> None:
+        """End `seq` with an error; its KV (possibly NaN, which attention masks do not hide) is wiped."""
+        seq.finish("error", error=message)
+        seq.num_cached = 0
+        if seq.slot is not None:
+            self.runner.clear_slot(seq.slot)
+        self.totals.model_errors += 1
+        log.warning("request %r ended: %s", seq.request_id, message)
+
     def _draft(self, seqs: list[Sequence]) -> tuple[list[Draft], list[float]]:
         drafts, times = [], []
         for seq in seqs:
@@ -312,27 +410,32 @@ class Engine:
                 seq.params.max_tokens - seq.num_generated - 1,
                 self.max_context - len(seq.tokens) - 1,
             )
-            draft = Draft()
-            if self.drafter is not None and budget > 0:
-                try:
-                    draft = self.drafter.draft(seq.request_id, seq.tokens, budget).truncated(budget)
-                    validate_draft(draft, self.runner.vocab_size)
-                    if not draft.scores:
-                        draft.scores = [1.0] * len(draft)
-                except Exception:  # a failing drafter costs speed, never correctness
-                    self.totals.drafter_errors += 1
-                    draft = Draft()
+            draft = self._draft_one(seq, budget) if seq.drafting and budget > 0 else Draft()
             self.totals.draft_proposed += len(draft)
             drafts.append(draft)
             times.append(time.perf_counter() - t0)
         return drafts, times
 
+    def _draft_one(self, seq: Sequence, budget: int) -> Draft:
+        """The drafter's draft for `seq`, checked; a raise or a malformed tree is a drafter fault."""
+        try:
+            draft = self.drafter.draft(seq.request_id, seq.tokens, budget).truncated(budget)
+            validate_draft(draft, self.runner.vocab_size)
+        except Exception as exc:  # noqa: BLE001 - a failing drafter costs speed, never correctness
+            self._drafter_fault("draft", seq, exc)
+            return Draft()
+        if not draft.scores:
+            draft.scores = [1.0] * len(draft)
+        return draft
+
     def _verify(
         self, seqs: list[Sequence], chunks: list[Chunk], drafts: list[Draft], hidden: torch.Tensor
-    ) -> tuple[list[list[tuple[int, float]]], list[list[int]]]:
+    ) -> tuple[list[list[tuple[int, float]]], list[list[int]], dict[int, str]]:
         """Walk every sequence's draft tree level by level with the lossless sampler.
 
-        Returns per sequence the emitted (token, logprob) pairs and the accepted draft nodes.
+        Returns per sequence the emitted (token, logprob) pairs and the accepted draft nodes, and the
+        sequences (by index) whose next logits were not finite (NaN or +inf), with what went wrong: their
+        walk stops there, after the tokens plain decoding would also have emitted.
         """
         offsets, off = [], 0
         for chunk in chunks:
@@ -342,6 +445,7 @@ class Engine:
         emitted: list[list[tuple[int, float]]] = [[] for _ in seqs]
         accepted: list[list[int]] = [[] for _ in seqs]
         node = [-1] * len(seqs)
+        faults: dict[int, str] = {}
         active = list(range(len(seqs)))
         # Rows that may need logits: each chunk's last pending token and its draft nodes. Few of them:
         # one LM-head pass over all (the head's weights are read once). Many: level by level, only
@@ -353,6 +457,17 @@ class Engine:
         while active:
             rows = [offsets[i] + chunks[i].num_pending - 1 + (node[i] + 1 if node[i] >= 0 else 0) for i in active]
             logits = torch.stack([eager[r] for r in rows]) if eager is not None else self.runner.logits(hidden[rows])
+            broken = (torch.isnan(logits) | (logits == float("inf"))).any(dim=-1)
+            if bool(broken.any()):
+                fine = [j for j, bad in enumerate(broken.tolist()) if not bad]
+                for j, bad in enumerate(broken.tolist()):
+                    if bad:
+                        i = active[j]
+                        position = len(seqs[i].tokens) + len(emitted[i])
+                        faults[i] = f"the model produced non-finite logits (NaN or +inf) for position {position}"
+                active, logits = [active[j] for j in fine], logits[fine]
+                if not active:
+                    break
             specs = []
             for i in active:
                 p = seqs[i].params
@@ -368,7 +483,7 @@ class Engine:
                     node[i] = child
                     still.append(i)
             active = still
-        return emitted, accepted
+        return emitted, accepted, faults
 
     def _compact(self, seqs: list[Sequence], chunks: list[Chunk], accepted: list[list[int]]) -> None:
         """Move accepted draft nodes' KV right after the pending tokens, in path order."""
@@ -394,10 +509,10 @@ class Engine:
                 if done is not None:
                     seq.finish(*done)
                     break
-            if self.drafter is not None:
-                self.drafter.add_tokens(seq.request_id, seq.tokens[len(seq.tokens) - kept :])
-        except Exception as exc:
-            seq.finish("error", error=f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - e.g. a tokenizer failing on this output: this request only
+            seq.finish("error", error=f"checking stop conditions failed: {type(exc).__name__}: {exc}")
+        if seq.drafting and kept:
+            self._call_drafter("add_tokens", seq, seq.tokens[len(seq.tokens) - kept :])
         return kept
 
     def _finish(self, seq: Sequence) -> RequestOutput:

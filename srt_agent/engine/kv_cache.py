@@ -77,3 +77,9 @@ class KVCache:
         for keys, values in zip(self.keys, self.values):
             keys[s, :, b] = keys[s, :, a]
             values[s, :, b] = values[s, :, a]
+
+    def clear(self, slot: int) -> None:
+        """Zero one slot's keys and values in every layer."""
+        for keys, values in zip(self.keys, self.values):
+            keys[slot] = 0
+            values[slot] = 0

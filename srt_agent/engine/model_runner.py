@@ -136,6 +136,10 @@ class ModelRunner:
         with torch.no_grad():
             self.model.load_state_dict(state, strict=True)
 
+    def clear_slot(self, slot: int) -> None:
+        """Zero a slot's keys and values: NaN left there would leak through the masks into its next user."""
+        self.kv.clear(slot)
+
 
 @dataclass
 class LogitHead:

@@ -36,6 +36,7 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     error: str | None = None
+    drafting: bool = False  # the drafter follows this request (started, and no drafter fault since)
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
     @property

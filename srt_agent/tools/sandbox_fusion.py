@@ -24,13 +24,19 @@ def endpoint_from_env() -> str:
 
 
 def result_from_response(body: dict, wall_s: float) -> SandboxResult:
-    """Map a SandboxFusion `/run_code` response onto a SandboxResult."""
+    """Map a SandboxFusion `/run_code` response onto a SandboxResult; ValueError if it is not one."""
+    if not isinstance(body, dict):
+        raise ValueError(f"expected a JSON object, got {type(body).__name__}")
     run = body.get("run_result") or body.get("compile_result")
+    if run is not None and not isinstance(run, dict):
+        raise ValueError(f"run_result must be an object, got {type(run).__name__}")
     if body.get("status") == "SandboxError" or run is None or run.get("status") == "Error":
         message = body.get("message") or (run or {}).get("stderr") or "the SandboxFusion server reported an error"
         return SandboxResult(status="sandbox_error", stderr=str(message), wall_s=wall_s)
     stdout, stderr = run.get("stdout") or "", run.get("stderr") or ""
     code = run.get("return_code")
+    if not isinstance(stdout, str) or not isinstance(stderr, str) or not (code is None or type(code) is int):
+        raise ValueError("run_result's stdout, stderr and return_code have the wrong types")
     status: SandboxStatus
     if run.get("status") == "TimeLimitExceeded":
         status = "timeout"
@@ -109,11 +115,10 @@ class SandboxFusionSandbox:
                     wall_s=time.monotonic() - start,
                 )
             try:
-                body = response.json()
-            except ValueError:
-                problem = f"a response that is not JSON: {response.text[:200]!r}"
+                return result_from_response(response.json(), time.monotonic() - start)
+            except ValueError as exc:  # not JSON, or not SandboxFusion's answer
+                problem = f"a response that is not SandboxFusion's ({exc}): {response.text[:200]!r}"
                 continue
-            return result_from_response(body, time.monotonic() - start)
         return SandboxResult(
             status="sandbox_error",
             stderr=f"SandboxFusion at {self.endpoint} failed {self.retries} times; last: {problem}",

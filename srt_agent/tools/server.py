@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import socket
 import threading
 import time
@@ -90,12 +91,17 @@ class ServerConfig:
     workers: int = 4
     max_timeout_s: float = 60.0
     max_memory_mb: int = 4096
+    max_request_bytes: int = 8 << 20
 
 
 def create_app(config: ServerConfig) -> FastAPI:
-    """The FastAPI app. Each request may lower or raise timeout and memory up to the config's caps."""
-    if config.workers < 1:
-        raise ValueError(f"workers must be >= 1, got {config.workers}")
+    """The FastAPI app. Each request may lower or raise timeout and memory up to the config's caps.
+
+    Faults stay with their request: a malformed body gets 422, one over `max_request_bytes` 413 (before it
+    is read), and a sandbox that raises a SandboxError answer; the other requests never notice.
+    """
+    if config.workers < 1 or config.max_request_bytes < 1:
+        raise ValueError(f"workers and max_request_bytes must be >= 1, got {config.workers}, {config.max_request_bytes}")
     pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="sandbox")
 
     @asynccontextmanager
@@ -104,6 +110,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="srt-agent sandbox (SandboxFusion-compatible)", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
 
     @app.get("/v1/ping")
     async def ping() -> str:
@@ -122,12 +129,64 @@ def create_app(config: ServerConfig) -> FastAPI:
             sandbox = dataclasses.replace(sandbox, memory_mb=min(request.memory_limit_MB, config.max_memory_mb))
         timeout = min(request.run_timeout or sandbox.timeout_s, config.max_timeout_s)
         loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(
-            pool, lambda: sandbox.run(request.code, stdin=request.stdin or "", timeout_s=timeout)
-        )
+        try:
+            result = await loop.run_in_executor(
+                pool, lambda: sandbox.run(request.code, stdin=request.stdin or "", timeout_s=timeout)
+            )
+        except Exception as exc:  # noqa: BLE001 - the sandbox failed for this request only
+            return _rejected(f"the sandbox failed: {type(exc).__name__}: {exc}")
         return response_from_result(result)
 
     return app
+
+
+class BodyLimit:
+    """ASGI middleware: refuse request bodies over `max_bytes` with 413 before reading them.
+
+    A declared Content-Length over the cap is refused at once; a chunked body is read here, up to the cap.
+    """
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit():  # the HTTP layer holds the body to its declared length
+            if int(declared) > self.max_bytes:
+                await _plain_error(send, 413, f"request body of {int(declared)} bytes is over this server's limit of {self.max_bytes}")
+            else:
+                await self.app(scope, receive, send)
+            return
+        body, more = bytearray(), True  # chunked: read it here, up to the cap
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_bytes:
+                await _plain_error(send, 413, f"request body is over this server's limit of {self.max_bytes} bytes")
+                return
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+async def _plain_error(send, status: int, message: str) -> None:
+    payload = json.dumps({"detail": message}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
 
 
 @contextmanager

@@ -1,0 +1,127 @@
+"""Faults behind the async front: a fault in one request, a failing call, and a step loop that dies.
+
+Many coroutines await at once. A request that faults gets its own error output while the others get
+exactly their fault-free tokens and the front keeps serving; a failing `call` reaches only its future;
+a dead loop answers every waiter at once and the front reports itself closed, so nothing hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from faults_report import FaultRecord
+from injection import HostState, InjectedFault, engine_leaks, host_leaks
+from test_faults_engine import PROMPTS, FaultyDrafter, ModelFault, Req, reference
+
+from srt_agent.cache import make_drafter
+from srt_agent.engine import AsyncEngine, Engine
+
+MIX = tuple(Req(f"r{i}", tuple(PROMPTS[i % len(PROMPTS)]), 6 + i % 5, 100 + i, i % 3 == 0) for i in range(8))
+POISON = 250  # no request of MIX feeds it (checked below)
+ANSWER_WITHIN_S = 30.0  # a hang shows up as a timeout, never as a stuck suite
+
+
+def front(model, drafter="srt") -> AsyncEngine:
+    drafter = make_drafter(drafter) if isinstance(drafter, str) else drafter
+    return AsyncEngine(Engine(model, drafter=drafter, max_batch=4, max_context=128, max_draft_tokens=6, calibrate=False))
+
+
+async def generate_all(engine: AsyncEngine, reqs) -> dict:
+    async def one(r: Req):
+        out = await engine.generate(r.rid, list(r.prompt), r.params())
+        engine.release(r.rid)
+        return r.rid, out
+
+    return dict(await asyncio.wait_for(asyncio.gather(*(one(r) for r in reqs)), ANSWER_WITHIN_S))
+
+
+def mismatches(outs: dict, ref: dict) -> list[str]:
+    return [rid for rid, want in ref.items() if outs[rid].token_ids != want.token_ids]
+
+
+@pytest.mark.parametrize("kind", ["drafter start_request raises", "NaN logits", "forward raises"])
+def test_a_faulty_request_among_many_coroutines(tiny_llama, ledger, kind):
+    ref = reference(tiny_llama, MIX)
+    assert POISON not in {t for out in ref.values() for t in out.token_ids}
+    host = HostState.now()
+    faulty = Req("faulty", (70, 71, 72, POISON), 6, 9, False)
+    if kind.startswith("drafter"):
+        engine = front(tiny_llama, FaultyDrafter(make_drafter("srt"), {"faulty": ("start_request", 1)}))
+        injection = None
+    else:
+        engine = front(tiny_llama)
+        injection = ModelFault(kind, tiny_llama, POISON, seed=-1, position=0)
+    try:
+        if injection is not None:
+            injection.__enter__()
+        try:
+            outs = asyncio.run(generate_all(engine, (*MIX, faulty)))
+        finally:
+            if injection is not None:
+                injection.__exit__(None, None, None)
+        later = asyncio.run(generate_all(engine, MIX[:2]))  # the front still serves
+        assert not engine.closed
+    finally:
+        engine.close()
+    hit = mismatches(outs, ref) + mismatches(later, {r: ref[r] for r in later})
+    leaks = engine_leaks(engine.engine) + host_leaks(host)
+    ledger.record(FaultRecord("async front", kind, 1, len(MIX) + 2, len(hit), len(leaks)))
+    assert hit == [] and leaks == []
+    if kind.startswith("drafter"):
+        assert outs["faulty"].token_ids == reference(tiny_llama, (faulty,))["faulty"].token_ids
+        assert engine.engine.stats()["drafter_faults"]["start_request"] == 1
+    else:
+        assert outs["faulty"].finish_reason == "error" and outs["faulty"].error
+
+
+def test_a_failing_call_reaches_only_its_future(tiny_llama, ledger):
+    ref = reference(tiny_llama, MIX)
+    engine = front(tiny_llama)
+
+    async def main():
+        work = asyncio.ensure_future(generate_all(engine, MIX))
+        bad = engine.call(lambda e: e.update_weights({"no.such.weight": None}))
+        good = engine.call(lambda e: e.idle_capacity())
+        return await work, await asyncio.wrap_future(good), bad
+
+    try:
+        outs, capacity, bad = asyncio.run(main())
+    finally:
+        engine.close()
+    hit = mismatches(outs, ref)
+    ledger.record(FaultRecord("async front", "call raises", 1, len(MIX), len(hit), len(engine_leaks(engine.engine))))
+    assert hit == [] and engine_leaks(engine.engine) == []
+    with pytest.raises(RuntimeError, match="no.such.weight"):
+        bad.result(timeout=0)
+    assert 0 <= capacity <= 4
+
+
+def test_a_dead_step_loop_answers_every_waiter_and_closes_the_front(tiny_llama, ledger, monkeypatch):
+    host = HostState.now()
+    engine = front(tiny_llama)
+    real_step, steps = engine.engine.step, []
+
+    def dying_step():
+        steps.append(1)
+        if len(steps) == 3:
+            raise InjectedFault("the step itself broke")
+        return real_step()
+
+    monkeypatch.setattr(engine.engine, "step", dying_step)
+
+    async def main():
+        outs = await generate_all(engine, MIX)
+        with pytest.raises(RuntimeError, match="engine stopped: InjectedFault"):
+            await asyncio.wait_for(engine.generate("late", [1, 2, 3]), ANSWER_WITHIN_S)
+        return outs
+
+    outs = asyncio.run(main())
+    engine.close()
+    ledger.record(FaultRecord("async front", "step loop dies", 1, 0, 0, len(host_leaks(host))))
+    assert engine.closed and isinstance(engine.error, InjectedFault)
+    assert all(out.finish_reason == "error" and "InjectedFault" in out.error for out in outs.values())
+    with pytest.raises(RuntimeError, match="engine stopped"):
+        engine.call(lambda e: None).result(timeout=0)
+    engine.release("r0")  # nothing to free any more: a no-op, not an error
+    assert host_leaks(host) == []

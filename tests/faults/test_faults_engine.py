@@ -1,0 +1,267 @@
+"""Faults in the engine: drafter calls, the model's forward pass (a raise, NaN logits) and the sampler.
+
+Random request mixes (hypothesis), a fault injected into some of them: a drafter fault costs speed only
+(the faulty request still emits its exact tokens), a model or sampler fault ends the faulty request with
+a clear error; every other request emits exactly the tokens of a fault-free run, and once everything is
+released the engine holds nothing (sequences, KV slots, drafter requests, cache bytes).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+from faults_report import FaultRecord
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from injection import InjectedFault, engine_leaks
+
+import srt_agent.engine.engine as engine_module
+from srt_agent.cache import make_drafter
+from srt_agent.engine import Engine, RequestOutput, SamplingParams
+
+PROMPTS = ([1, 2, 3, 4], [10, 11, 12, 13, 14, 15, 16, 17], [30, 30, 30, 31, 32], list(range(40, 60)))
+FAULTY_PROMPT = list(range(64, 104))  # long, so stale KV in its slot would reach the next, shorter user
+DRAFTER_METHODS = ("start_request", "add_tokens", "draft", "stop_request")
+SETTINGS = settings(
+    max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+
+
+@dataclass(frozen=True)
+class Req:
+    rid: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+    seed: int
+    greedy: bool
+
+    def params(self) -> SamplingParams:
+        if self.greedy:
+            return SamplingParams(temperature=0.0, max_tokens=self.max_tokens, seed=self.seed)
+        return SamplingParams(temperature=1.0, top_p=0.9, max_tokens=self.max_tokens, seed=self.seed)
+
+
+def request_mixes(min_size: int = 3, max_size: int = 7):
+    """GRPO-like mixes: requests share prompts (so the SRT trees draft across siblings), lengths and seeds vary."""
+    row = st.tuples(st.integers(0, len(PROMPTS) - 1), st.integers(4, 14), st.integers(0, 2**31), st.booleans())
+    return st.lists(row, min_size=min_size, max_size=max_size).map(
+        lambda rows: tuple(Req(f"r{i}", tuple(PROMPTS[p]), m, s, g) for i, (p, m, s, g) in enumerate(rows))
+    )
+
+
+def drive(engine: Engine, reqs, suffix: str = "", on_output=None) -> dict[str, RequestOutput]:
+    """Submit `reqs` (ids + `suffix`), step until all are done, release them; `on_output(out)` may submit more."""
+    for r in reqs:
+        engine.add_request(list(r.prompt), r.params(), r.rid + suffix)
+    outs: dict[str, RequestOutput] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            outs[out.request_id] = out
+            if on_output is not None:
+                on_output(out)
+    for rid in outs:
+        engine.release(rid)
+    return outs
+
+
+_references: dict[tuple, dict[str, RequestOutput]] = {}
+
+
+def reference(model, reqs) -> dict[str, RequestOutput]:
+    """Fault-free plain decoding of `reqs`, alone."""
+    key = (id(model), reqs)
+    if key not in _references:
+        _references[key] = drive(Engine(model, drafter=None, max_batch=4, max_context=128, calibrate=False), reqs)
+    return _references[key]
+
+
+def speculative_engine(model, drafter) -> Engine:
+    return Engine(model, drafter=drafter, max_batch=4, max_context=128, max_draft_tokens=6, adaptive_drafts=False, calibrate=False)
+
+
+def affected(outs: dict[str, RequestOutput], ref: dict[str, RequestOutput], suffix: str = "") -> list[str]:
+    """Requests whose tokens or finish differ from the fault-free run."""
+    return [
+        rid
+        for rid, want in ref.items()
+        if (outs[rid + suffix].token_ids, outs[rid + suffix].finish_reason) != (want.token_ids, want.finish_reason)
+    ]
+
+
+class FaultyDrafter:
+    """Wraps a drafter; raises InjectedFault at the scheduled (request, method, n-th call).
+
+    start, add and draft faults raise before the inner drafter sees the call; a stop fault after it (a
+    drafter that refused to forget a request would leak, and no engine could help that).
+    """
+
+    def __init__(self, inner, faults: dict[str, tuple[str, int]], end_step_fault: bool = False):
+        self.inner, self.name, self.faults, self.end_step_fault = inner, inner.name, faults, end_step_fault
+        self.calls: Counter = Counter()
+        self.fired: list[tuple[str | None, str]] = []
+
+    @property
+    def cache(self):
+        return self.inner.cache
+
+    def _maybe_fail(self, method: str, request_id: str | None) -> None:
+        self.calls[request_id, method] += 1
+        due = self.end_step_fault if method == "end_step" else self.faults.get(request_id) == (method, self.calls[request_id, method])
+        if due:
+            self.fired.append((request_id, method))
+            raise InjectedFault(f"{method} fault for {request_id}")
+
+    def start_request(self, request_id, prompt_key, prompt_ids):
+        self._maybe_fail("start_request", request_id)
+        self.inner.start_request(request_id, prompt_key, prompt_ids)
+
+    def add_tokens(self, request_id, token_ids):
+        self._maybe_fail("add_tokens", request_id)
+        self.inner.add_tokens(request_id, token_ids)
+
+    def draft(self, request_id, context, budget):
+        self._maybe_fail("draft", request_id)
+        return self.inner.draft(request_id, context, budget)
+
+    def stop_request(self, request_id):
+        self.inner.stop_request(request_id)
+        self._maybe_fail("stop_request", request_id)
+
+    def end_step(self):
+        self.inner.end_step()
+        self._maybe_fail("end_step", None)
+
+
+@SETTINGS
+@given(mix=request_mixes(), data=st.data())
+def test_drafter_faults_cost_speed_only(tiny_llama, ledger, mix, data):
+    """Epoch 0 fills the trees; in epoch 1 (which drafts) scheduled drafter calls raise, and end_step may."""
+    rids = [r.rid + "/1" for r in mix]
+    nth_call = {"start_request": st.just(1), "stop_request": st.just(1), "add_tokens": st.integers(1, 2), "draft": st.integers(1, 2)}
+    fault = st.sampled_from(DRAFTER_METHODS).flatmap(lambda m: st.tuples(st.just(m), nth_call[m]))
+    faults = data.draw(st.dictionaries(st.sampled_from(rids), fault, min_size=1))
+    drafter = FaultyDrafter(make_drafter("srt"), faults, end_step_fault=data.draw(st.booleans()))
+    engine = speculative_engine(tiny_llama, drafter)
+    ref = reference(tiny_llama, mix)
+    epochs = [drive(engine, mix, "/0")]
+    engine.end_step()
+    epochs.append(drive(engine, mix, "/1"))
+    faulty = {rid for rid, _ in drafter.fired if rid is not None}
+    bystanders = [r.rid for r in mix if r.rid + "/1" not in faulty]
+    hit = [rid for rid in affected(epochs[1], ref, "/1") if rid in bystanders] + affected(epochs[0], ref, "/0")
+    leaks = engine_leaks(engine)
+    kinds = "+".join(sorted({f"{m} raises" for _, m in drafter.fired})) or "none fired"
+    ledger.record(FaultRecord("drafter", kinds, len(drafter.fired), len(bystanders) + len(mix), len(hit), len(leaks)))
+    assert hit == [] and leaks == []
+    assert affected(epochs[1], ref, "/1") == []  # the faulty requests too: a drafter fault costs speed only
+    stats = engine.stats()
+    for method in (*DRAFTER_METHODS, "end_step"):
+        assert stats["drafter_faults"][method] == sum(m == method for _, m in drafter.fired), method
+    assert stats["undrafted_requests"] == len({rid for rid, m in drafter.fired if m in ("start_request", "add_tokens", "draft")})
+    if drafter.fired:
+        rid, method = drafter.fired[-1]
+        assert method in stats["last_drafter_error"] and "InjectedFault" in stats["last_drafter_error"]
+    assert stats["draft_accepted"] > 0  # the bystanders still drafted
+
+
+def test_a_malformed_draft_is_a_drafter_fault(tiny_llama, ledger):
+    """A drafter returning a tree outside the vocabulary is refused like a raising one."""
+
+    class OutOfVocabulary(FaultyDrafter):
+        def draft(self, request_id, context, budget):
+            return type(self.inner.draft(request_id, context, budget))([300], [-1], [1.0])
+
+    mix = (Req("a", tuple(PROMPTS[0]), 8, 3, False), Req("b", tuple(PROMPTS[1]), 8, 4, True))
+    engine = speculative_engine(tiny_llama, OutOfVocabulary(make_drafter("srt"), {}))
+    outs = drive(engine, mix)
+    hit, leaks = affected(outs, reference(tiny_llama, mix)), engine_leaks(engine)
+    ledger.record(FaultRecord("drafter", "malformed draft", 2, 0, len(hit), len(leaks)))
+    assert hit == [] and leaks == []
+    stats = engine.stats()
+    assert stats["drafter_faults"]["draft"] == 2 and stats["undrafted_requests"] == 2
+    assert "outside the vocabulary" in stats["last_drafter_error"]
+
+
+MODEL_FAULTS = {
+    "forward raises": "the forward pass or sampling failed: InjectedFault",
+    "NaN logits": "non-finite logits (NaN or +inf)",
+    "sampler raises": "the forward pass or sampling failed: InjectedFault",
+}
+
+
+class ModelFault:
+    """Injects a fault into whatever pass carries the `poison` token (or samples for `seed` past `position`)."""
+
+    def __init__(self, kind: str, model, poison: int, seed: int, position: int):
+        self.kind, self.poison, self.seed, self.position = kind, poison, seed, position
+        self.embeddings = model.model.get_input_embeddings()
+        self.real_sample_rows = engine_module.sample_rows
+        self.fired = 0
+
+    def __enter__(self):
+        if self.kind == "forward raises":
+            self.handle = self.embeddings.register_forward_pre_hook(self._raise)
+        elif self.kind == "NaN logits":
+            self.handle = self.embeddings.register_forward_hook(self._nan)
+        else:
+            engine_module.sample_rows = self._sample_rows
+        return self
+
+    def __exit__(self, *exc):
+        if self.kind == "sampler raises":
+            engine_module.sample_rows = self.real_sample_rows
+        else:
+            self.handle.remove()
+
+    def _raise(self, module, args):
+        if bool((args[0] == self.poison).any()):
+            self.fired += 1
+            raise InjectedFault("the forward pass met the poison token")
+
+    def _nan(self, module, args, output):
+        hit = (args[0] == self.poison).unsqueeze(-1)
+        if bool(hit.any()):
+            self.fired += 1
+            return output.masked_fill(hit, float("nan"))
+        return output
+
+    def _sample_rows(self, logits, rows):
+        if any(r.seed == self.seed and r.position >= self.position for r in rows):
+            self.fired += 1
+            raise InjectedFault("sampling a row of the faulty request")
+        return self.real_sample_rows(logits, rows)
+
+
+@pytest.mark.parametrize("kind", sorted(MODEL_FAULTS))
+@SETTINGS
+@given(mix=request_mixes(), mid_run=st.booleans(), data=st.data())
+def test_a_model_fault_ends_only_its_request(tiny_llama, ledger, kind, mix, mid_run, data):
+    """The faulty request meets its fault at prefill or, in a second turn, in its forced tokens (mid-run
+    for the others); then the same requests run again on the same engine, in the slots it used."""
+    ref = reference(tiny_llama, mix)
+    used = {t for r in mix for t in r.prompt} | {t for out in ref.values() for t in out.token_ids}
+    poison = min(set(range(104, 256)) - used)  # a token no bystander ever feeds
+    seed = data.draw(st.integers(0, 2**31))
+    faulty = Req("faulty", tuple(FAULTY_PROMPT if mid_run else FAULTY_PROMPT + [poison]), 6, seed, False)
+    engine = speculative_engine(tiny_llama, make_drafter("srt"))
+    position = len(FAULTY_PROMPT) + (7 if mid_run else 0)  # the sampler fault: in the second turn, or at once
+
+    def second_turn(out: RequestOutput) -> None:
+        if out.request_id == "faulty" and mid_run and out.finish_reason != "error":
+            history = FAULTY_PROMPT + out.token_ids + [poison, poison + 1]
+            engine.add_request(history, faulty.params(), "faulty")
+
+    with ModelFault(kind, tiny_llama, poison, seed, position) as fault:
+        first = drive(engine, (*mix, faulty), on_output=second_turn)
+        again = drive(engine, mix, "/again")
+    hit = affected(first, ref) + affected(again, ref, "/again")
+    leaks = engine_leaks(engine)
+    ledger.record(FaultRecord("model" if "sampler" not in kind else "sampler", kind, 1, 2 * len(mix), len(hit), len(leaks)))
+    assert fault.fired >= 1
+    assert first["faulty"].finish_reason == "error" and MODEL_FAULTS[kind] in first["faulty"].error
+    assert hit == [] and leaks == []
+    assert engine.stats()["model_errors"] == 1
+    for rid, want in ref.items():
+        assert first[rid].logprobs == pytest.approx(want.logprobs, abs=1e-9)
