@@ -70,3 +70,15 @@ def score_response(response: str, ground_truth: str, tool_turns: int, config: Re
     if config.min_reward is not None:
         reward = max(reward, config.min_reward)
     return reward
+
+
+def retool_turn_shaped_reward(score: float, num_turns: int, floor: float = -0.6, per_tool_call: float = 0.1) -> float:
+    """verl's ReTool recipe: a wrong answer (``score < 0``) earns ``per_tool_call`` back for every tool call
+    (``(num_turns - 2) / 2`` of them, with ``num_turns`` counted as verl does: prompt + model turns +
+    observations), but never more than `floor`; a right answer's score stands.
+
+    ``min(floor, score + (num_turns - 2) / 2 * per_tool_call)`` for ``score < 0``, else ``score``.
+    """
+    if score >= 0:
+        return score
+    return min(floor, score + (num_turns - 2) / 2 * per_tool_call)
