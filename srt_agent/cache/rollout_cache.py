@@ -12,6 +12,7 @@ least recently used first.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
@@ -19,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -186,8 +187,48 @@ class RolloutCache:
     def save(self, path: str | os.PathLike) -> None:
         """Write every prompt's sequences to `path` atomically (temp file + rename)."""
         path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                self._write(f, list(self._prompts))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, backend: str = "auto", **overrides: int) -> RolloutCache:
+        """Rebuild a cache saved by `save` (its config, unless overridden)."""
+        meta, flat = _read(Path(path), str(path))
+        cache = cls(**{**meta["config"], **overrides}, backend=backend)
+        cache._add_prompts(meta, flat)
+        return cache
+
+    def export_prompt(self, prompt_key: Hashable) -> bytes:
+        """One prompt's stored sequences as bytes (e.g. to move its tree to another replica through Ray's
+        object store); `import_prompt` on the other side rebuilds it. Running sequences go as far as they got."""
+        if prompt_key not in self._prompts:
+            raise ValueError(f"unknown prompt key {prompt_key!r}")
+        buffer = io.BytesIO()
+        self._write(buffer, [prompt_key])
+        return buffer.getvalue()
+
+    def import_prompt(self, data: bytes) -> Hashable:
+        """Add the sequences of an exported prompt (merged into its tree when this cache has one); returns its key."""
+        meta, flat = _read(io.BytesIO(data), "exported prompt")
+        if len(meta["prompts"]) != 1:
+            raise ValueError(f"exported prompt: expected one prompt, got {len(meta['prompts'])}")
+        self._add_prompts(meta, flat)
+        return _decode_key(meta["prompts"][0]["key"])
+
+    def _write(self, f: BinaryIO, keys: list[Hashable]) -> None:
+        """The sequences of `keys` and this cache's config, as an .npz (token ids as one int32 array)."""
         prompts, chunks = [], []
-        for key, entry in self._prompts.items():
+        for key in keys:
+            entry = self._prompts[key]
             seqs = [entry.tree.sequence(s) for s in entry.seqs]
             prompts.append({"key": _encode_key(key), "lengths": [len(s) for s in seqs]})
             chunks.extend(seqs)
@@ -202,37 +243,15 @@ class RolloutCache:
             "prompts": prompts,
         }
         flat = np.fromiter((t for s in chunks for t in s), dtype=np.int32)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), tokens=flat)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), tokens=flat)
 
-    @classmethod
-    def load(cls, path: str | os.PathLike, backend: str = "auto", **overrides: int) -> RolloutCache:
-        """Rebuild a cache saved by `save` (its config, unless overridden)."""
-        try:
-            with np.load(Path(path), allow_pickle=False) as data:
-                meta = json.loads(data["meta"].tobytes().decode())
-                flat = data["tokens"].tolist()
-        except (OSError, KeyError, ValueError) as exc:
-            raise ValueError(f"{path} is not a saved RolloutCache: {exc}") from exc
-        if meta.get("version") != FORMAT_VERSION:
-            raise ValueError(f"{path}: unsupported cache format version {meta.get('version')!r}")
-        cache = cls(**{**meta["config"], **overrides}, backend=backend)
+    def _add_prompts(self, meta: dict, flat: list[int]) -> None:
         pos = 0
         for prompt in meta["prompts"]:
             key = _decode_key(prompt["key"])
             for n in prompt["lengths"]:
-                cache.add_sequence(key, flat[pos : pos + n])
+                self.add_sequence(key, flat[pos : pos + n])
                 pos += n
-        return cache
 
     # ---- internals ----------------------------------------------------------------------------
     def _draft(
@@ -326,6 +345,19 @@ class RolloutCache:
         self._evicted += evicted
         for rid in entry.active:
             self._requests[rid].detached = True
+
+
+def _read(source: BinaryIO | Path, name: str) -> tuple[dict, list[int]]:
+    """The metadata and flat token list of a saved cache or exported prompt; ValueError when it is not one."""
+    try:
+        with np.load(source, allow_pickle=False) as data:
+            meta = json.loads(data["meta"].tobytes().decode())
+            flat = data["tokens"].tolist()
+    except (OSError, KeyError, ValueError, EOFError) as exc:
+        raise ValueError(f"{name} is not a saved RolloutCache: {exc}") from exc
+    if meta.get("version") != FORMAT_VERSION:
+        raise ValueError(f"{name}: unsupported cache format version {meta.get('version')!r}")
+    return meta, flat
 
 
 def _encode_key(key: Hashable) -> Any:
