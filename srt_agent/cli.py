@@ -230,7 +230,11 @@ def bench_affinity(
         spec = AffinityBenchSpec(workload, replicas=replicas, budget=budget, seed=seed)
     result = run_affinity_bench(spec)
     console.print(result_table(result))
-    console.print(f"affinity / verl-default accepted tokens per draft: {result['ratio_accepted_per_draft']:.2f}x")
+    for policy, ratios in result["vs_verl_default"].items():
+        console.print(
+            f"{policy} / verl-default: {ratios['accepted_per_draft']:.2f}x accepted tokens per draft, "
+            f"{ratios['busiest_replica_drafts']:.2f}x the busiest replica's drafts"
+        )
     write_json(result, json_path)
 
 

@@ -47,10 +47,16 @@ def test_router_sends_siblings_to_their_prompts_owner_and_keeps_requests_sticky(
     assert router.get_status()["servers"][owner] == 0
 
 
-def test_bounded_loads_spill_a_hot_prompt_to_the_next_replica():
-    router = PromptAffinityRouter({name: name for name in "abcd"}, {"load_factor": 1.0})
-    placed = [router.acquire_server(f"r{i}", prompt_key="hot")[0] for i in range(8)]
-    assert placed[0] == router.ring.owner("hot") and len(set(placed)) > 1
+def test_bounded_loads_place_new_prompts_evenly_and_keep_siblings_together():
+    plain = PromptAffinityRouter({name: name for name in "abcd"})
+    bounded = PromptAffinityRouter({name: name for name in "abcd"}, {"load_factor": 1.0})
+    for router in (plain, bounded):
+        for i in range(40):
+            router.acquire_server(f"p{i}-first", prompt_key=f"p{i}")
+    assert max(plain.get_status()["servers"].values()) > 10  # the ring alone is uneven for 40 prompts
+    assert sorted(bounded.get_status()["servers"].values()) == [10, 10, 10, 10]
+    home = bounded.acquire_server("p0-first", prompt_key="p0")[0]
+    assert all(bounded.acquire_server(f"p0-sibling{j}", prompt_key="p0")[0] == home for j in range(8))  # over cap
     with pytest.raises(ValueError, match="load_factor"):
         PromptAffinityRouter({}, {"load_factor": 0.5})
     with pytest.raises(RuntimeError, match="No available servers"):
@@ -72,13 +78,15 @@ def test_router_records_which_prompts_move_when_replicas_change():
 def test_affinity_bench_quick_run_reports_both_policies():
     result = run_affinity_bench(AffinityBenchSpec.quick())
     policies = result["policies"]
-    assert set(policies) == {"affinity", "verl-default"}
+    assert set(policies) == {"affinity", "affinity-bounded", "verl-default"}
     for figures in policies.values():
         assert figures["drafts"] > 0 and len(figures["accepted_per_step"]) == result["workload"]["steps"]
         assert sum(figures["requests_per_replica"]) == result["requests"]
     # affinity keeps each prompt's history on one replica: every prompt is stored once
     assert policies["affinity"]["prompt_copies"] == result["workload"]["prompts"]
     assert policies["verl-default"]["prompt_copies"] > result["workload"]["prompts"]
-    assert result["ratio_accepted_per_draft"] == pytest.approx(
+    assert result["vs_verl_default"]["affinity"]["accepted_per_draft"] == pytest.approx(
         policies["affinity"]["accepted_per_draft"] / policies["verl-default"]["accepted_per_draft"]
     )
+    for figures in policies.values():
+        assert sum(figures["drafts_per_replica"]) == figures["drafts"]

@@ -82,3 +82,23 @@ def retool_turn_shaped_reward(score: float, num_turns: int, floor: float = -0.6,
     if score >= 0:
         return score
     return min(floor, score + (num_turns - 2) / 2 * per_tool_call)
+
+
+def final_answer_score(
+    solution: str,
+    ground_truth: object,
+    num_turns: int | None = None,
+    correct: float = 1.0,
+    incorrect: float = -1.0,
+    turn_shaping: bool = True,
+    use_math_verify: bool = True,
+) -> dict[str, float | str]:
+    """Score a whole solution text by its last ``\\boxed{}``, in verl's dict form: ``score`` (the reward),
+    ``acc`` (1.0 right, 0.0 wrong), ``pred`` (the boxed answer, "" when none). With `turn_shaping` and a
+    known `num_turns` a wrong answer is shaped by :func:`retool_turn_shaped_reward`."""
+    pred = extract_boxed(solution or "")
+    right = pred is not None and answers_match(pred, str(ground_truth), use_math_verify)
+    score = correct if right else incorrect
+    if turn_shaping and num_turns is not None:
+        score = retool_turn_shaped_reward(score, int(num_turns))
+    return {"score": float(score), "acc": 1.0 if right else 0.0, "pred": pred or ""}

@@ -82,9 +82,10 @@ class PromptAffinityRouter:
 
     The prompt key of a request is the ``prompt_key`` its agent loop sends (srt-agent's ``srt_retool``
     does on the ``srt`` backend), else a hash of its first turn's ``prompt_ids`` (what GRPO siblings share).
-    Options (the router YAML): ``virtual_nodes``; ``load_factor`` (off by default): when set, a prompt
-    whose owner already has more than ``load_factor`` × the mean in-flight load goes to the next replica
-    on the ring (consistent hashing with bounded loads); ``migrate_trees`` (default true).
+    A prompt keeps the replica it was first placed on (where its tree is) until replicas change.
+    Options (the router YAML): ``virtual_nodes``; ``load_factor`` (off by default): when set, a new prompt
+    whose owner already has more than ``load_factor`` × the mean in-flight load is placed on the next
+    replica on the ring (consistent hashing with bounded loads); ``migrate_trees`` (default true).
     """
 
     def __init__(self, servers: dict[str, Any], config: dict | None = None):
@@ -118,7 +119,9 @@ class PromptAffinityRouter:
         sid = self._sticky.get(request_id)
         if sid not in self._servers:
             key = self.prompt_key(request_id, prompt_ids, prompt_key)
-            sid = self._place(key)
+            sid = self._known.get(key)
+            if sid not in self._servers:  # a prompt not seen yet (or whose replica left) gets a home
+                sid = self._place(key)
             self._remember(self._known, key, sid, DEFAULT_KNOWN_PROMPTS)
         self._remember(self._sticky, request_id, sid, DEFAULT_STICKY_SIZE)
         self._inflight[sid] += 1

@@ -5,6 +5,8 @@ sticky per request, least in-flight otherwise).
 Each replica owns an SRT drafter (its own rollout trees). The cache benchmark's synthetic GRPO workload
 runs in lockstep, as a batched engine runs it: every request of a training step is routed when it starts,
 drafts from its replica's trees with the given budget, and is verified greedily against its true next tokens.
+Besides accepted tokens per draft it counts each replica's drafts (verification rows): with whole prompts
+pinned to replicas the load is uneven, and the busiest replica sets the step's time.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from ...cache.bench import WorkloadSpec, make_workload, run_drafter
 from ...cache.draft import Draft
 from .affinity import PromptAffinityRouter
 
-POLICIES = ("affinity", "verl-default")
+POLICIES = ("affinity", "affinity-bounded", "verl-default")
+BOUNDED_LOAD_FACTOR = 1.25
 
 
 @dataclass
@@ -47,6 +50,7 @@ class RoutedDrafter:
         self.send_prompt_key = send_prompt_key
         self.placed: dict[Hashable, tuple[str, int]] = {}
         self.requests_per_replica = [0] * len(self.replicas)
+        self.drafts_per_replica = [0] * len(self.replicas)  # verification rows: each replica's share of the work
         self.step = 0  # request ids repeat across steps; the router sees them per step (verl's are uuids)
 
     def start_request(self, request_id: Hashable, prompt_key: Hashable, prompt_ids: Sequence[int]) -> None:
@@ -60,7 +64,9 @@ class RoutedDrafter:
         self.replicas[self.placed[request_id][1]].add_tokens(request_id, token_ids)
 
     def draft(self, request_id: Hashable, context: Sequence[int], budget: int) -> Draft:
-        return self.replicas[self.placed[request_id][1]].draft(request_id, context, budget)
+        index = self.placed[request_id][1]
+        self.drafts_per_replica[index] += 1
+        return self.replicas[index].draft(request_id, context, budget)
 
     def stop_request(self, request_id: Hashable) -> None:
         server_id, index = self.placed.pop(request_id)
@@ -77,6 +83,8 @@ def make_router(policy: str, replicas: int) -> Any:
     servers = {f"replica-{i}": i for i in range(replicas)}
     if policy == "affinity":
         return PromptAffinityRouter(servers)
+    if policy == "affinity-bounded":
+        return PromptAffinityRouter(servers, {"load_factor": BOUNDED_LOAD_FACTOR})
     if policy == "verl-default":
         return GlobalRequestLoadBalancer(servers)
     raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
@@ -95,7 +103,7 @@ def run_affinity_bench(spec: AffinityBenchSpec) -> dict:
     for policy in POLICIES:
         random.seed(spec.seed)  # verl's balancer breaks ties with the global random module
         drafter = RoutedDrafter(
-            make_router(policy, spec.replicas), [SRTDrafter() for _ in range(spec.replicas)], policy == "affinity"
+            make_router(policy, spec.replicas), [SRTDrafter() for _ in range(spec.replicas)], policy != "verl-default"
         )
         per_step = [run_drafter(drafter, [step], "lockstep", spec.budget) for step in workload]
         drafts = sum(r.drafts for r in per_step)
@@ -106,11 +114,20 @@ def run_affinity_bench(spec: AffinityBenchSpec) -> dict:
             "drafts": drafts,
             "tokens": sum(r.tokens for r in per_step),
             "requests_per_replica": drafter.requests_per_replica,
+            "drafts_per_replica": drafter.drafts_per_replica,
+            "busiest_replica_drafts": max(drafter.drafts_per_replica),
             "prompt_copies": sum(len(cache) for cache in caches),
             "tree_bytes": sum(cache.stats().bytes for cache in caches),
         }
-    affinity, default = (result["policies"][p]["accepted_per_draft"] for p in POLICIES)
-    result["ratio_accepted_per_draft"] = affinity / default if default else None
+    default = result["policies"]["verl-default"]
+    result["vs_verl_default"] = {
+        policy: {
+            "accepted_per_draft": figures["accepted_per_draft"] / default["accepted_per_draft"],
+            "busiest_replica_drafts": figures["busiest_replica_drafts"] / default["busiest_replica_drafts"],
+        }
+        for policy, figures in result["policies"].items()
+        if policy != "verl-default"
+    }
     return result
 
 
@@ -119,13 +136,17 @@ def result_table(result: dict):
     from rich.table import Table
 
     steps = len(next(iter(result["policies"].values()))["accepted_per_step"])
-    table = Table("routing", "accepted/draft", *[f"step {s + 1}" for s in range(steps)], "requests per replica", "prompt trees", "tree MB")
+    table = Table(
+        "routing", "accepted/draft", *[f"step {s + 1}" for s in range(steps)], "requests per replica",
+        "busiest replica's drafts", "prompt trees", "tree MB",
+    )
     for policy, r in result["policies"].items():
         table.add_row(
             policy,
             f"{r['accepted_per_draft']:.2f}",
             *[f"{a:.2f}" for a in r["accepted_per_step"]],
             " / ".join(str(n) for n in r["requests_per_replica"]),
+            str(r["busiest_replica_drafts"]),
             str(r["prompt_copies"]),
             f"{r['tree_bytes'] / 1e6:.1f}",
         )

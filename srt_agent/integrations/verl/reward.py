@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...agent.parsing import extract_boxed
-from ...agent.rewards import answers_match, retool_turn_shaped_reward
+from ...agent.rewards import final_answer_score
 
 
 def compute_score(
@@ -28,15 +27,17 @@ def compute_score(
 ) -> dict[str, Any]:
     """Score the last ``\\boxed{}`` of `solution_str` against `ground_truth` (math-verify, then exact match).
 
-    Returns verl's dict form: ``score`` (the reward), ``acc`` (1.0 right, 0.0 wrong) and ``pred`` (the boxed
-    answer, "" when none). With `turn_shaping` a wrong answer's score follows ReTool's recipe:
-    ``min(-0.6, score + (num_turns - 2) / 2 * 0.1)`` when ``extra_info["num_turns"]`` is known. Works for
-    any `data_source` whose ground truth is a final answer (srt-agent's arithmetic tasks, DAPO/AIME math).
+    Returns ``score``, ``acc`` and ``pred``. With `turn_shaping` a wrong answer's score follows ReTool's
+    recipe, ``min(-0.6, score + (num_turns - 2) / 2 * 0.1)``, when ``extra_info["num_turns"]`` is known.
+    Works for any `data_source` whose ground truth is a final answer (srt-agent's arithmetic tasks,
+    DAPO/AIME-style math).
     """
-    pred = extract_boxed(solution_str or "")
-    right = pred is not None and answers_match(pred, str(ground_truth), use_math_verify)
-    score = correct if right else incorrect
-    num_turns = (extra_info or {}).get("num_turns")
-    if turn_shaping and num_turns is not None:
-        score = retool_turn_shaped_reward(score, int(num_turns))
-    return {"score": float(score), "acc": 1.0 if right else 0.0, "pred": pred or ""}
+    return final_answer_score(
+        solution_str,
+        ground_truth,
+        (extra_info or {}).get("num_turns"),
+        correct=correct,
+        incorrect=incorrect,
+        turn_shaping=turn_shaping,
+        use_math_verify=use_math_verify,
+    )

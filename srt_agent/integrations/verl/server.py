@@ -14,37 +14,17 @@ import asyncio
 import socket
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
-from typing import Any, TypeVar
+from collections.abc import Hashable
+from typing import Any
 
 from verl.workers.rollout.replica import TokenOutput
 
 from ...engine import AsyncEngine, Engine, RequestOutput
 from ...models import load_model
+from ..engine_thread import on_engine_thread
 from .wire import from_verl_sampling, to_token_output
 
-T = TypeVar("T")
 DEFAULT_MAX_BATCH = 64
-
-
-async def on_engine_thread(front: AsyncEngine, fn: Callable[[Engine], T]) -> T:
-    """Run `fn(engine)` on the engine's thread between steps and await its result (or exception)."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future = loop.create_future()
-
-    def settle(result: Any, error: BaseException | None) -> None:
-        if not future.done():
-            future.set_exception(error) if error is not None else future.set_result(result)
-
-    def job(engine: Engine) -> None:
-        try:
-            result, error = fn(engine), None
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller
-            result, error = None, exc
-        loop.call_soon_threadsafe(settle, result, error)
-
-    front.call(job)
-    return await future
 
 
 def model_path(model_config: Any) -> str:
