@@ -31,6 +31,7 @@ from ...agent.env import ToolResult
 from ...agent.rewards import RewardConfig, retool_turn_shaped_reward
 from ...agent.trajectory import Trajectory
 from ...engine import RequestOutput, SamplingParams
+from ...models import end_token_ids
 from .wire import from_token_output, to_verl_sampling
 
 SCORED = ("done", "max_turns")  # finish reasons after which the env has scored the trajectory
@@ -146,7 +147,7 @@ class ReToolAgentLoop(AgentLoopBase):
             config=self.env_config.model_copy(update={"sampling": sampling}),
             env_class=self.env_class,
             tools={tool.name: VerlTool(tool, asyncio.get_running_loop()) for tool in self.verl_tools},
-            eos_token_ids=self._eos_token_ids(),
+            eos_token_ids=end_token_ids(self.tokenizer),
         )
         task = self._task(kwargs)
         start = time.perf_counter()
@@ -167,11 +168,6 @@ class ReToolAgentLoop(AgentLoopBase):
             data_source=str(row.get("data_source", "")),
             extra_info=dict(row.get("extra_info") or {}),
         )
-
-    def _eos_token_ids(self) -> list[int]:
-        from ...models import end_token_ids
-
-        return end_token_ids(self.tokenizer)
 
     def _output(self, traj: Trajectory, wall_s: float) -> AgentLoopOutput:
         limit = self.rollout_config.response_length
