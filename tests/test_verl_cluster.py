@@ -26,10 +26,12 @@ from verl.workers.rollout.llm_server import LLMServerClient  # noqa: E402
 from verl.workers.rollout.replica import get_rollout_replica_class  # noqa: E402
 
 from srt_agent.agent import Env, StepResult  # noqa: E402
+from srt_agent.agent.datasets import Task  # noqa: E402
 from srt_agent.agent.retool import interpreter_block  # noqa: E402
 from srt_agent.cache import RolloutCache  # noqa: E402
 from srt_agent.integrations.verl.adapter import SRTServerAdapter  # noqa: E402
 from srt_agent.integrations.verl.affinity import ConsistentHashRing, PromptAffinityRouter  # noqa: E402
+from srt_agent.integrations.verl.agent_loop import prompt_digest  # noqa: E402
 from srt_agent.integrations.verl.replica import SRTReplica  # noqa: E402
 from srt_agent.models import tiny_random_model  # noqa: E402
 from srt_agent.tools.local import bwrap_path  # noqa: E402
@@ -176,6 +178,14 @@ def test_agent_loop_through_verls_worker_masks_tool_tokens_and_survives_a_crashi
         assert out.non_tensor_batch["srt_tool_statuses"][i] == {"ok": 1, "crash": 1}
         assert out.non_tensor_batch["srt_finish_reason"][i] == "done"
         assert out.non_tensor_batch["srt_forwards"][i] >= 3
+    # verl's client sends a fresh request id every turn; the server still continued each trajectory's one
+    # sequence (KV reused, tool output forced into the tree): the prompt's tree holds 2 sequences, not 6.
+    key = prompt_digest(Task([{"role": "user", "content": "What is 6 times 7?"}], "").key)
+    (address,) = [a for a, h in cluster.servers.items() if key in ray.get(h.prompt_keys.remote())]
+    local = RolloutCache()
+    sequences = local.sequences(local.import_prompt(ray.get(cluster.servers[address].export_prompt.remote(key))))
+    assert len(sequences) == 2
+    assert all("<interpreter>\n42\n</interpreter>" in tokenizer.decode(seq) for seq in sequences)
 
 
 def test_long_trajectories_are_cut_at_the_response_length(cluster):
