@@ -36,7 +36,9 @@ from srt_agent.integrations.verl.replica import SRTReplica  # noqa: E402
 from srt_agent.models import tiny_random_model  # noqa: E402
 from srt_agent.tools.local import bwrap_path  # noqa: E402
 
-pytestmark = pytest.mark.slow  # a Ray cluster and two engine actors: about a minute on 2 cores
+# A Ray cluster and two engine actors: about a minute and a half on 2 cores. Each test makes the rollouts it
+# checks, since pytest-xdist may spread the module over workers, each with its own cluster.
+pytestmark = pytest.mark.slow
 
 RESPONSE_LENGTH = 64
 
@@ -237,6 +239,8 @@ def test_a_weight_update_reaches_both_replicas(cluster):
 
 
 def test_trees_move_when_a_replica_leaves(cluster):
+    # its own rollouts first: under pytest-xdist this test may get a cluster of its own
+    asyncio.run(cluster.worker.generate_sequences(batch([f"Name {a} primes." for a in range(6)], 2, "srt_retool")))
     leaving, staying = list(cluster.servers)
     moving = set(ray.get(cluster.servers[leaving].prompt_keys.remote()))
     before = set(ray.get(cluster.servers[staying].prompt_keys.remote()))
