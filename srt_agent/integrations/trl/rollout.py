@@ -13,7 +13,6 @@ the loss; ``num_turns`` (verl's count) and ``srt_finish_reason`` reach the rewar
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from pathlib import Path
 from typing import Any
@@ -21,11 +20,9 @@ from typing import Any
 from ...agent.config import EnvConfig, load_env_config
 from ...agent.controller import MultiTurnController
 from ...agent.datasets import Task
-from ...agent.toolconfig import load_tools
+from ...agent.rollout import build_controller, run_rollouts
 from ...agent.trajectory import Trajectory
-from ...engine import AsyncEngine, Engine
 from ...models import LoadedModel, end_token_ids
-from ..engine_thread import on_engine_thread
 
 
 def as_messages(prompt: Any) -> list[dict]:
@@ -41,8 +38,9 @@ class SRTRolloutFunc:
     """Callable as TRL's ``rollout_func(prompts, trainer) -> dict``; keeps one engine across the trainer's steps.
 
     `config` is an env config (an :class:`EnvConfig` or a YAML path): its env, tools, turn and token limits,
-    sampling temperature / top-p / top-k, and engine options apply; its ``model`` and ``dataset`` are not used
-    (the trainer's model and prompts are). The response budget is also capped by ``max_completion_length``.
+    sampling temperature / top-p / top-k / seed, and engine options apply; its ``model`` and ``dataset`` are
+    not used (the trainer's model and prompts are). The response budget is also capped by
+    ``max_completion_length``. Every call draws new sampling seeds from the config's seed.
     """
 
     def __init__(self, config: EnvConfig | str | Path | None = None, env_class: type | None = None, tools: dict | None = None):
@@ -50,8 +48,6 @@ class SRTRolloutFunc:
             config = load_env_config(config)
         self.config = config or EnvConfig(n_samples=1)
         self.env_class = env_class or self.config.env_class()
-        if tools is None:
-            tools = load_tools(self.config.tools, self.config.interpreter) if self.config.tools is not None else {}
         self.tools = tools
         self.controller: MultiTurnController | None = None
         self.synced_step: int | None = None
@@ -59,8 +55,15 @@ class SRTRolloutFunc:
 
     def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
         controller = self._controller(trainer)
+        if trainer.state.global_step != self.synced_step:  # the trainer updated the policy: load it (trees stay)
+            state = {k: v.detach() for k, v in trainer.accelerator.unwrap_model(trainer.model).state_dict().items()}
+            controller.engine.call(lambda engine: (engine.update_weights(state), engine.end_step())).result()
+            self.synced_step = trainer.state.global_step
+        budget = min(self.config.max_response_tokens, trainer.args.max_completion_length or self.config.max_response_tokens)
+        controller.config = self.config.model_copy(update={"max_response_tokens": budget})
+        seed = self.config.sampling.seed
         tasks = [Task(prompt=as_messages(p), ground_truth="") for p in prompts]
-        trajectories = asyncio.run(self._rollout(controller, trainer, tasks))
+        trajectories, _ = run_rollouts(controller, tasks, 1, seed=None if seed is None else seed + 7919 * self.calls)
         self.calls += 1
         return self._output(trajectories, trainer.processing_class)
 
@@ -70,47 +73,15 @@ class SRTRolloutFunc:
             self.controller.engine.close()
             self.controller = None
 
-    # ---- internals ------------------------------------------------------------------------------
     def _controller(self, trainer: Any) -> MultiTurnController:
+        """The controller over an engine holding a copy of the trainer's policy (made on the first call)."""
         if self.controller is None:
             tokenizer = trainer.processing_class
             policy = copy.deepcopy(trainer.accelerator.unwrap_model(trainer.model)).eval()
             loaded = LoadedModel(policy, tokenizer, "trl-policy", "trl", end_token_ids(tokenizer, policy.config))
-            engine_config = self.config.engine
-            engine = Engine(
-                loaded,
-                drafter=engine_config.drafter,
-                device=engine_config.device,
-                max_batch=engine_config.max_batch,
-                max_context=engine_config.max_context,
-            )
+            self.controller = build_controller(self.config, loaded=loaded, env_class=self.env_class, tools=self.tools)
             self.synced_step = trainer.state.global_step
-            self.controller = MultiTurnController(
-                engine=AsyncEngine(engine),
-                tokenizer=tokenizer,
-                config=self.config,
-                env_class=self.env_class,
-                tools=self.tools,
-                eos_token_ids=list(loaded.eos_token_ids),
-            )
         return self.controller
-
-    async def _rollout(self, controller: MultiTurnController, trainer: Any, tasks: list[Task]) -> list[Trajectory]:
-        step = trainer.state.global_step
-        if step != self.synced_step:  # the trainer updated the policy: load it (the trees stay)
-            state = {k: v.detach() for k, v in trainer.accelerator.unwrap_model(trainer.model).state_dict().items()}
-
-            def load(engine: Engine) -> None:
-                engine.update_weights(state)
-                engine.end_step()
-
-            await on_engine_thread(controller.engine, load)
-            self.synced_step = step
-        budget = min(self.config.max_response_tokens, trainer.args.max_completion_length or self.config.max_response_tokens)
-        seed = self.config.sampling.seed
-        sampling = self.config.sampling.model_copy(update={"seed": None if seed is None else seed + 7919 * self.calls})
-        controller.config = self.config.model_copy(update={"max_response_tokens": budget, "sampling": sampling})
-        return await controller.run(tasks, n_samples=1)
 
     @staticmethod
     def _output(trajectories: list[Trajectory], tokenizer: Any) -> dict[str, list]:

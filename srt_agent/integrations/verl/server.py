@@ -14,17 +14,22 @@ import asyncio
 import socket
 import uuid
 from collections import OrderedDict
-from collections.abc import Hashable
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
 
 from verl.workers.rollout.replica import TokenOutput
 
 from ...engine import AsyncEngine, Engine, RequestOutput
 from ...models import load_model
-from ..engine_thread import on_engine_thread
 from .wire import from_verl_sampling, to_token_output
 
 DEFAULT_MAX_BATCH = 64
+T = TypeVar("T")
+
+
+async def on_engine_thread(front: AsyncEngine, fn: Callable[[Engine], T]) -> T:
+    """Run `fn(engine)` on the engine's thread between steps, without blocking the actor's event loop."""
+    return await asyncio.wrap_future(front.call(fn))
 
 
 def model_path(model_config: Any) -> str:
