@@ -219,6 +219,42 @@ def bench_cache(
     write_json(result, json_path)
 
 
+@bench_app.command("affinity")
+def bench_affinity(
+    replicas: int = typer.Option(4, min=1, help="Simulated rollout replicas."),
+    prompts: int = typer.Option(32, min=1, help="Prompts per training step."),
+    rollouts: int = typer.Option(8, min=1, help="Rollouts per prompt (a GRPO group)."),
+    steps: int = typer.Option(3, min=1, help="Training steps (epochs over the same prompts)."),
+    tokens: int = typer.Option(600, min=1, help="Response tokens per rollout."),
+    budget: int = typer.Option(16, min=1, help="Draft budget (max draft nodes) per call."),
+    seed: int = typer.Option(0),
+    quick: bool = typer.Option(False, "--quick", help="A tiny workload (8 prompts x 4 rollouts x 120 tokens)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+):
+    """Accepted draft tokens per step across replicas: prompt affinity vs verl's default routing (needs verl)."""
+    try:
+        from .integrations.verl.affinity_bench import AffinityBenchSpec, result_table, run_affinity_bench
+    except ImportError as exc:
+        console.print(f"[red]this benchmark needs verl: pip install 'srt-agent[verl]' ({exc})[/red]")
+        raise typer.Exit(1)
+    from .cache.bench import WorkloadSpec
+
+    if quick:
+        spec = AffinityBenchSpec.quick()
+        spec.replicas, spec.seed = replicas, seed
+    else:
+        workload = WorkloadSpec(prompts=prompts, rollouts=rollouts, steps=steps, tokens=tokens, seed=seed)
+        spec = AffinityBenchSpec(workload, replicas=replicas, budget=budget, seed=seed)
+    result = run_affinity_bench(spec)
+    console.print(result_table(result))
+    for policy, ratios in result["vs_verl_default"].items():
+        console.print(
+            f"{policy} / verl-default: {ratios['accepted_per_draft']:.2f}x accepted tokens per draft, "
+            f"{ratios['busiest_replica_drafts']:.2f}x the busiest replica's drafts"
+        )
+    write_json(result, json_path)
+
+
 @bench_app.command("engine")
 def bench_engine(
     model: str = typer.Option("smollm2", help="Model: 'smollm2', 'tiny-llama', an HF directory or a .gguf file."),

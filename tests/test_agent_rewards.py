@@ -10,6 +10,7 @@ from srt_agent.agent.rewards import (
     RewardConfig,
     answers_match,
     normalize_answer,
+    retool_turn_shaped_reward,
     score_response,
 )
 
@@ -51,3 +52,20 @@ def test_score_response_with_turn_penalty_and_floor():
 def test_reward_config_rejects_unknown_keys():
     with pytest.raises(ValueError, match="turn_penalt"):
         RewardConfig.model_validate({"turn_penalt": 0.1})
+
+
+@pytest.mark.parametrize(
+    "score, num_turns, expected",
+    [
+        (1.0, 2, 1.0),  # a right answer is never shaped
+        (1.0, 12, 1.0),
+        (-1.0, 2, -1.0),  # wrong, no tool call: the full penalty
+        (-1.0, 4, -0.9),  # one tool call earns 0.1 back
+        (-1.0, 8, -0.7),
+        (-1.0, 10, -0.6),  # capped at -0.6 ...
+        (-1.0, 40, -0.6),  # ... however many calls
+    ],
+)
+def test_retool_turn_shaping_matches_verls_recipe(score, num_turns, expected):
+    # verl recipe/retool: if score < 0: score = min(-0.6, score + (num_turns - 2) / 2 * 0.1)
+    assert retool_turn_shaped_reward(score, num_turns) == pytest.approx(expected)

@@ -156,6 +156,35 @@ def test_save_load_round_trip(tmp_path, backend):
     assert loaded.stats().active_requests == 0 and loaded.stats().tokens == cache.stats().tokens
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_export_import_moves_one_prompt_tree(backend):
+    rng = random.Random(2)
+    source = RolloutCache(max_depth=12, max_match=6, backend=backend)
+    for key in ("moving", ("task", 3), "staying"):
+        for _ in range(3):
+            source.add_sequence(key, [rng.randrange(20) for _ in range(40)])
+    source.start_request("live", "moving", [5, 5, 5])
+    source.add_tokens("live", [1, 2, 3])  # a running rollout goes as far as it got
+    target = RolloutCache(max_depth=12, max_match=6, backend=backend)
+    target.add_sequence("moving", [9, 9, 9, 9])  # the target's own history of that prompt is kept
+    for key in ("moving", ("task", 3)):
+        data = source.export_prompt(key)
+        assert isinstance(data, bytes) and target.import_prompt(data) == key
+    assert target.sequences("moving") == [[9, 9, 9, 9]] + source.sequences("moving")
+    assert target.sequences(("task", 3)) == source.sequences(("task", 3))
+    assert "staying" not in target
+    seq = source.sequences("moving")[0]
+    for i in range(0, 30, 5):
+        assert target.count("moving", seq[i : i + 4]) == source.count("moving", seq[i : i + 4])
+        assert target.draft(("task", 3), source.sequences(("task", 3))[1][: i + 3], 8) == source.draft(
+            ("task", 3), source.sequences(("task", 3))[1][: i + 3], 8
+        )
+    with pytest.raises(ValueError, match="unknown prompt key"):
+        source.export_prompt("never seen")
+    with pytest.raises(ValueError, match="not a saved RolloutCache"):
+        target.import_prompt(b"garbage")
+
+
 def test_save_is_atomic_and_load_rejects_garbage(tmp_path):
     path = tmp_path / "cache.npz"
     good = RolloutCache(max_depth=4, max_match=2)

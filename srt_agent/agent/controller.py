@@ -14,9 +14,9 @@ import inspect
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .chat import render_prompt, user_turn_text
 from .config import EnvConfig
@@ -25,7 +25,20 @@ from .env import Env, StepResult, Tool
 from .trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from srt_agent.engine import AsyncEngine, SamplingParams
+    from srt_agent.engine import RequestOutput, SamplingParams
+
+
+class TurnEngine(Protocol):
+    """What the controller needs from a generation backend: :class:`srt_agent.engine.AsyncEngine`, or an
+    adapter over another server (e.g. verl's ``server_manager``, see ``srt_agent.integrations.verl``)."""
+
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams | None = None, prompt_key: Hashable | None = None
+    ) -> RequestOutput: ...
+
+    def release(self, request_id: str) -> None: ...
+
+    def idle_capacity(self) -> int: ...
 
 
 @dataclass
@@ -61,7 +74,7 @@ class MultiTurnController:
     ``reward=config.reward`` when the class takes a ``reward`` argument (as :class:`ReToolEnv` does).
     """
 
-    engine: AsyncEngine
+    engine: TurnEngine
     tokenizer: object
     config: EnvConfig
     env_class: type[Env]
@@ -222,6 +235,7 @@ class MultiTurnController:
                 traj.finish_reason = "length"
                 return
             traj.append(forced)
+            traj.observations += 1
             if result.role == "inline":
                 assistant["content"] += result.observation
             else:

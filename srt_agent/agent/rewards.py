@@ -70,3 +70,35 @@ def score_response(response: str, ground_truth: str, tool_turns: int, config: Re
     if config.min_reward is not None:
         reward = max(reward, config.min_reward)
     return reward
+
+
+def retool_turn_shaped_reward(score: float, num_turns: int, floor: float = -0.6, per_tool_call: float = 0.1) -> float:
+    """verl's ReTool recipe: a wrong answer (``score < 0``) earns ``per_tool_call`` back for every tool call
+    (``(num_turns - 2) / 2`` of them, with ``num_turns`` counted as verl does: prompt + model turns +
+    observations), but never more than `floor`; a right answer's score stands.
+
+    ``min(floor, score + (num_turns - 2) / 2 * per_tool_call)`` for ``score < 0``, else ``score``.
+    """
+    if score >= 0:
+        return score
+    return min(floor, score + (num_turns - 2) / 2 * per_tool_call)
+
+
+def final_answer_score(
+    solution: str,
+    ground_truth: object,
+    num_turns: int | None = None,
+    correct: float = 1.0,
+    incorrect: float = -1.0,
+    turn_shaping: bool = True,
+    use_math_verify: bool = True,
+) -> dict[str, float | str]:
+    """Score a whole solution text by its last ``\\boxed{}``, in verl's dict form: ``score`` (the reward),
+    ``acc`` (1.0 right, 0.0 wrong), ``pred`` (the boxed answer, "" when none). With `turn_shaping` and a
+    known `num_turns` a wrong answer is shaped by :func:`retool_turn_shaped_reward`."""
+    pred = extract_boxed(solution or "")
+    right = pred is not None and answers_match(pred, str(ground_truth), use_math_verify)
+    score = correct if right else incorrect
+    if turn_shaping and num_turns is not None:
+        score = retool_turn_shaped_reward(score, int(num_turns))
+    return {"score": float(score), "acc": 1.0 if right else 0.0, "pred": pred or ""}

@@ -15,6 +15,7 @@ class Trajectory:
 
     ``response_ids`` interleaves model tokens (``response_mask = 1``, their log-probs) with forced
     observation tokens (``response_mask = 0``, log-prob 0.0), as verl's ``AgentLoopOutput`` expects.
+    ``num_turns`` counts model turns, ``observations`` the env's answers inserted between them.
     ``prompt`` holds the opening chat messages, ``messages`` the whole conversation (observations included).
     ``finish_reason`` is one of :data:`TRAJECTORY_FINISH_REASONS`.
     """
@@ -30,6 +31,7 @@ class Trajectory:
     messages: list[dict] = field(default_factory=list)
     reward: float = 0.0
     num_turns: int = 0
+    observations: int = 0
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
     tool_time_s: float = 0.0
     finish_reason: str = "done"
@@ -56,6 +58,11 @@ class Trajectory:
     @property
     def model_tokens(self) -> int:
         return sum(self.response_mask)
+
+    @property
+    def chat_turns(self) -> int:
+        """Turns as verl counts them (its ``num_turns``): the prompt, every model turn, every observation."""
+        return 1 + self.num_turns + self.observations
 
     @property
     def tokens_per_forward(self) -> float:

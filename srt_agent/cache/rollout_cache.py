@@ -13,6 +13,7 @@ least recently used first.
 from __future__ import annotations
 
 import glob
+import io
 import json
 import os
 import tempfile
@@ -20,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -192,28 +193,12 @@ class RolloutCache:
         killed outright is removed by the next save to the same path.
         """
         path = Path(path)
-        prompts, chunks = [], []
-        for key, entry in self._prompts.items():
-            seqs = [entry.tree.sequence(s) for s in entry.seqs]
-            prompts.append({"key": _encode_key(key), "lengths": [len(s) for s in seqs]})
-            chunks.extend(seqs)
-        meta = {
-            "version": FORMAT_VERSION,
-            "config": {
-                "max_depth": self.max_depth,
-                "max_match": self.max_match,
-                "max_bytes": self.max_bytes,
-                "max_nodes_per_prompt": self.max_nodes_per_prompt,
-            },
-            "prompts": prompts,
-        }
-        flat = np.fromiter((t for s in chunks for t in s), dtype=np.int32)
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_dead_writers_files(path)
         fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), tokens=flat)
+                self._write(f, list(self._prompts))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -228,22 +213,55 @@ class RolloutCache:
         A file that is missing, truncated, corrupted or not a saved cache raises ValueError naming the
         file and the problem; nothing is half-loaded.
         """
-        try:
-            with np.load(Path(path), allow_pickle=False) as data:
-                meta = json.loads(data["meta"].tobytes().decode())
-                tokens = data["tokens"]
-            prompts = _check_saved(meta, tokens)
-        except FileNotFoundError as exc:
-            raise ValueError(f"{path} is not a saved RolloutCache: no such file") from exc
-        except Exception as exc:  # noqa: BLE001 - zip, npy, JSON and layout errors alike
-            raise ValueError(f"{path} is not a saved RolloutCache, or is damaged ({type(exc).__name__}: {exc})") from exc
+        meta, prompts, flat = _read(Path(path), str(path))
         cache = cls(**{**meta["config"], **overrides}, backend=backend)
-        flat, pos = tokens.tolist(), 0
+        cache._add_prompts(prompts, flat)
+        return cache
+
+    def export_prompt(self, prompt_key: Hashable) -> bytes:
+        """One prompt's stored sequences as bytes (e.g. to move its tree to another replica through Ray's
+        object store); `import_prompt` on the other side rebuilds it. Running sequences go as far as they got."""
+        if prompt_key not in self._prompts:
+            raise ValueError(f"unknown prompt key {prompt_key!r}")
+        buffer = io.BytesIO()
+        self._write(buffer, [prompt_key])
+        return buffer.getvalue()
+
+    def import_prompt(self, data: bytes) -> Hashable:
+        """Add the sequences of an exported prompt (merged into its tree when this cache has one); returns its key."""
+        _, prompts, flat = _read(io.BytesIO(data), "exported prompt")
+        if len(prompts) != 1:
+            raise ValueError(f"exported prompt: expected one prompt, got {len(prompts)}")
+        self._add_prompts(prompts, flat)
+        return prompts[0][0]
+
+    def _write(self, f: BinaryIO, keys: list[Hashable]) -> None:
+        """The sequences of `keys` and this cache's config, as an .npz (token ids as one int32 array)."""
+        prompts, chunks = [], []
+        for key in keys:
+            entry = self._prompts[key]
+            seqs = [entry.tree.sequence(s) for s in entry.seqs]
+            prompts.append({"key": _encode_key(key), "lengths": [len(s) for s in seqs]})
+            chunks.extend(seqs)
+        meta = {
+            "version": FORMAT_VERSION,
+            "config": {
+                "max_depth": self.max_depth,
+                "max_match": self.max_match,
+                "max_bytes": self.max_bytes,
+                "max_nodes_per_prompt": self.max_nodes_per_prompt,
+            },
+            "prompts": prompts,
+        }
+        flat = np.fromiter((t for s in chunks for t in s), dtype=np.int32)
+        np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), tokens=flat)
+
+    def _add_prompts(self, prompts: list[tuple[Hashable, list[int]]], flat: list[int]) -> None:
+        pos = 0
         for key, lengths in prompts:
             for n in lengths:
-                cache.add_sequence(key, flat[pos : pos + n])
+                self.add_sequence(key, flat[pos : pos + n])
                 pos += n
-        return cache
 
     # ---- internals ----------------------------------------------------------------------------
     def _draft(
@@ -381,6 +399,21 @@ def _check_saved(meta: Any, tokens: np.ndarray) -> list[tuple[Hashable, list[int
     if stored != tokens.size:
         raise ValueError(f"the prompts' sequences hold {stored} tokens, the file {tokens.size}")
     return prompts
+
+
+def _read(source: BinaryIO | Path, name: str) -> tuple[dict, list[tuple[Hashable, list[int]]], list[int]]:
+    """The metadata, checked (prompt key, lengths) list and flat tokens of a saved cache or exported prompt;
+    ValueError naming `name` when it is missing, damaged or not one."""
+    try:
+        with np.load(source, allow_pickle=False) as data:
+            meta = json.loads(data["meta"].tobytes().decode())
+            tokens = data["tokens"]
+        prompts = _check_saved(meta, tokens)
+    except FileNotFoundError as exc:
+        raise ValueError(f"{name} is not a saved RolloutCache: no such file") from exc
+    except Exception as exc:  # noqa: BLE001 - zip, npy, JSON and layout errors alike
+        raise ValueError(f"{name} is not a saved RolloutCache, or is damaged ({type(exc).__name__}: {exc})") from exc
+    return meta, prompts, tokens.tolist()
 
 
 def _encode_key(key: Hashable) -> Any:

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 from .base import CodeSandbox, SandboxResult
 from .factory import make_sandbox
 
-VERL_TOOL_KEYS = frozenset({"type"})  # keys of a verl tool config that are verl's, not the sandbox's
+# Keys of a verl tool config that are verl's, not the sandbox's (the concurrency keys are the verl tool's).
+VERL_TOOL_KEYS = frozenset({"type", "num_workers", "rate_limit", "enable_global_rate_limit"})
+# verl's former SandboxFusion tool (verl <= 0.8) named its options differently; they map onto ours.
+SANDBOX_FUSION_TOOL_KEYS = {"default_timeout": "timeout_s", "memory_limit_mb": "memory_mb"}
 
 _STATUS_NOTES = {
     "timeout": "Execution timed out.",
@@ -53,7 +56,9 @@ class CodeInterpreter:
     def from_config(cls, config: dict) -> "CodeInterpreter":
         """Build from a tool config's ``config`` section (see tools/code_interpreter.yaml): `sandbox`
         names the kind, `max_output_chars` is the interpreter's; verl's own keys (`type`, …) are
-        ignored; the rest are sandbox options."""
+        ignored; the rest are sandbox options. A config written for verl's former SandboxFusion tool
+        works too (see :func:`from_sandbox_fusion_tool_config`)."""
+        config = from_sandbox_fusion_tool_config(config)
         options = {k: v for k, v in config.items() if k not in VERL_TOOL_KEYS | {"sandbox", "max_output_chars"}}
         sandbox = make_sandbox(config.get("sandbox", "local"), **options)
         return cls(sandbox, max_output_chars=config.get("max_output_chars", 1024))
@@ -62,6 +67,28 @@ class CodeInterpreter:
         """Run `code`; return (text for the model, the raw result)."""
         result = self.sandbox.run(code, stdin=stdin, timeout_s=timeout_s)
         return format_result(result, self.max_output_chars), result
+
+
+def from_sandbox_fusion_tool_config(config: dict) -> dict:
+    """Our options for a config in the keys of verl's former ``SandboxFusionTool``: ``sandbox_fusion_url``
+    (its ``/run_code`` URL) selects the ``sandbox_fusion`` sandbox at that server, ``default_timeout`` and
+    ``memory_limit_mb`` become ``timeout_s`` and ``memory_mb``, ``default_language`` must be python.
+    Other configs come back unchanged; a key given in both spellings is an error."""
+    config = dict(config)
+    language = config.pop("default_language", "python")
+    if str(language).lower() not in ("python", "python3"):
+        raise ValueError(f"default_language={language!r}: the code interpreter runs python only")
+    url = config.pop("sandbox_fusion_url", None)
+    if url is not None:
+        if config.setdefault("sandbox", "sandbox_fusion") != "sandbox_fusion":
+            raise ValueError(f"sandbox_fusion_url is set but sandbox is {config['sandbox']!r}")
+        config["endpoint"] = str(url).rstrip("/").removesuffix("/run_code")
+    for old, new in SANDBOX_FUSION_TOOL_KEYS.items():
+        if old in config:
+            if new in config:
+                raise ValueError(f"both {old!r} and {new!r} are set; keep one")
+            config[new] = config.pop(old)
+    return config
 
 
 def format_result(result: SandboxResult, max_chars: int) -> str:
