@@ -69,3 +69,13 @@ def test_reward_config_rejects_unknown_keys():
 def test_retool_turn_shaping_matches_verls_recipe(score, num_turns, expected):
     # verl recipe/retool: if score < 0: score = min(-0.6, score + (num_turns - 2) / 2 * 0.1)
     assert retool_turn_shaped_reward(score, num_turns) == pytest.approx(expected)
+
+
+def test_turn_shaping_in_the_env_reward_follows_verls_retool_recipe():
+    from srt_agent.agent.rewards import RewardConfig, score_response
+
+    shaped = RewardConfig(incorrect=-1.0, turn_shaping=True)
+    assert score_response("\\boxed{7}", "7", 3, shaped) == 1.0
+    assert score_response("\\boxed{8}", "7", 0, shaped) == -1.0
+    assert score_response("\\boxed{8}", "7", 2, shaped) == pytest.approx(-0.8)
+    assert score_response("\\boxed{8}", "7", 9, shaped) == pytest.approx(-0.6)

@@ -14,7 +14,8 @@ class RewardConfig(BaseModel):
     """How a final answer becomes a reward (the `reward:` section of an env config).
 
     ``turn_penalty`` is subtracted per tool turn (ReTool-style pressure towards fewer, better calls);
-    ``min_reward`` floors the result.
+    ``min_reward`` floors the result. ``turn_shaping`` applies verl's ReTool recipe to a wrong answer
+    (:func:`retool_turn_shaped_reward`; use it with ``incorrect: -1``).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -23,6 +24,7 @@ class RewardConfig(BaseModel):
     incorrect: float = 0.0
     turn_penalty: float = 0.0
     min_reward: float | None = None
+    turn_shaping: bool = False
     use_math_verify: bool = True
 
 
@@ -67,6 +69,8 @@ def score_response(response: str, ground_truth: str, tool_turns: int, config: Re
     answer = extract_boxed(response)
     correct = answer is not None and answers_match(answer, str(ground_truth), config.use_math_verify)
     reward = (config.correct if correct else config.incorrect) - config.turn_penalty * tool_turns
+    if config.turn_shaping:
+        reward = retool_turn_shaped_reward(reward, 2 + 2 * tool_turns)  # verl's count: prompt, answer, 2 per call
     if config.min_reward is not None:
         reward = max(reward, config.min_reward)
     return reward
