@@ -212,7 +212,7 @@ def load_model(
     hf_dir, name, kind = _hf_dir_for(spec)
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     tokenizer = _tokenizer(hf_dir)
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype)
+    model = _quietly(lambda: AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype))
     model.to(resolve_device(device)).eval()
     eos = end_token_ids(tokenizer, model.config, getattr(model, "generation_config", None))
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=f"{kind}:{hf_dir}", eos_token_ids=eos)
@@ -295,3 +295,16 @@ def _runnable(path: Path) -> str:
 def is_converted(gguf_path: Path) -> bool:
     """Whether the float32 conversion of this GGUF is in the cache."""
     return (converted_dir(gguf_path) / "config.json").exists()
+
+
+def _quietly(load):
+    """Run a transformers load without its per-tensor progress bar (a local load takes a second)."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return load()
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
