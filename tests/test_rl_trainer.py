@@ -61,6 +61,7 @@ def test_grpo_run_trains_and_compares(tmp_path, tiny):
     for name in ("report.json", "summary.md", "plots.png"):
         assert (out / name).stat().st_size > 0
     assert json.loads((out / "report.json").read_text())["totals"]["identical_vs_none"] == 1.0
+    assert "the speed of `none`" in (out / "summary.md").read_text()
     rows = rollouts(out, 2)
     assert len(rows) == 6
     for row in rows:

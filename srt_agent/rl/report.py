@@ -105,9 +105,9 @@ def summary_markdown(report: dict) -> str:
         totals = report.get("totals", {})
         for d in compare:
             if f"speedup_vs_{d}" in totals:
-                lines.append(f"\nOver all steps, `{report['drafter']}` generated in "
-                             f"{totals[f'speedup_vs_{d}']:.2f}x less time than `{d}` "
-                             f"(identical tokens: {totals.get(f'identical_vs_{d}', 'n/a')}).")
+                lines.append(f"\nOver all steps, `{report['drafter']}` generated at "
+                             f"{totals[f'speedup_vs_{d}']:.2f}x the speed of `{d}` (its time / ours; "
+                             f"share of identical trajectories: {totals.get(f'identical_vs_{d}', 'n/a')}).")
     return "\n".join(lines) + "\n"
 
 
