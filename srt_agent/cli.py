@@ -368,5 +368,70 @@ def bench_roofline(
     write_json(result, json_path)
 
 
+@bench_app.command("ablation")
+def bench_ablation(
+    env_file: Path = typer.Option(Path("envs/retool_train.yaml"), "--env", help="Env config (YAML) whose RL steps are measured."),
+    steps: int = typer.Option(6, min=1, help="Consecutive RL steps."),
+    dataset_n: int = typer.Option(8, min=1, help="Distinct prompts (they come back every dataset_n / prompts_per_step steps)."),
+    start: list[str] = typer.Option(["prompt"], "--start", help="Run-ahead start(s): prompt and/or branch (one stage each)."),
+    model: Optional[str] = typer.Option(None, help="Override the config's model."),
+    out: Path = typer.Option(Path("runs/ablation"), help="Run folder (rollouts, report, traces)."),
+    update_bubble: bool = typer.Option(True, "--update-bubble/--no-update-bubble", help="Also time a policy update with run-ahead beside it."),
+    set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set engine.run_ahead.slack=0.2 (repeatable)."),
+    quick: bool = typer.Option(False, "--quick", help="Tiny random model, two tiny steps: seconds."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the result as a PNG here."),
+):
+    """SRT's stages step by step through the trainer: history-only trees, + online updates, + run-ahead."""
+    from .agent.config import ConfigError
+    from .rl.ablation import AblationConfig, ablation_tables, plot_ablation, run_ablation
+    from .tools import SandboxUnavailable
+
+    if quick:
+        config = dataclasses.replace(AblationConfig.quick(), env=str(env_file), overrides=AblationConfig.quick().overrides + list(set_))
+    else:
+        config = AblationConfig(env=str(env_file), steps=steps, dataset_n=dataset_n, starts=tuple(start), model=model, out=str(out),
+                                update_bubble=update_bubble, overrides=list(set_))
+    try:
+        result = run_ablation(config, log=lambda line: console.print(line, highlight=False))
+    except (ConfigError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2)
+    for table in ablation_tables(result):
+        console.print(table)
+    write_json(result, json_path)
+    if plot is not None:
+        console.print(f"wrote {plot_ablation(result, plot)}")
+
+
+@bench_app.command("replay")
+def bench_replay(
+    trace: Path = typer.Argument(..., help="A rollout trace (bench ablation writes them under OUT/traces/)."),
+    drafter: list[str] = typer.Option([], "--drafter", help="Drafters to replay with (default: the trace's)."),
+    max_draft_tokens: list[int] = typer.Option([], "--max-draft-tokens", help="Draft budgets to sweep."),
+    max_depth: list[int] = typer.Option([], "--max-depth", help="Tree depths to sweep."),
+    max_bytes: list[int] = typer.Option([], "--max-bytes", help="Cache byte budgets to sweep."),
+    slack: list[float] = typer.Option([], "--run-ahead-slack", help="Run-ahead slack values to sweep (uses recorded run-ahead content)."),
+    tokens_per_sequence: list[int] = typer.Option([], "--run-ahead-tokens", help="Run-ahead tokens per sequence to sweep."),
+    pool: Optional[Path] = typer.Option(None, help="Take run-ahead content from this trace instead."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+):
+    """Replay a recorded run without the model, sweeping draft budgets, tree limits and run-ahead settings."""
+    from .rl.replay import replay_sweep, sweep_table
+    from .rl.rollout_trace import RolloutTrace
+
+    try:
+        loaded = RolloutTrace.load(trace)
+        result = replay_sweep(
+            loaded, RolloutTrace.load(pool) if pool else None, drafter=drafter, max_draft_tokens=max_draft_tokens,
+            max_depth=max_depth, max_bytes=max_bytes, slack=slack, tokens_per_sequence=tokens_per_sequence,
+        )
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2)
+    console.print(sweep_table(result))
+    write_json(result, json_path)
+
+
 if __name__ == "__main__":
     app()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -57,12 +57,41 @@ class InterpreterConfig(_Strict):
     timeout_s: float | None = Field(None, gt=0, description="overrides the tool config's timeout")
 
 
+class RunAheadConfig(_Strict):
+    """Run-ahead generation in the training drafter's engine (``srt-agent train``): idle capacity fills
+    the trees of prompts that come soon with continuations under the current policy, never trained on."""
+
+    enabled: bool = False
+    bubbles: list[Literal["tail", "tools", "update"]] = Field(
+        default_factory=lambda: ["tail", "tools"],
+        description="tail: beside the last running sequences; tools: while all wait on tools; update: during the policy update",
+    )
+    window: int = Field(0, ge=0, description="look-ahead prompts of the coming steps (0: the next step's batch)")
+    tokens_per_sequence: int = Field(48, ge=1, description="tokens per run-ahead sequence, at most")
+    budget_tokens: int = Field(4096, ge=0, description="run-ahead tokens per step, at most")
+    slack: float = Field(0.1, ge=0, description="how much a step may grow, as a share of its predicted cost")
+    start: Literal["prompt", "branch"] = Field("prompt", description="start from the prompt or from where rollouts disagreed")
+    max_sequences: int = Field(0, ge=0, description="run-ahead sequences at once (0: every free slot)")
+
+    def options(self, seed: int = 0):
+        """The engine's `RunAheadOptions`, or None when run-ahead is off."""
+        from ..engine.run_ahead import RunAheadOptions
+
+        if not self.enabled:
+            return None
+        return RunAheadOptions(
+            bubbles=tuple(self.bubbles), slack=self.slack, tokens_per_sequence=self.tokens_per_sequence,
+            budget_tokens=self.budget_tokens, start=self.start, max_sequences=self.max_sequences, seed=seed,
+        )
+
+
 class EngineConfig(_Strict):
     drafter: str = "srt"
     device: str = "auto"
     max_batch: int = Field(32, ge=1)
     max_context: int = Field(2048, ge=16)
     calibrate: bool = Field(True, description="measure step costs at start-up (sizes drafts from the first step)")
+    run_ahead: RunAheadConfig = Field(default_factory=RunAheadConfig)
 
     @field_validator("drafter")
     @classmethod

@@ -105,6 +105,14 @@ class MultiTurnController:
             include_stop_str_in_output=True,
         )
 
+    def opening(self, task: Task) -> tuple[list[int], SamplingParams]:
+        """The tokens an episode of `task` first generates from (the rendered prompt and any forced
+        response prefix) and how its turns are sampled (unseeded)."""
+        env = self.make_env(task)
+        ids = self._encode(render_prompt(self.tokenizer, env.initial_messages()))
+        prefix = env.response_prefix()
+        return ids + (self._encode(prefix) if prefix else []), self._params(env, self.config.max_tokens_per_turn, None)
+
     def _idle(self) -> float:
         return float(self.engine.idle_capacity())
 

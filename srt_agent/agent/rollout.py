@@ -92,12 +92,14 @@ def build_controller(
     env_class: type | None = None,
     drafter: str | None = None,
     tools: dict | None = None,
+    run_ahead=None,
 ) -> MultiTurnController:
     """Load the model (`loaded`, else `model`, else the config's), start an AsyncEngine, load the tools.
 
     `env_class` overrides the config's ``env`` (for classes defined in a script), `drafter` the engine's
-    drafter, `tools` the config's tool file (already built tools, shared between controllers). Close the
-    engine with ``controller.engine.close()`` when done.
+    drafter, `tools` the config's tool file (already built tools, shared between controllers),
+    `run_ahead` gives the engine run-ahead options (`RunAheadOptions`; windows are opened by the
+    trainer). Close the engine with ``controller.engine.close()`` when done.
     """
     from srt_agent.engine import AsyncEngine, Engine
     from srt_agent.models import load_model
@@ -113,6 +115,7 @@ def build_controller(
         max_batch=config.engine.max_batch,
         max_context=config.engine.max_context,
         calibrate=config.engine.calibrate,
+        run_ahead=run_ahead,
     )
     return MultiTurnController(
         engine=AsyncEngine(engine),

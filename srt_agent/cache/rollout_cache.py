@@ -8,6 +8,11 @@ tokens go in ahead of each response so the first response tokens can be drafted 
 Memory is bounded twice: a prompt whose tree grows past ``max_nodes_per_prompt`` nodes is rebuilt
 from its newest rollouts, and when the total passes ``max_bytes`` whole prompts are evicted,
 least recently used first.
+
+Run-ahead content (continuations generated in idle capacity, never trained on) is stored in the
+same trees, so it drafts like any rollout, but it is second-class when room runs out: over the byte
+budget, every prompt's run-ahead sequences go first (least recently used prompts first) before any
+real rollout is evicted, and a node-cap rebuild drops them before real ones.
 """
 
 from __future__ import annotations
@@ -43,6 +48,10 @@ class CacheStats:
     sequences: int
     active_requests: int
     evicted_prompts: int
+    run_ahead_sequences: int = 0
+    run_ahead_tokens: int = 0
+    run_ahead_bytes: int = 0  # the trees' bytes in proportion to the run-ahead share of their tokens
+    evicted_run_ahead: int = 0  # run-ahead sequences dropped to make room
 
 
 @dataclass
@@ -50,7 +59,11 @@ class _PromptTree:
     tree: Any
     seqs: list[int] = field(default_factory=list)  # sequence ids, oldest first
     active: dict[Hashable, int] = field(default_factory=dict)  # request id -> open sequence id
+    run_ahead: set[int] = field(default_factory=set)  # ids of run-ahead sequences
     nbytes: int = 0
+
+    def run_ahead_tokens(self) -> int:
+        return sum(len(self.tree.sequence(s)) for s in self.run_ahead)
 
 
 @dataclass
@@ -85,10 +98,16 @@ class RolloutCache:
         self._requests: dict[Hashable, _Request] = {}
         self._bytes = 0
         self._evicted = 0
+        self._evicted_run_ahead = 0
 
     # ---- streaming rollouts -------------------------------------------------------------------
-    def start_request(self, request_id: Hashable, prompt_key: Hashable, prompt_ids: Sequence[int]) -> None:
-        """Begin a rollout of `prompt_key`; the prompt's last `max_match` tokens lead its sequence."""
+    def start_request(
+        self, request_id: Hashable, prompt_key: Hashable, prompt_ids: Sequence[int], run_ahead: bool = False
+    ) -> None:
+        """Begin a rollout of `prompt_key`; the prompt's last `max_match` tokens lead its sequence.
+
+        `run_ahead` marks it as run-ahead content: it drafts like a rollout but is evicted first.
+        """
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} is already running")
         prompt = check_tokens(prompt_ids, "prompt_ids")
@@ -96,6 +115,8 @@ class RolloutCache:
         seq = entry.tree.add_sequence()
         entry.seqs.append(seq)
         entry.active[request_id] = seq
+        if run_ahead:
+            entry.run_ahead.add(seq)
         self._requests[request_id] = _Request(prompt_key, seq)
         self._extend(prompt_key, entry, seq, self.prompt_tail(prompt))
 
@@ -117,12 +138,14 @@ class RolloutCache:
             entry.tree.close(entry.active.pop(request_id))
             self._resize(entry, entry.tree.nbytes)  # closing releases the sequence's cursors
 
-    def add_sequence(self, prompt_key: Hashable, token_ids: Sequence[int]) -> None:
+    def add_sequence(self, prompt_key: Hashable, token_ids: Sequence[int], run_ahead: bool = False) -> None:
         """Store a complete sequence (prompt tail + response) for `prompt_key` at once."""
         tokens = check_tokens(token_ids)
         entry = self._touch(prompt_key)
         seq = entry.tree.add_sequence()
         entry.seqs.append(seq)
+        if run_ahead:
+            entry.run_ahead.add(seq)
         entry.tree.extend(seq, tokens)
         entry.tree.close(seq)
         self._grown(prompt_key, entry)
@@ -157,22 +180,30 @@ class RolloutCache:
         entry = self._prompts.get(prompt_key)
         return 0 if entry is None else entry.tree.count(check_tokens(path, "path"))
 
-    def sequences(self, prompt_key: Hashable) -> list[list[int]]:
-        """The stored sequences of `prompt_key`, oldest first (running ones as far as they got)."""
+    def sequences(self, prompt_key: Hashable, run_ahead: bool = True) -> list[list[int]]:
+        """The stored sequences of `prompt_key`, oldest first (running ones as far as they got);
+        without the run-ahead ones unless `run_ahead`."""
         entry = self._prompts.get(prompt_key)
-        return [] if entry is None else [entry.tree.sequence(s) for s in entry.seqs]
+        if entry is None:
+            return []
+        return [entry.tree.sequence(s) for s in entry.seqs if run_ahead or s not in entry.run_ahead]
 
     # ---- size ---------------------------------------------------------------------------------
     def stats(self) -> CacheStats:
-        trees = [e.tree for e in self._prompts.values()]
+        entries = list(self._prompts.values())
+        run_ahead_tokens = [e.run_ahead_tokens() for e in entries]
         return CacheStats(
-            prompts=len(trees),
-            nodes=sum(t.num_nodes for t in trees),
-            tokens=sum(t.num_tokens for t in trees),
+            prompts=len(entries),
+            nodes=sum(e.tree.num_nodes for e in entries),
+            tokens=sum(e.tree.num_tokens for e in entries),
             bytes=self._bytes,
-            sequences=sum(len(e.seqs) for e in self._prompts.values()),
+            sequences=sum(len(e.seqs) for e in entries),
             active_requests=len(self._requests),
             evicted_prompts=self._evicted,
+            run_ahead_sequences=sum(len(e.run_ahead) for e in entries),
+            run_ahead_tokens=sum(run_ahead_tokens),
+            run_ahead_bytes=sum(e.nbytes * n // max(e.tree.num_tokens, 1) for e, n in zip(entries, run_ahead_tokens)),
+            evicted_run_ahead=self._evicted_run_ahead,
         )
 
     def __contains__(self, prompt_key: Hashable) -> bool:
@@ -241,7 +272,10 @@ class RolloutCache:
         for key in keys:
             entry = self._prompts[key]
             seqs = [entry.tree.sequence(s) for s in entry.seqs]
-            prompts.append({"key": _encode_key(key), "lengths": [len(s) for s in seqs]})
+            row = {"key": _encode_key(key), "lengths": [len(s) for s in seqs]}
+            if entry.run_ahead:
+                row["run_ahead"] = [i for i, s in enumerate(entry.seqs) if s in entry.run_ahead]
+            prompts.append(row)
             chunks.extend(seqs)
         meta = {
             "version": FORMAT_VERSION,
@@ -256,11 +290,11 @@ class RolloutCache:
         flat = np.fromiter((t for s in chunks for t in s), dtype=np.int32)
         np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), tokens=flat)
 
-    def _add_prompts(self, prompts: list[tuple[Hashable, list[int]]], flat: list[int]) -> None:
+    def _add_prompts(self, prompts: list[tuple[Hashable, list[int], set[int]]], flat: list[int]) -> None:
         pos = 0
-        for key, lengths in prompts:
-            for n in lengths:
-                self.add_sequence(key, flat[pos : pos + n])
+        for key, lengths, run_ahead in prompts:
+            for i, n in enumerate(lengths):
+                self.add_sequence(key, flat[pos : pos + n], run_ahead=i in run_ahead)
                 pos += n
 
     # ---- internals ----------------------------------------------------------------------------
@@ -314,31 +348,55 @@ class RolloutCache:
         entry.nbytes = nbytes
 
     def _rebuild(self, entry: _PromptTree, keep_tokens: int) -> None:
-        """Replace the tree by one holding the running sequences and the newest finished ones."""
+        """Replace the tree by one holding the running sequences and the newest finished ones, real
+        rollouts before run-ahead content."""
+        running = set(entry.active.values())
+        kept, total = set(), 0
+        for run_ahead in (False, True):
+            for seq in reversed(entry.seqs):
+                if (seq in entry.run_ahead) != run_ahead:
+                    continue
+                n = len(entry.tree.sequence(seq))
+                if seq in running or total + n <= keep_tokens:
+                    kept.add(seq)
+                    total += 0 if seq in running else n
+        self._rebuild_with(entry, kept)
+
+    def _rebuild_with(self, entry: _PromptTree, keep: set[int]) -> None:
+        """Replace the tree by one holding only the sequences `keep` (oldest first, as before); running
+        requests whose sequence is dropped are detached."""
         old = entry.tree
         running = {seq: rid for rid, seq in entry.active.items()}
-        kept, total = [], 0
-        for seq in reversed(entry.seqs):
-            n = len(old.sequence(seq))
-            if seq in running or total + n <= keep_tokens:
-                kept.append(seq)
-                total += 0 if seq in running else n
         new = self._tree_cls(self.max_depth)
-        entry.seqs, entry.active = [], {}
-        for seq in reversed(kept):
+        seqs, active, run_ahead = [], {}, set()
+        for seq in entry.seqs:
+            if seq not in keep:
+                if seq in running:
+                    self._requests[running[seq]].detached = True
+                continue
             sid = new.add_sequence()
             new.extend(sid, old.sequence(seq))
-            entry.seqs.append(sid)
+            seqs.append(sid)
+            if seq in entry.run_ahead:
+                run_ahead.add(sid)
             if seq in running:
-                entry.active[running[seq]] = sid
+                active[running[seq]] = sid
                 self._requests[running[seq]].seq = sid
             else:
                 new.close(sid)
-        entry.tree = new
+        entry.tree, entry.seqs, entry.active, entry.run_ahead = new, seqs, active, run_ahead
         self._resize(entry, new.nbytes)
 
     def _evict(self, current: Hashable) -> None:
-        """Evict least recently used prompts until under budget; trim `current` before evicting it."""
+        """Get under budget: drop run-ahead content (least recently used prompts first), then evict
+        least recently used prompts; trim `current` before evicting it."""
+        for key in list(self._prompts):
+            if self._bytes <= self.max_bytes:
+                return
+            entry = self._prompts[key]
+            if entry.run_ahead:
+                self._evicted_run_ahead += len(entry.run_ahead)
+                self._rebuild_with(entry, set(entry.seqs) - entry.run_ahead)
         for key in list(self._prompts):
             if self._bytes <= self.max_bytes:
                 return
@@ -375,8 +433,9 @@ def _process_exists(pid: int) -> bool:
     return True
 
 
-def _check_saved(meta: Any, tokens: np.ndarray) -> list[tuple[Hashable, list[int]]]:
-    """The (prompt key, sequence lengths) of a saved cache's metadata, checked against its token array."""
+def _check_saved(meta: Any, tokens: np.ndarray) -> list[tuple[Hashable, list[int], set[int]]]:
+    """The (prompt key, sequence lengths, indices of run-ahead sequences) of a saved cache's metadata,
+    checked against its token array."""
     if not isinstance(meta, dict) or meta.get("version") != FORMAT_VERSION:
         version = meta.get("version") if isinstance(meta, dict) else None
         raise ValueError(f"unsupported cache format version {version!r}")
@@ -394,14 +453,17 @@ def _check_saved(meta: Any, tokens: np.ndarray) -> list[tuple[Hashable, list[int
         lengths = entry.get("lengths") if isinstance(entry, dict) else None
         if not isinstance(lengths, list) or not all(type(n) is int and n >= 0 for n in lengths) or "key" not in entry:
             raise ValueError("a prompt entry is malformed")
-        prompts.append((_decode_key(entry["key"]), lengths))
-    stored = sum(sum(lengths) for _, lengths in prompts)
+        run_ahead = entry.get("run_ahead", [])
+        if not isinstance(run_ahead, list) or not all(type(i) is int and 0 <= i < len(lengths) for i in run_ahead):
+            raise ValueError("a prompt entry's run-ahead indices are malformed")
+        prompts.append((_decode_key(entry["key"]), lengths, set(run_ahead)))
+    stored = sum(sum(lengths) for _, lengths, _ in prompts)
     if stored != tokens.size:
         raise ValueError(f"the prompts' sequences hold {stored} tokens, the file {tokens.size}")
     return prompts
 
 
-def _read(source: BinaryIO | Path, name: str) -> tuple[dict, list[tuple[Hashable, list[int]]], list[int]]:
+def _read(source: BinaryIO | Path, name: str) -> tuple[dict, list[tuple[Hashable, list[int], set[int]]], list[int]]:
     """The metadata, checked (prompt key, lengths) list and flat tokens of a saved cache or exported prompt;
     ValueError naming `name` when it is missing, damaged or not one."""
     try:

@@ -31,6 +31,10 @@ class SRTDrafter:
     def start_request(self, request_id: Hashable, prompt_key: Hashable, prompt_ids: Sequence[int]) -> None:
         self.cache.start_request(request_id, prompt_key, prompt_ids)
 
+    def start_run_ahead(self, request_id: Hashable, prompt_key: Hashable, context_ids: Sequence[int]) -> None:
+        """Begin a run-ahead sequence continuing `context_ids`: stored like a rollout, evicted first."""
+        self.cache.start_request(request_id, prompt_key, context_ids, run_ahead=True)
+
     def add_tokens(self, request_id: Hashable, token_ids: Sequence[int]) -> None:
         self.cache.add_tokens(request_id, token_ids)
 

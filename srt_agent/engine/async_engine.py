@@ -162,7 +162,7 @@ class AsyncEngine:
     def _loop(self) -> None:
         try:
             while True:
-                busy = self.engine.has_unfinished() and not self._closed
+                busy = self.engine.has_work() and not self._closed
                 try:
                     command = self._commands.get(block=not busy, timeout=None)
                 except queue.Empty:
@@ -175,7 +175,7 @@ class AsyncEngine:
                         command = None
                 if self._closed:
                     break
-                if self.engine.has_unfinished():
+                if self.engine.has_work():
                     for out in self.engine.step():
                         self._resolve(out.request_id, out)
         except BaseException as exc:  # the engine itself failed: fail every waiter, loudly

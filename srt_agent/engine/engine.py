@@ -27,6 +27,7 @@ from .acceptance import AcceptanceModel
 from .cost_model import ForwardCostModel, choose_drafts
 from .model_runner import Chunk, ModelRunner
 from .params import RequestOutput, SamplingParams
+from .run_ahead import RunAhead, RunAheadOptions
 from .sampler import RowSampling, sample_rows
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
@@ -91,6 +92,9 @@ class Engine:
     picks which of them to verify (possibly none), by their scores as calibrated against the
     acceptance observed so far, and only where it expects at least `min_draft_gain` more tokens per
     second than without drafts; otherwise all are verified.
+
+    `run_ahead` (options) lets the engine fill idle capacity with continuations of the prompts named by
+    ``engine.run_ahead.open(...)``; they enter the drafter's trees only (see `run_ahead.RunAhead`).
     """
 
     def __init__(
@@ -105,6 +109,7 @@ class Engine:
         min_draft_gain: float = 0.1,
         max_prefill_tokens: int = 4096,
         calibrate: bool = True,
+        run_ahead: RunAheadOptions | None = None,
     ):
         if max_batch < 1 or max_context < 2 or max_draft_tokens < 0:
             raise ValueError("need max_batch >= 1, max_context >= 2 and max_draft_tokens >= 0")
@@ -122,6 +127,7 @@ class Engine:
         self.acceptance = AcceptanceModel()
         self.sequences: dict[str, Sequence] = {}
         self.totals = EngineStats()
+        self.run_ahead = RunAhead(self, run_ahead) if run_ahead is not None else None
         if calibrate and max_draft_tokens > 0 and getattr(self.drafter, "name", "none") != "none":
             self.calibrate()
 
@@ -186,6 +192,10 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.running or self.scheduler.waiting)
+
+    def has_work(self) -> bool:
+        """Real requests to run, or idle capacity that run-ahead would fill now."""
+        return self.has_unfinished() or (self.run_ahead is not None and self.run_ahead.ready())
 
     def release(self, request_id: str) -> None:
         """Forget a request: free its slot and end it in the drafter (cancels it if still running)."""
@@ -254,6 +264,8 @@ class Engine:
         self.runner.load_weights(state)
         for seq in self.sequences.values():
             seq.num_cached = 0
+        if self.run_ahead is not None:
+            self.run_ahead.drop_all()
 
     def end_step(self) -> None:
         """A training step ended: tell the drafter (policy-version boundary)."""
@@ -270,6 +282,8 @@ class Engine:
             cost_per_token_s=self.cost_model.per_token_s,
             cost_per_sequence_s=self.cost_model.per_sequence_s,
         )
+        if self.run_ahead is not None:
+            out["run_ahead"] = self.run_ahead.stats.as_dict()
         return out
 
     def calibrate(self, sizes: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 12, 16, 32)) -> None:
@@ -301,31 +315,49 @@ class Engine:
     # ----- the step -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one draft → verify → accept step; returns the requests that finished in it."""
+        """Run one draft → verify → accept step; returns the requests that finished in it.
+
+        Run-ahead rows ride along in capacity the real sequences leave (or run alone in a bubble);
+        they change no real sequence and no figure of real work.
+        """
         t_start = time.perf_counter()
+        if self.run_ahead is not None:
+            self.run_ahead.make_room()
         seqs = self.scheduler.schedule()
-        if not seqs:
-            return []
         drafts, draft_s = self._draft(seqs)
         base = sum(len(s.pending()) for s in seqs)
         if self.adaptive_drafts and any(len(d) for d in drafts):
             makespan = not self.scheduler.waiting  # nothing queued: the last sequence to finish sets the time
             drafts = choose_drafts(drafts, base, self.cost_model, self.min_draft_gain, makespan, self.acceptance.calibrate)
         chunks = self._chunks(seqs, drafts)
+        ahead = self.run_ahead.plan(seqs, chunks) if self.run_ahead is not None else []
+        if not seqs and not ahead:
+            return []
+        all_seqs, all_chunks = seqs + [s for s, _ in ahead], chunks + [c for _, c in ahead]
         t0 = time.perf_counter()
         try:
-            emitted, accepted, faults = self._forward_and_verify(seqs, chunks, drafts)
+            emitted, accepted, faults = self._forward_and_verify(all_seqs, all_chunks, drafts + [Draft()] * len(ahead))
             batched = True
         except Exception:  # noqa: BLE001 - the batched pass failed: find out whose fault it is
+            if ahead:  # run-ahead rows never risk a real step twice: they go, the real rows retry alone
+                self.run_ahead.drop_all()
+                ahead = []
             drafts = [Draft() for _ in seqs]
-            chunks = self._chunks(seqs, drafts)
+            chunks = all_chunks = self._chunks(seqs, drafts)
             emitted, accepted, faults = self._forward_one_by_one(seqs, chunks, drafts)
             batched = False
         forward_s = time.perf_counter() - t0  # the forward pass, the LM head and sampling
-        total = sum(len(c) for c in chunks)
+        total = sum(len(c) for c in all_chunks)
+        if batched and all(c.num_pending == 1 for c in all_chunks) and not faults:
+            self.cost_model.observe(total, forward_s, len(all_chunks))  # decoding and verifying only: the steps whose drafts the model sizes
+        if ahead:
+            broken = {i - len(seqs) for i in faults if i >= len(seqs)}
+            self.run_ahead.absorb(ahead, emitted[len(seqs) :], 0.0 if seqs else forward_s, broken)
+            emitted, accepted = emitted[: len(seqs)], accepted[: len(seqs)]
+            faults = {i: f for i, f in faults.items() if i < len(seqs)}
+        if not seqs:
+            return []
         if batched:
-            if base == len(seqs) and not faults:  # decoding and verifying only: the steps whose drafts the model sizes
-                self.cost_model.observe(total, forward_s, len(seqs))
             self.acceptance.observe(drafts, accepted)
         self._compact(seqs, chunks, accepted)
         finished = []
@@ -358,7 +390,8 @@ class Engine:
         t.draft_s += sum(draft_s)
         t.forward_s += forward_s
         t.bookkeeping_s += book_s
-        t.last_step = dict(sequences=len(seqs), tokens_fed=total, draft_verified=total - base, forward_s=forward_s, step_s=step_s)
+        t.last_step = dict(sequences=len(seqs), tokens_fed=total, draft_verified=sum(len(d) for d in drafts), forward_s=forward_s,
+                           step_s=step_s, run_ahead_rows=sum(len(c) for _, c in ahead))
         return outputs
 
     @staticmethod

@@ -2,8 +2,8 @@
 
 One ``[slots, kv_heads, capacity, head_dim]`` tensor per layer for keys and one for values, so layers
 may differ in shape. The runner addresses entries only through this class (write rows, read the first
-``length`` entries of some slots, move entries within a slot), so the storage can become paged blocks
-without touching the attention or the model code.
+``length`` entries of some slots, move entries within a slot, copy a prefix between slots), so the
+storage can become paged blocks without touching the attention or the model code.
 """
 
 from __future__ import annotations
@@ -77,6 +77,12 @@ class KVCache:
         for keys, values in zip(self.keys, self.values):
             keys[s, :, b] = keys[s, :, a]
             values[s, :, b] = values[s, :, a]
+
+    def copy_prefix(self, src_slot: int, dst_slot: int, length: int) -> None:
+        """Copy the first `length` entries of one slot into another, in every layer."""
+        for keys, values in zip(self.keys, self.values):
+            keys[dst_slot, :, :length] = keys[src_slot, :, :length]
+            values[dst_slot, :, :length] = values[src_slot, :, :length]
 
     def clear(self, slot: int) -> None:
         """Zero one slot's keys and values in every layer."""

@@ -140,6 +140,11 @@ class ModelRunner:
         """Zero a slot's keys and values: NaN left there would leak through the masks into its next user."""
         self.kv.clear(slot)
 
+    def copy_prefix(self, src_slot: int, dst_slot: int, length: int) -> None:
+        """Copy the first `length` cache entries of one slot into another, in every layer (a sequence
+        that shares a prefix with a live one starts without prefilling it)."""
+        self.kv.copy_prefix(src_slot, dst_slot, length)
+
 
 @dataclass
 class LogitHead:

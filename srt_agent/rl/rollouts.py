@@ -1,15 +1,17 @@
-"""The rollout side of training: one engine and controller per drafter, all on one inference model.
+"""The rollout side of training: one engine and controller per variant, all on one inference model.
 
-The first drafter's rollouts feed training; the others (``--compare``) regenerate the same step from
-the same weights and seeds for timing. Every engine keeps its drafter's trees across steps and
-weight updates: that memory of earlier policy versions is what SRT drafts from.
+A variant is a drafter with or without run-ahead. The first variant's rollouts feed training; the
+others (``--compare``, the ablation's stages) regenerate the same step from the same weights and seeds
+for timing. Every engine keeps its drafter's trees across steps and weight updates: that memory of
+earlier policy versions is what SRT drafts from. A variant with run-ahead gets a window per run: the
+batch being rolled out and the prompts that come next.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,16 +21,32 @@ from ..agent.datasets import Task
 from ..agent.rollout import RolloutSummary, build_controller, run_rollouts
 from ..agent.trajectory import Trajectory
 from ..cache import RolloutCache
+from ..engine.run_ahead import RunAheadOptions, WindowPrompt
 from ..models import LoadedModel
+from .rollout_trace import cost_table, engine_settings
+
+
+@dataclass(frozen=True)
+class RolloutVariant:
+    """An engine configuration that generates rollouts: a name, a drafter, run-ahead options or None."""
+
+    name: str
+    drafter: str
+    run_ahead: RunAheadOptions | None = None
 
 
 @dataclass
 class RolloutRun:
-    """One drafter's rollouts of one batch of tasks."""
+    """One variant's rollouts of one batch of tasks (and what its run-ahead did meanwhile)."""
 
     drafter: str
     trajectories: list[Trajectory]
     summary: RolloutSummary
+    tasks: list[Task] = field(default_factory=list)  # the batch (a trajectory's task_index points into it)
+    run_ahead: dict | None = None  # what run-ahead did meanwhile (RunAheadStats figures)
+    run_ahead_written: list = field(default_factory=list)  # (prompt key, context, tokens) it put into the trees
+    cost: dict = field(default_factory=dict)  # the engine's step-cost table when the run began
+    settings: dict = field(default_factory=dict)  # the engine's batch, draft and tree settings
 
     @property
     def wall_s(self) -> float:
@@ -36,22 +54,28 @@ class RolloutRun:
 
 
 class PolicyRollouts:
-    """Engines (one per drafter, sharing `loaded`'s module) that generate a step's multi-turn rollouts."""
+    """Engines (one per variant, sharing `loaded`'s module) that generate a step's multi-turn rollouts.
 
-    def __init__(self, config: EnvConfig, loaded: LoadedModel, tools: dict, drafters: Sequence[str]):
-        if not drafters:
+    `variants` are `RolloutVariant`s or drafter names (a drafter without run-ahead).
+    """
+
+    def __init__(self, config: EnvConfig, loaded: LoadedModel, tools: dict, variants: Sequence[str | RolloutVariant]):
+        variants = [v if isinstance(v, RolloutVariant) else RolloutVariant(v, v) for v in variants]
+        if not variants:
             raise ValueError("need at least one drafter")
-        if len(set(drafters)) != len(drafters):
-            raise ValueError(f"drafters listed twice: {list(drafters)}")
+        names = [v.name for v in variants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"drafters listed twice: {names}")
         self.loaded = loaded
+        self.variants = {v.name: v for v in variants}
         self.controllers: dict[str, MultiTurnController] = {}
         try:
-            for name in drafters:
-                self.controllers[name] = build_controller(config, loaded=loaded, drafter=name, tools=tools)
+            for v in variants:
+                self.controllers[v.name] = build_controller(config, loaded=loaded, drafter=v.drafter, tools=tools, run_ahead=v.run_ahead)
         except BaseException:
             self.close()
             raise
-        self.main = drafters[0]
+        self.main = names[0]
 
     @property
     def drafters(self) -> list[str]:
@@ -64,10 +88,47 @@ class PolicyRollouts:
         n_samples: int,
         seed: int,
         on_done: Callable[[Trajectory], None] | None = None,
+        upcoming: Sequence[Task] | None = None,
     ) -> RolloutRun:
-        """`n_samples` multi-turn rollouts of every task with `drafter`'s engine, seeded by `seed`."""
-        trajectories, summary = run_rollouts(self.controllers[drafter], tasks, n_samples, on_done, seed)
-        return RolloutRun(drafter, trajectories, summary)
+        """`n_samples` multi-turn rollouts of every task with variant `drafter`'s engine, seeded by `seed`.
+
+        Given `upcoming` (and run-ahead options), the variant runs ahead meanwhile: its window holds
+        `tasks` (while their groups run) and `upcoming`."""
+        ahead = self.variants[drafter].run_ahead is not None and upcoming is not None
+        engine = self.controllers[drafter].engine
+        cost, settings = engine.call(lambda e: (cost_table(e.cost_model), engine_settings(e))).result()
+        if ahead:
+            before = self.run_ahead_stats(drafter)
+            self.open_run_ahead(drafter, tasks, upcoming)
+        try:
+            trajectories, summary = run_rollouts(self.controllers[drafter], tasks, n_samples, on_done, seed)
+        finally:
+            written = self.close_run_ahead(drafter) if ahead else []
+        run = RolloutRun(drafter, trajectories, summary, list(tasks), run_ahead_written=written, cost=cost, settings=settings)
+        if ahead:
+            run.run_ahead = stats_delta(before, self.run_ahead_stats(drafter))
+        return run
+
+    def open_run_ahead(self, drafter: str, current: Sequence[Task], upcoming: Sequence[Task], phase: str = "rollout") -> None:
+        """Open variant `drafter`'s run-ahead window: `current` tasks (served while their groups run) and
+        `upcoming` ones (a prompt in both counts as upcoming)."""
+        controller = self.controllers[drafter]
+        ahead = {t.key for t in upcoming}
+        prompts = [WindowPrompt(t.key, *controller.opening(t), upcoming=False) for t in current if t.key not in ahead]
+        prompts += [WindowPrompt(t.key, *controller.opening(t), upcoming=True) for t in {t.key: t for t in upcoming}.values()]
+        controller.engine.call(lambda engine: engine.run_ahead.open(prompts, phase)).result()
+
+    def close_run_ahead(self, drafter: str) -> list[tuple]:
+        """Close the window; returns what it wrote into the trees: (prompt key, context, tokens) per sequence."""
+
+        def close(engine) -> list[tuple]:
+            engine.run_ahead.close()
+            return engine.run_ahead.written
+
+        return self.controllers[drafter].engine.call(close).result()
+
+    def run_ahead_stats(self, drafter: str) -> dict:
+        return self.controllers[drafter].engine.call(lambda engine: engine.run_ahead.stats.as_dict()).result()
 
     def update_weights(self, weights: dict[str, torch.Tensor]) -> float:
         """Load new policy weights into every engine (in memory, on each engine's thread); returns seconds."""
@@ -103,3 +164,8 @@ class PolicyRollouts:
     def close(self) -> None:
         for controller in self.controllers.values():
             controller.engine.close()
+
+
+def stats_delta(before: dict, after: dict) -> dict:
+    """`after - before` for every number (nested dicts too)."""
+    return {k: stats_delta(before[k], v) if isinstance(v, dict) else v - before[k] for k, v in after.items()}

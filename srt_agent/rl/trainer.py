@@ -38,7 +38,7 @@ from .evaluate import ToolUseReport, tool_use_report
 from .metrics import identical_share, rollout_metrics, sample_metrics
 from .policy import Policy
 from .report import step_table, write_report
-from .rollouts import PolicyRollouts, RolloutRun
+from .rollouts import PolicyRollouts, RolloutRun, RolloutVariant, stats_delta
 from .trackers import Tracker, make_trackers
 from .traces import trajectory_sample
 from .update import logprob_mismatch, needs_old_pass, score_samples, update_policy
@@ -60,7 +60,7 @@ class RunParts:
 class StepRollouts:
     """A step's rollout rounds (dynamic sampling may need several) with the training drafter."""
 
-    rounds: list[tuple[list, int]]  # (tasks, seed) per round
+    rounds: list[tuple[list, int, list]]  # (tasks, seed, upcoming tasks) per round
     runs: list[RolloutRun]
 
     @property
@@ -77,7 +77,9 @@ class Trainer:
 
     ``Trainer(config, out_dir).run()`` runs the cold start (or takes it from the cache) and the RL
     steps, writing checkpoints, rollouts, tracker logs, report.json, plots.png and summary.md to
-    `out_dir`. `resume` continues from a checkpoint (a step folder or a run's out dir).
+    `out_dir`. `resume` continues from a checkpoint (a step folder or a run's out dir). `variants`
+    replaces the training drafter and the compared ones (the first trains); `on_step(step, metrics,
+    runs)` sees every finished step with each variant's rollout runs.
     """
 
     def __init__(
@@ -92,6 +94,8 @@ class Trainer:
         loaded: LoadedModel | None = None,
         cold_start: bool | None = None,
         console: Console | None = None,
+        variants: Sequence[RolloutVariant] | None = None,
+        on_step: Callable[[int, dict[str, float], dict[str, list[RolloutRun]]], None] | None = None,
     ):
         self.config = config.model_copy(deep=True)
         train = self.config.train
@@ -118,6 +122,20 @@ class Trainer:
         self.history: list[dict[str, float]] = []
         self.cold: ColdStartResult | None = None
         self.interrupted = False
+        self.variants = list(variants) if variants is not None else self._variants()
+        self.on_step = on_step
+        self._step_runs: dict[str, list[RolloutRun]] = {}
+
+    @property
+    def compared(self) -> list[str]:
+        """Names of the variants that regenerate every step beside the training one."""
+        return [v.name for v in self.variants[1:]]
+
+    def _variants(self) -> list[RolloutVariant]:
+        """The training drafter (with run-ahead if the config turns it on), then the compared drafters."""
+        cfg, train = self.config, self.config.train
+        main = RolloutVariant(cfg.engine.drafter, cfg.engine.drafter, cfg.engine.run_ahead.options(seed=train.seed))
+        return [main] + [RolloutVariant(name, name) for name in train.compare]
 
     @classmethod
     def from_env_file(cls, path: str | Path, out_dir: str | Path, **options) -> Trainer:
@@ -136,14 +154,16 @@ class Trainer:
         tasks = cfg.dataset.tasks()
         if not tasks:
             raise ConfigError("dataset: no tasks")
-        rollouts = PolicyRollouts(cfg, self.loaded, tools, [cfg.engine.drafter, *train.compare])
+        rollouts = PolicyRollouts(cfg, self.loaded, tools, self.variants)
         trackers: list[Tracker] = []
         try:
+            others = rollouts.drafters[1:]
             self._log(
                 f"[bold]{self.loaded.name}[/bold] on {rollouts.controllers[rollouts.main].engine.engine.device}: "
                 f"{train.algorithm.upper()}, {train.steps} steps × {train.prompts_per_step} prompts × "
-                f"{cfg.n_samples} samples, rollouts with [bold]{cfg.engine.drafter}[/bold]"
-                + (f", compared with {', '.join(train.compare)}" if train.compare else "")
+                f"{cfg.n_samples} samples, rollouts with [bold]{rollouts.main}[/bold]"
+                + (" and run-ahead" if self.variants[0].run_ahead is not None else "")
+                + (f", compared with {', '.join(others)}" if others else "")
             )
             state, saved_caches = load_checkpoint(self.resume) if self.resume is not None else (None, {})
             if state is None:
@@ -169,12 +189,14 @@ class Trainer:
             for step in range(first + 1, train.steps + 1):
                 cursor = sampler.state_dict()
                 metrics, trajectories = self._step(step, parts)
+                if self.on_step is not None:
+                    self.on_step(step, metrics, self._step_runs)
                 with deferred_interrupt():
                     self.history.append(metrics)
                     write_jsonl(trajectories, self.out_dir / "rollouts" / f"step-{step:06d}.jsonl")
                     for tracker in trackers:
                         tracker.log({k: v for k, v in metrics.items() if k != "step"}, step)
-                    self.console.print(step_table(metrics, train.compare, header=len(self.history) == 1))
+                    self.console.print(step_table(metrics, self.compared, header=len(self.history) == 1))
                     self._warn(metrics)
                     if step % train.checkpoint_every == 0 or step == train.steps:
                         self._save(step, parts)
@@ -191,17 +213,21 @@ class Trainer:
         train, rollouts = self.config.train, parts.rollouts
         t_step = time.perf_counter()
         gen = self._generate(step, rollouts, parts.sampler)
+        self._step_runs = {rollouts.main: gen.runs}
         metrics: dict[str, float] = {"step": float(step)}
         metrics.update(rollout_metrics(gen.trajectories, _merged_summary(gen.runs)))
         metrics["timing_s/gen"] = gen.wall_s
         metrics["training/sampling_rounds"] = float(len(gen.runs))
-        for name in train.compare:
+        metrics.update(run_ahead_metrics(gen.runs, gen.wall_s))
+        for name in rollouts.drafters[1:]:
             metrics.update(self._compare(name, gen, rollouts))
         samples, filtered = self._samples(gen)
         metrics["training/filtered_groups"] = float(filtered)
         with deferred_interrupt():
             if samples:
-                metrics.update(self._update(samples, parts, step))
+                with self._update_bubble(rollouts, parts.sampler) as bubble:
+                    metrics.update(self._update(samples, parts, step))
+                metrics.update(bubble)
             else:
                 metrics["training/skipped_updates"] = 1.0
                 metrics["timing_s/update_actor"] = 0.0
@@ -222,9 +248,10 @@ class Trainer:
         kept = 0
         for round_index in range(train.max_sampling_rounds if train.dynamic_sampling else 1):
             tasks = sampler.next_batch(train.prompts_per_step - kept)
+            upcoming = sampler.peek(self.config.engine.run_ahead.window or train.prompts_per_step)
             seed = step_seed(train.seed, step, round_index)
-            run = self._run_with_progress(rollouts, rollouts.main, tasks, seed, f"step {step} rollouts")
-            gen.rounds.append((tasks, seed))
+            run = self._run_with_progress(rollouts, rollouts.main, tasks, seed, f"step {step} rollouts", upcoming=upcoming)
+            gen.rounds.append((tasks, seed, upcoming))
             gen.runs.append(run)
             if not train.dynamic_sampling:
                 break
@@ -233,25 +260,48 @@ class Trainer:
                 break
         return gen
 
-    def _run_with_progress(self, rollouts, drafter, tasks, seed, label, n: int | None = None) -> RolloutRun:
+    def _run_with_progress(self, rollouts, drafter, tasks, seed, label, n: int | None = None, upcoming=None) -> RolloutRun:
         n = n or self.config.n_samples
         columns = (TextColumn(f"[bold]{label}[/bold] ({drafter})"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=self.console, transient=True) as progress:
             bar = progress.add_task("", total=len(tasks) * n)
-            return rollouts.run(drafter, tasks, n, seed, on_done=lambda _: progress.advance(bar))
+            return rollouts.run(drafter, tasks, n, seed, on_done=lambda _: progress.advance(bar), upcoming=upcoming)
 
     def _compare(self, name: str, gen: StepRollouts, rollouts: PolicyRollouts) -> dict[str, float]:
-        """Regenerate the step's rounds with drafter `name`: same weights, same seeds."""
-        runs = [self._run_with_progress(rollouts, name, tasks, seed, "compare") for tasks, seed in gen.rounds]
+        """Regenerate the step's rounds with variant `name`: same weights, same seeds."""
+        runs = [self._run_with_progress(rollouts, name, tasks, seed, "compare", upcoming=upcoming)
+                for tasks, seed, upcoming in gen.rounds]
+        self._step_runs[name] = runs
         trajectories = [t for run in runs for t in run.trajectories]
         wall = sum(run.wall_s for run in runs)
         summary = _merged_summary(runs)
-        return {
+        out = {
             f"compare/{name}/gen_s": wall,
             f"compare/{name}/speedup": wall / gen.wall_s if gen.wall_s > 0 else 0.0,
             f"compare/{name}/tokens_per_forward": summary.tokens_per_forward,
+            f"compare/{name}/accepted_per_forward": summary.draft_accepted / summary.forwards if summary.forwards else 0.0,
             f"compare/{name}/identical": identical_share(gen.trajectories, trajectories),
         }
+        out.update({f"compare/{name}/{k}": v for k, v in run_ahead_metrics(runs, wall).items()})
+        return out
+
+    @contextlib.contextmanager
+    def _update_bubble(self, rollouts: PolicyRollouts, sampler: PromptSampler) -> Iterator[dict[str, float]]:
+        """Run ahead on the next step's prompts while the policy updates, if the config asks for it;
+        yields the metrics dict it fills (tokens, and how long the update took beside it)."""
+        main = self.variants[0]
+        out: dict[str, float] = {}
+        if main.run_ahead is None or "update" not in main.run_ahead.bubbles:
+            yield out
+            return
+        window = sampler.peek(self.config.engine.run_ahead.window or self.config.train.prompts_per_step)
+        before = rollouts.run_ahead_stats(main.name)
+        rollouts.open_run_ahead(main.name, [], window, phase="update")
+        try:
+            yield out
+        finally:
+            rollouts.close_run_ahead(main.name)
+            out["run_ahead/update_tokens"] = float(stats_delta(before, rollouts.run_ahead_stats(main.name))["tokens"])
 
     def _informative(self, gen: StepRollouts) -> set:
         rewards, groups = [], []
@@ -326,7 +376,7 @@ class Trainer:
         if metrics.get("training/nonfinite_updates", 0):
             self._log(f"[red]step {metrics['step']:.0f}: non-finite loss or gradient; "
                       f"{metrics['training/nonfinite_updates']:.0f} optimizer step(s) skipped[/red]")
-        for name in self.config.train.compare:
+        for name in self.compared:
             share = metrics.get(f"compare/{name}/identical", 1.0)
             if share < 1.0:
                 self._log(
@@ -430,7 +480,7 @@ class Trainer:
         cfg, train = self.config, self.config.train
         totals: dict = {}
         gen = sum(m.get("timing_s/gen", 0.0) for m in self.history)
-        for name in train.compare:
+        for name in self.compared:
             other = sum(m.get(f"compare/{name}/gen_s", 0.0) for m in self.history)
             if gen > 0:
                 totals[f"speedup_vs_{name}"] = other / gen
@@ -442,7 +492,7 @@ class Trainer:
             "name": cfg.name,
             "algorithm": train.algorithm,
             "drafter": cfg.engine.drafter,
-            "compare": list(train.compare),
+            "compare": self.compared,
             "model": self.loaded.name if self.loaded else cfg.model,
             "interrupted": self.interrupted,
             "cold_start": self.cold.report() if self.cold else None,
@@ -478,6 +528,21 @@ def compute_advantages(samples: Sequence[Sample], train) -> None:
         n = len(s.response_ids)
         s.advantages = adv[i, :n].tolist()
         s.returns = returns[i, :n].tolist()
+
+
+def run_ahead_metrics(runs: Sequence[RolloutRun], gen_s: float) -> dict[str, float]:
+    """What run-ahead did during these rollout runs: tokens put into the trees (per bubble), the
+    share of the forward passes' rows it fed, and its predicted share of the generation time."""
+    stats = [run.run_ahead for run in runs if run.run_ahead is not None]
+    if not stats:
+        return {}
+    total = {k: sum(s[k] for s in stats) for k in ("tokens", "rows", "real_rows", "sequences", "preempted", "added_s", "tokens_upcoming", "prefill_tokens", "copied_tokens")}
+    out = {f"run_ahead/{k}": float(v) for k, v in total.items()}
+    for bubble in stats[0]["tokens_by_bubble"]:
+        out[f"run_ahead/tokens_{bubble}"] = float(sum(s["tokens_by_bubble"][bubble] for s in stats))
+    out["run_ahead/row_share"] = total["rows"] / max(total["rows"] + total["real_rows"], 1)
+    out["run_ahead/time_share"] = total["added_s"] / gen_s if gen_s > 0 else 0.0
+    return out
 
 
 def step_seed(seed: int, step: int, round_index: int = 0) -> int:

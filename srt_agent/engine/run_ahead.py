@@ -1,0 +1,433 @@
+"""Run-ahead generation: capacity a rollout step leaves idle is spent on continuations of prompts that
+come soon; their tokens enter the prompts' trees and nothing else.
+
+**Bubbles.** ``tail``: real sequences run but fewer than the device serves at nearly the same cost, so
+run-ahead rows ride along while the cost model predicts the step grows by at most ``slack`` of its
+cost. ``tools``: every real sequence is parked on its environment (a tool call); a run-ahead step may
+cost up to ``1 + slack`` plain one-sequence decode steps (a returning request waits at most about one
+step). ``update``: nothing real at all while the trainer updates the policy (opened explicitly).
+
+**What fills them.** A window of prompts the trainer names: the current step's (served only while
+their group still has a live request) and the next step's (look-ahead). The prompt with the fewest
+run-ahead tokens, counting the prefill it would need, goes next. A sequence starts from the prompt or,
+with ``start="branch"``, from a point where two real rollouts of the prompt disagreed (their longest
+common prefix), and runs up to ``tokens_per_sequence`` tokens or a stop. Its KV is copied from the
+live sequence sharing the longest prefix with it (a sibling, or an earlier run-ahead sequence of the
+prompt); only the rest is prefilled, in chunks that fit the allowance.
+
+**Invisible.** Run-ahead sequences are not requests: no request id, output, log-prob, metric of real
+work or idle-capacity figure sees them. They sample with seeds of their own. Real requests take
+capacity first: before each step, run-ahead sequences give up the slots that waiting requests need,
+and a new weight version drops them all (their KV is stale).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Hashable, Sequence as Seq
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from .model_runner import Chunk
+from .params import SamplingParams
+from .sequence import Sequence, Status
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+BUBBLES = ("tail", "tools", "update")
+STARTS = ("prompt", "branch")
+PHASES = ("rollout", "update")
+
+
+@dataclass
+class RunAheadOptions:
+    """How the engine runs ahead (see the module docstring)."""
+
+    bubbles: tuple[str, ...] = ("tail", "tools")
+    slack: float = 0.1  # a step may grow by this fraction of its predicted cost
+    tokens_per_sequence: int = 48
+    budget_tokens: int = 4096  # run-ahead tokens per window (an RL step), at most
+    start: str = "prompt"
+    max_sequences: int = 0  # run-ahead sequences at once (0: as many as there are free slots)
+    max_prefill_tokens: int = 512  # prefill per step in the update bubble (no real step to protect)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.bubbles = tuple(self.bubbles)
+        bad = [b for b in self.bubbles if b not in BUBBLES]
+        if bad:
+            raise ValueError(f"unknown run-ahead bubble(s) {bad}; choose from {list(BUBBLES)}")
+        if self.start not in STARTS:
+            raise ValueError(f"unknown run-ahead start {self.start!r}; choose one of {list(STARTS)}")
+        if self.slack < 0 or self.tokens_per_sequence < 1 or self.budget_tokens < 0 or self.max_sequences < 0:
+            raise ValueError("run-ahead needs slack >= 0, tokens_per_sequence >= 1, budget_tokens >= 0, max_sequences >= 0")
+
+
+@dataclass
+class WindowPrompt:
+    """A prompt run-ahead may continue: its tree key, its opening tokens and how it is sampled.
+
+    `upcoming`: a prompt of a later step (look-ahead); otherwise one of the current step, served only
+    while the engine holds a live request of it.
+    """
+
+    prompt_key: Hashable
+    prompt_ids: list[int]
+    params: SamplingParams
+    upcoming: bool = True
+
+
+@dataclass
+class RunAheadStats:
+    """What run-ahead did; ``tokens`` went into the trees and nowhere else."""
+
+    windows: int = 0
+    sequences: int = 0
+    tokens: int = 0
+    rows: int = 0  # token rows fed to forward passes (prefill included)
+    prefill_tokens: int = 0
+    copied_tokens: int = 0  # KV entries copied from a live sequence instead of prefilled
+    preempted: int = 0  # sequences dropped because a real request needed the slot
+    dropped: int = 0  # sequences dropped by a weight update or a closed window
+    steps: int = 0  # forward passes that carried run-ahead rows
+    alone_steps: int = 0  # of them, passes without real rows
+    shared_rows: int = 0  # rows that rode along with real rows
+    real_rows: int = 0  # rows real sequences fed while a window was open
+    added_s: float = 0.0  # predicted seconds added to real steps + measured seconds of passes alone
+    tokens_by_bubble: dict[str, int] = field(default_factory=lambda: dict.fromkeys(BUBBLES, 0))
+    tokens_upcoming: int = 0  # tokens continuing look-ahead prompts (the rest: the current step's)
+    starts_from_branch: int = 0
+
+    def as_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["tokens_by_bubble"] = dict(self.tokens_by_bubble)
+        return out
+
+
+@dataclass
+class _Runner:
+    """One run-ahead sequence and what it was started for."""
+
+    seq: Sequence
+    prompt: WindowPrompt
+    bubble: str = "tail"
+
+
+class RunAhead:
+    """The engine's run-ahead: picks rows for each step, absorbs their tokens, yields to real work."""
+
+    def __init__(self, engine: Engine, options: RunAheadOptions | None = None):
+        drafter = engine.drafter
+        if drafter is None or not hasattr(drafter, "start_run_ahead"):
+            name = getattr(drafter, "name", "none")
+            raise ValueError(f"run-ahead needs a drafter that keeps per-prompt trees (srt); {name!r} has none")
+        self.engine = engine
+        self.options = options or RunAheadOptions()
+        self.window: list[WindowPrompt] = []
+        self.phase: str | None = None
+        self.spent = 0  # tokens generated in the open window
+        self.active: list[_Runner] = []
+        self.per_prompt: dict[Hashable, int] = {}  # run-ahead tokens per prompt in the window
+        self.stats = RunAheadStats()
+        self.written: list[tuple[Hashable, list[int], list[int]]] = []  # (prompt key, context, tokens) of the window
+        self._rng = random.Random(f"run-ahead/{self.options.seed}")
+        self._ids = 0
+
+    # ----- the window -----------------------------------------------------------------------------
+
+    def open(self, prompts: Seq[WindowPrompt], phase: str = "rollout", budget_tokens: int | None = None) -> None:
+        """Serve `prompts` from now on (phase "rollout": during a step's rollouts; "update": while the
+        trainer updates). `budget_tokens` overrides the options' budget for this window."""
+        if phase not in PHASES:
+            raise ValueError(f"unknown run-ahead phase {phase!r}; choose one of {list(PHASES)}")
+        self.close()
+        self.window = list(prompts)
+        self.phase = phase
+        self.spent = 0
+        self.budget = self.options.budget_tokens if budget_tokens is None else budget_tokens
+        self.per_prompt = {p.prompt_key: 0 for p in self.window}
+        self.written = []
+        self.stats.windows += 1
+
+    def close(self) -> None:
+        """Stop serving the window; running run-ahead sequences end (their tokens stay in the trees)."""
+        for runner in list(self.active):
+            self._end(runner)
+            self.stats.dropped += 1
+        self.window, self.phase = [], None
+
+    def drop_all(self) -> None:
+        """End every run-ahead sequence (new weights: their KV is stale); the window stays open."""
+        for runner in list(self.active):
+            self._end(runner)
+            self.stats.dropped += 1
+
+    # ----- scheduling -----------------------------------------------------------------------------
+
+    def make_room(self) -> None:
+        """Give up the slots that waiting real requests need (before the scheduler admits them)."""
+        sched = self.engine.scheduler
+        need = len(sched.waiting) - len(sched.free_slots)
+        while need > 0 and self.active:
+            self._end(self.active[-1])
+            self.stats.preempted += 1
+            need -= 1
+
+    def _bubble(self, real: list[Sequence]) -> str | None:
+        sched = self.engine.scheduler
+        if self.phase is None or self.spent >= self.budget or sched.waiting:
+            return None
+        if real:
+            return "tail" if "tail" in self.options.bubbles and self.phase == "rollout" else None
+        if self.phase == "update":
+            return "update" if "update" in self.options.bubbles else None
+        parked = any(s.status is Status.HELD for s in self.engine.sequences.values())
+        return "tools" if parked and "tools" in self.options.bubbles else None
+
+    def ready(self) -> bool:
+        """Whether a step with no real work would run run-ahead rows (the engine loop should step)."""
+        if self._bubble([]) is None:
+            return False
+        return bool(self.active) or (self._may_start() and bool(self._eligible()))
+
+    def plan(self, real: list[Sequence], real_chunks: list[Chunk]) -> list[tuple[Sequence, Chunk]]:
+        """The run-ahead rows that ride along this step (or run alone when `real` is empty)."""
+        if self.phase is not None:
+            self.stats.real_rows += sum(len(c) for c in real_chunks)
+        bubble = self._bubble(real)
+        if bubble is None:
+            return []
+        cost = RowCost(self.engine.cost_model, bubble, self.options, sum(len(c) for c in real_chunks), len(real))
+        planned: list[tuple[Sequence, Chunk]] = []
+        for runner in list(self.active):
+            k = cost.fit(len(runner.seq.tokens) - runner.seq.num_cached)
+            if k == 0:
+                break
+            planned.append((runner.seq, self._chunk(runner.seq, k)))
+            runner.bubble = bubble
+        while self._may_start():
+            eligible = self._eligible()
+            if not eligible:
+                break
+            prompt = eligible[0]
+            context = self._context(prompt)
+            source, shared = self._kv_source(context)
+            k = cost.fit(len(context) - shared)
+            if k == 0:
+                break
+            runner = self._start(prompt, context, source, shared, bubble)
+            planned.append((runner.seq, self._chunk(runner.seq, k)))
+        if planned:
+            st = self.stats
+            st.steps += 1
+            st.rows += cost.tokens
+            if real:
+                st.shared_rows += cost.tokens
+                st.added_s += cost.added()
+            else:
+                st.alone_steps += 1
+        return planned
+
+    def absorb(
+        self, planned: list[tuple[Sequence, Chunk]], emitted: list[list[tuple[int, float]]], alone_s: float = 0.0,
+        broken: set[int] = frozenset(),
+    ) -> None:
+        """Take the tokens the planned rows produced (a row that only prefilled part of its context
+        produced none); finished sequences end. `alone_s`: the measured time of a pass without real rows;
+        `broken`: planned rows whose logits were not finite (their sequences end, tokens unkept)."""
+        self.stats.added_s += alone_s
+        runners = {id(r.seq): r for r in self.active}
+        for i, ((seq, chunk), out) in enumerate(zip(planned, emitted)):
+            runner = runners.get(id(seq))
+            if runner is None:
+                continue
+            if i in broken:
+                self.engine.runner.clear_slot(seq.slot)  # NaN KV: attention masks do not hide it
+                self._end(runner)
+                self.stats.dropped += 1
+                continue
+            fed_to = chunk.start + len(chunk)
+            self.stats.prefill_tokens += max(0, min(fed_to, seq.call_start) - chunk.start)
+            seq.num_cached = fed_to
+            if fed_to < len(seq.tokens) or not out:
+                continue  # still prefilling: this row's sample is not a continuation
+            seq.tokens.append(out[0][0])
+            self._store(runner, seq.tokens[-1:])
+            if self.engine.stops.check(seq) is not None or self.spent >= self.budget:
+                self._end(runner)
+
+    # ----- internals ------------------------------------------------------------------------------
+
+    def _may_start(self) -> bool:
+        limit = self.options.max_sequences or self.engine.scheduler.num_slots
+        return len(self.active) < limit and bool(self.engine.scheduler.free_slots)
+
+    def _live(self) -> list[Sequence]:
+        """Sequences with KV in a slot: real ones (running or parked) and run-ahead ones."""
+        real = [s for s in self.engine.sequences.values() if s.slot is not None and s.status is not Status.WAITING]
+        return real + [r.seq for r in self.active]
+
+    def _eligible(self) -> list[WindowPrompt]:
+        """Window prompts that may get a new sequence now, fewest run-ahead tokens (done, running and
+        to prefill) first; the current step's only while their group has a live request."""
+        live_keys = {s.prompt_key for s in self.engine.sequences.values()}
+        running: dict[Hashable, int] = {}
+        for r in self.active:
+            running[r.prompt.prompt_key] = running.get(r.prompt.prompt_key, 0) + 1
+        ranked = []
+        for index, prompt in enumerate(self.window):
+            if not prompt.upcoming and prompt.prompt_key not in live_keys:
+                continue
+            key = prompt.prompt_key
+            _, shared = self._kv_source(prompt.prompt_ids)
+            load = self.per_prompt.get(key, 0) + running.get(key, 0) * self.options.tokens_per_sequence
+            ranked.append((load + len(prompt.prompt_ids) - shared, index, prompt))
+        ranked.sort(key=lambda r: r[:2])
+        return [prompt for *_, prompt in ranked]
+
+    def _context(self, prompt: WindowPrompt) -> list[int]:
+        """Where a new sequence of `prompt` starts: the prompt, or a branch point of its rollouts."""
+        if self.options.start == "prompt":
+            return list(prompt.prompt_ids)
+        rollouts = self._rollouts(prompt)
+        points = branch_points(rollouts)
+        if not points:
+            return list(prompt.prompt_ids)
+        which, depth = self._rng.choice(points)
+        return list(prompt.prompt_ids) + rollouts[which][:depth]
+
+    def _rollouts(self, prompt: WindowPrompt) -> list[list[int]]:
+        """Responses of the prompt's real rollouts: live ones from the engine, finished ones from its tree."""
+        n = len(prompt.prompt_ids)
+        live = [s.tokens[n:] for s in self.engine.sequences.values()
+                if s.prompt_key == prompt.prompt_key and s.tokens[:n] == prompt.prompt_ids]
+        cache = self.engine.drafter.cache
+        lead = len(cache.prompt_tail(prompt.prompt_ids))
+        stored = [s[lead:] for s in cache.sequences(prompt.prompt_key, run_ahead=False)]
+        return live + [s for s in stored if s not in live]
+
+    def _kv_source(self, context: list[int]) -> tuple[Sequence | None, int]:
+        """The live sequence whose cached KV covers the longest prefix of `context`, and that length (at
+        most all but the context's last token, which is fed to get the next position's logits)."""
+        best, shared = None, 0
+        for seq in self._live():
+            n = common_prefix(seq.tokens, context, min(seq.num_cached, len(context) - 1))
+            if n > shared:
+                best, shared = seq, n
+        return best, shared
+
+    def _start(self, prompt: WindowPrompt, context: list[int], source: Sequence | None, shared: int, bubble: str) -> _Runner:
+        engine = self.engine
+        self._ids += 1
+        params = replace(prompt.params, max_tokens=self.options.tokens_per_sequence, seed=None)
+        seq = Sequence(f"run-ahead-{self._ids}", prompt.prompt_key, list(context), params,
+                       self._rng.getrandbits(63), call_start=len(context), status=Status.RUNNING)
+        seq.slot = engine.scheduler.free_slots.pop()
+        if source is not None and shared > 0:
+            engine.runner.copy_prefix(source.slot, seq.slot, shared)
+            self.stats.copied_tokens += shared
+        seq.num_cached = shared
+        engine.drafter.start_run_ahead(seq.request_id, prompt.prompt_key, context)
+        runner = _Runner(seq, prompt, bubble)
+        self.active.append(runner)
+        self.stats.sequences += 1
+        self.stats.starts_from_branch += len(context) > len(prompt.prompt_ids)
+        return runner
+
+    @staticmethod
+    def _chunk(seq: Sequence, k: int) -> Chunk:
+        tokens = seq.tokens[seq.num_cached : seq.num_cached + k]
+        return Chunk(seq.slot, seq.num_cached, tokens, len(tokens))
+
+    def _store(self, runner: _Runner, tokens: list[int]) -> None:
+        self.engine.drafter.add_tokens(runner.seq.request_id, tokens)
+        n = len(tokens)
+        self.spent += n
+        self.per_prompt[runner.prompt.prompt_key] = self.per_prompt.get(runner.prompt.prompt_key, 0) + n
+        st = self.stats
+        st.tokens += n
+        st.tokens_by_bubble[runner.bubble] += n
+        st.tokens_upcoming += n if runner.prompt.upcoming else 0
+
+    def _end(self, runner: _Runner) -> None:
+        seq = runner.seq
+        if seq.num_generated:
+            self.written.append((runner.prompt.prompt_key, seq.tokens[: seq.call_start], seq.output_ids))
+        self.active.remove(runner)
+        self.engine.drafter.stop_request(runner.seq.request_id)
+        self.engine.scheduler.release(runner.seq)
+
+
+class RowCost:
+    """What the run-ahead rows of one step may cost, in the cost model's terms.
+
+    With real rows (``tail``) the rows may add ``slack`` of the real step's predicted time, priced at
+    the linear fit's marginal cost; alone (``tools``) the pass may cost ``1 + slack`` one-sequence
+    decode steps, and always carries at least one row; in the ``update`` bubble only
+    ``max_prefill_tokens`` bound a pass.
+    """
+
+    def __init__(self, model, bubble: str, options: RunAheadOptions, real_tokens: int, real_seqs: int):
+        self.model, self.bubble, self.options = model, bubble, options
+        self.real_tokens, self.real_seqs = real_tokens, real_seqs
+        self.tokens = self.seqs = 0
+        if bubble == "tail":
+            self.allowance = options.slack * model.predict(real_tokens, real_seqs)
+        elif bubble == "tools":
+            self.allowance = (1.0 + options.slack) * model.predict(1, 1)
+        else:
+            self.allowance = float("inf")
+
+    def added(self, tokens: int | None = None, seqs: int | None = None) -> float:
+        """Predicted seconds of `tokens` run-ahead tokens over `seqs` sequences (default: those taken)."""
+        m = self.model
+        tokens = self.tokens if tokens is None else tokens
+        seqs = self.seqs if seqs is None else seqs
+        if seqs == 0:
+            return 0.0
+        if self.real_seqs:
+            return m.per_token_s * tokens + m.per_sequence_s * seqs
+        return m.fixed_s + m.per_token_s * tokens + m.per_sequence_s * (seqs - 1)
+
+    def fit(self, n: int) -> int:
+        """Take up to `n` tokens of one more sequence: how many fit (0: none, and no more rows this step)."""
+        if self.bubble == "update":
+            k = min(n, self.options.max_prefill_tokens - self.tokens)
+        else:
+            room = self.allowance - self.added(self.tokens, self.seqs + 1)
+            k = min(n, int(room // self.model.per_token_s)) if room >= 0 else 0
+            if not self.real_seqs and self.seqs == 0:
+                k = max(k, min(n, 1))
+        k = max(k, 0)
+        if k:
+            self.tokens += k
+            self.seqs += 1
+        return k
+
+
+def common_prefix(a: Seq[int], b: Seq[int], limit: int | None = None) -> int:
+    """Length of the common prefix of `a` and `b` (at most `limit`), by slice comparisons."""
+    n = min(len(a), len(b), limit if limit is not None else len(b))
+    if n <= 0 or list(a[:n]) == list(b[:n]):
+        return max(n, 0)
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if list(a[lo:mid]) == list(b[lo:mid]):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def branch_points(rollouts: Seq[Seq[int]]) -> list[tuple[int, int]]:
+    """Where two rollouts of a prompt disagreed: (rollout index, depth) for each distinct point at which
+    a rollout and another one that shares all its tokens before it continue differently."""
+    points: dict[tuple[int, ...], tuple[int, int]] = {}
+    for i, a in enumerate(rollouts):
+        for b in rollouts[i + 1 :]:
+            d = common_prefix(a, b)
+            if d < len(a) and d < len(b):
+                points.setdefault(tuple(a[:d]), (i, d))
+    return sorted(points.values())

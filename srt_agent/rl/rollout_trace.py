@@ -1,0 +1,135 @@
+"""Rollout traces: what a run's rollouts did, recorded once so the replay simulator can rerun it without
+the model.
+
+Per RL step: every trajectory as the engine saw it (the first call's prompt, then model-written turns
+and forced observations, each observation with the seconds its tool calls took), the engine's step
+costs as its cost model knew them when the step began, the run-ahead continuations the engine put into
+the trees, and the figures the replay is checked against (forwards and accepted draft tokens).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..agent.trajectory import Trajectory
+from ..engine.cost_model import ForwardCostModel
+
+
+@dataclass
+class TracedTrajectory:
+    """One episode as engine calls: ``prompt_ids`` starts the first call (its last ``prefix_len`` tokens
+    are a forced opening of the response); ``turns[i]`` are the tokens the model wrote in call i;
+    ``observations[i]`` (forced) and ``waits_s[i]`` follow it, if any."""
+
+    prompt_key: str
+    prompt_ids: list[int]
+    turns: list[list[int]]
+    observations: list[list[int]]
+    waits_s: list[float]
+    prefix_len: int = 0
+    forwards: int = 0
+    draft_accepted: int = 0
+
+    @classmethod
+    def of(cls, traj: Trajectory, prompt_key: str) -> TracedTrajectory:
+        """Split a trajectory at its mask changes: a forced prefix joins the prompt; model runs are turns."""
+        runs: list[tuple[int, list[int]]] = []
+        for token, mask in zip(traj.response_ids, traj.response_mask):
+            if runs and runs[-1][0] == mask:
+                runs[-1][1].append(token)
+            else:
+                runs.append((mask, [token]))
+        prompt = list(traj.prompt_ids)
+        prefix = runs.pop(0)[1] if runs and runs[0][0] == 0 else []
+        turns = [tokens for mask, tokens in runs if mask == 1]
+        observations = [tokens for mask, tokens in runs if mask == 0]
+        waits = [sum(c.wall_s for c in traj.tool_calls if c.turn == i) for i in range(len(observations))]
+        return cls(prompt_key, prompt + prefix, turns, observations, waits, len(prefix), traj.forwards, traj.draft_accepted)
+
+
+@dataclass
+class TracedRunAhead:
+    """A run-ahead continuation: the prompt's key, the context it continued and the tokens it wrote."""
+
+    prompt_key: str
+    context: list[int]
+    tokens: list[int]
+
+
+@dataclass
+class TracedStep:
+    """One RL step of one engine: its trajectories, cost table and run-ahead content."""
+
+    step: int
+    trajectories: list[TracedTrajectory]
+    cost: dict  # ForwardCostModel figures when the step began (see `cost_table`)
+    run_ahead: list[TracedRunAhead] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def accepted_per_forward(self) -> float:
+        forwards = sum(t.forwards for t in self.trajectories)
+        return sum(t.draft_accepted for t in self.trajectories) / forwards if forwards else 0.0
+
+
+@dataclass
+class RolloutTrace:
+    """A run of one engine configuration (`variant`) over consecutive RL steps."""
+
+    variant: str
+    drafter: str
+    limits: dict  # max_tokens_per_turn, max_response_tokens
+    engine: dict  # max_batch, max_context, max_draft_tokens, min_draft_gain, adaptive_drafts
+    cache: dict  # the drafter's RolloutCache options (max_depth, max_match, max_bytes)
+    run_ahead: dict | None = None  # the engine's RunAheadOptions, if it ran ahead
+    steps: list[TracedStep] = field(default_factory=list)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self)))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> RolloutTrace:
+        try:
+            data = json.loads(Path(path).read_text())
+            steps = [
+                TracedStep(
+                    s["step"], [TracedTrajectory(**t) for t in s["trajectories"]], s["cost"],
+                    [TracedRunAhead(**r) for r in s.get("run_ahead", [])], s.get("wall_s", 0.0),
+                )
+                for s in data.pop("steps")
+            ]
+            return cls(**data, steps=steps)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path} is not a rollout trace: {exc}") from None
+
+
+def engine_settings(engine) -> dict:
+    """What the replay needs to know of an engine: its batch, context and draft settings and its
+    drafter's tree options."""
+    cache = getattr(engine.drafter, "cache", None)
+    return dict(
+        engine=dict(max_batch=engine.scheduler.num_slots, max_context=engine.max_context, max_draft_tokens=engine.max_draft_tokens,
+                    min_draft_gain=engine.min_draft_gain, adaptive_drafts=engine.adaptive_drafts),
+        cache=dict(max_depth=cache.max_depth, max_match=cache.max_match, max_bytes=cache.max_bytes) if hasattr(cache, "max_depth") else {},
+    )
+
+
+def cost_table(model: ForwardCostModel) -> dict:
+    """A cost model's figures: the linear fit and every measured shape."""
+    return {
+        "fixed_s": model.fixed_s, "per_token_s": model.per_token_s, "per_sequence_s": model.per_sequence_s,
+        "shapes": model.measured(),
+    }
+
+
+def cost_model_of(table: dict) -> ForwardCostModel:
+    """A cost model with a recorded table's figures (the replay never updates it)."""
+    model = ForwardCostModel()
+    model.calibrate([(row["tokens"], row["seconds"], row["sequences"]) for row in table["shapes"]])
+    model.fixed_s, model.per_token_s, model.per_sequence_s = table["fixed_s"], table["per_token_s"], table["per_sequence_s"]
+    return model
