@@ -100,6 +100,48 @@ def test_lru_eviction_drops_the_least_recently_used_prompt():
     assert cache.stats().bytes <= cache.max_bytes
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_run_ahead_content_goes_before_any_real_rollout(backend, tmp_path):
+    cache = RolloutCache(max_depth=8, max_match=4, backend=backend)
+    rng = random.Random(2)
+    for key in ("old", "new"):  # "old" is the least recently used prompt
+        cache.add_sequence(key, [rng.randrange(50) for _ in range(60)])
+    real_bytes = cache.stats().bytes
+    cache.max_bytes = real_bytes + real_bytes // 4
+    cache.start_request("ahead", "new", [1, 2, 3, 4], run_ahead=True)
+    for _ in range(20):  # run-ahead content of the newest prompt pushes the cache over its budget
+        cache.add_tokens("ahead", [rng.randrange(50) for _ in range(10)])
+    stats = cache.stats()
+    assert stats.evicted_prompts == 0 and stats.evicted_run_ahead >= 1  # only run-ahead content went
+    assert cache.prompt_keys() == ["old", "new"] and len(cache.sequences("old")) == 1
+    assert stats.bytes <= cache.max_bytes and stats.run_ahead_tokens == 0 and stats.run_ahead_bytes == 0
+    assert cache.draft_request("ahead", [1, 2, 3, 4], 4).token_ids == []  # detached: stores nothing more
+    cache.add_tokens("ahead", [7])
+    cache.stop_request("ahead")
+    # Counted and saved as run-ahead content: a reload keeps the mark.
+    cache.max_bytes = 1 << 30
+    cache.add_sequence("new", [9, 9, 9, 9, 5, 6], run_ahead=True)
+    assert cache.stats().run_ahead_sequences == 1 and cache.stats().run_ahead_tokens == 6
+    assert 0 < cache.stats().run_ahead_bytes < cache.stats().bytes
+    cache.save(tmp_path / "c.npz")
+    loaded = RolloutCache.load(tmp_path / "c.npz", backend=backend)
+    assert loaded.sequences("new", run_ahead=False) == cache.sequences("new", run_ahead=False)
+    assert loaded.sequences("new") == cache.sequences("new") and loaded.stats().run_ahead_sequences == 1
+
+
+def test_node_cap_drops_run_ahead_content_before_real_rollouts():
+    cache = RolloutCache(max_depth=8, max_match=4, max_nodes_per_prompt=300)
+    rng = random.Random(3)
+    real = [[rng.randrange(40) for _ in range(20)] for _ in range(3)]
+    for i in range(12):
+        cache.add_sequence("p", [rng.randrange(40) for _ in range(20)], run_ahead=True)
+        if i < 3:
+            cache.add_sequence("p", real[i])
+    kept = cache.sequences("p", run_ahead=False)
+    assert kept == real  # every real rollout survived the rebuilds; run-ahead ones were dropped first
+    assert len(cache.sequences("p")) - len(kept) < 9
+
+
 def test_a_running_request_whose_prompt_was_evicted_keeps_working():
     cache = RolloutCache(max_depth=8, max_match=4, max_bytes=1 << 30)
     cache.start_request("r", "a", [1, 2, 3])

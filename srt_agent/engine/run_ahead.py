@@ -252,6 +252,9 @@ class RunAhead:
             seq.num_cached = fed_to
             if fed_to < len(seq.tokens) or not out:
                 continue  # still prefilling: this row's sample is not a continuation
+            if self.spent >= self.budget:
+                self._end(runner)
+                continue
             seq.tokens.append(out[0][0])
             self._store(runner, seq.tokens[-1:])
             if self.engine.stops.check(seq) is not None or self.spent >= self.budget:

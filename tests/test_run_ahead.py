@@ -1,0 +1,160 @@
+"""Run-ahead: idle capacity fills the trees of coming prompts, invisibly and always after real work."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from srt_agent.cache import make_drafter
+from srt_agent.engine import Engine, SamplingParams
+from srt_agent.engine.run_ahead import RunAheadOptions, WindowPrompt, branch_points, common_prefix
+
+PROMPTS = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12]]
+UPCOMING = [[20, 21, 22, 23], [30, 31]]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def window(params: SamplingParams) -> list[WindowPrompt]:
+    current = [WindowPrompt(f"p{i}", p, params, upcoming=False) for i, p in enumerate(PROMPTS)]
+    return current + [WindowPrompt(f"u{i}", p, params) for i, p in enumerate(UPCOMING)]
+
+
+def engine(model, run_ahead: RunAheadOptions | None, **kw) -> Engine:
+    # A fixed cost table: every row costs the same, so the slack decides how many rows ride along.
+    e = Engine(model, drafter="srt", max_batch=kw.pop("max_batch", 8), max_context=128, calibrate=False, run_ahead=run_ahead, **kw)
+    e.cost_model.calibrate([(1, 0.010, 1), (2, 0.011, 2), (8, 0.018, 8)])
+    return e
+
+
+def rollouts(e: Engine, steps: int = 2) -> list[list]:
+    """Two "RL steps" of GRPO groups (3 prompts x 2 samples, lengths differ so the batch thins out)."""
+    outs = []
+    params = SamplingParams(temperature=0.8, max_tokens=24, seed=0)
+    for step in range(steps):
+        if e.run_ahead is not None:
+            e.run_ahead.open(window(params))
+        ps = [SamplingParams(temperature=0.8, max_tokens=6 + 5 * i, seed=100 * step + i) for i in range(6)]
+        got = e.generate([PROMPTS[i % 3] for i in range(6)], ps, prompt_keys=[f"p{i % 3}" for i in range(6)])
+        outs.append([(o.token_ids, o.logprobs, o.finish_reason) for o in got])
+        if e.run_ahead is not None:
+            e.run_ahead.close()
+        e.end_step()
+    return outs
+
+
+def test_run_ahead_changes_no_token_and_no_figure_of_real_work(tiny_llama):
+    plain = engine(tiny_llama, None, adaptive_drafts=False)
+    ahead = engine(tiny_llama, RunAheadOptions(slack=0.5, tokens_per_sequence=6), adaptive_drafts=False)
+    with_ahead, without = rollouts(ahead), rollouts(plain)
+    assert [[(t, f) for t, _, f in step] for step in with_ahead] == [[(t, f) for t, _, f in step] for step in without]
+    for step_a, step_b in zip(with_ahead, without):  # log-probs too (batch shapes differ: float64 rounding only)
+        for (_, a, _), (_, b, _) in zip(step_a, step_b):
+            assert a == pytest.approx(b, abs=1e-9)
+    # Real requests draft from run-ahead content too: more drafts, never fewer tokens or more steps.
+    assert ahead.stats()["tokens"] == plain.stats()["tokens"]
+    assert ahead.stats()["draft_proposed"] > plain.stats()["draft_proposed"]
+    assert ahead.stats()["steps"] <= plain.stats()["steps"]
+    st = ahead.run_ahead.stats
+    assert st.tokens > 0 and st.tokens_by_bubble["tail"] == st.tokens and st.shared_rows > 0
+    assert st.copied_tokens > 0  # current prompts start from a live sibling's KV
+    assert st.tokens_upcoming > 0 and st.prefill_tokens > 0  # look-ahead prompts are prefilled
+    cache = ahead.drafter.cache.stats()
+    assert cache.run_ahead_tokens > 0 and cache.run_ahead_sequences == st.sequences
+    # Run-ahead content is in the look-ahead prompts' trees, never under a request id of real work.
+    assert "u0" in ahead.drafter.cache and not any(k.startswith("run-ahead") for k in ahead.sequences)
+
+
+def test_slack_bounds_the_rows_that_ride_along(tiny_llama):
+    none = engine(tiny_llama, RunAheadOptions(slack=0.0))
+    rollouts(none, steps=1)
+    assert none.run_ahead.stats.tokens == 0
+    # 10 ms per sequence-step, 1 ms per extra row: 5% of a 1-sequence step is half a row, 30% is three.
+    few = engine(tiny_llama, RunAheadOptions(slack=0.3))
+    rollouts(few, steps=1)
+    assert 0 < few.run_ahead.stats.tokens
+
+
+def test_a_real_request_takes_the_slot_at_the_next_step(tiny_llama):
+    e = engine(tiny_llama, RunAheadOptions(slack=5.0, tokens_per_sequence=50), max_batch=2)
+    params = SamplingParams(temperature=0.8, max_tokens=30, seed=1)
+    e.run_ahead.open(window(params))
+    e.add_request(PROMPTS[0], params, "a", prompt_key="p0")
+    e.step()
+    e.step()
+    assert len(e.run_ahead.active) == 1 and not e.scheduler.free_slots  # run-ahead holds the second slot
+    e.add_request(PROMPTS[1], params, "b", prompt_key="p1")
+    e.step()
+    assert {s.request_id for s in e.scheduler.running} == {"a", "b"}
+    assert not e.run_ahead.active and e.run_ahead.stats.preempted == 1
+
+
+def test_tool_waits_are_filled_and_the_parked_sequence_keeps_its_kv(tiny_llama):
+    e = engine(tiny_llama, RunAheadOptions(slack=0.2, tokens_per_sequence=4), max_batch=4)
+    params = SamplingParams(temperature=0.8, max_tokens=5, seed=2)
+    e.add_request(PROMPTS[0], params, "a", prompt_key="p0")
+    while not e.scheduler.held:
+        e.step()
+    assert not e.has_work()  # no window: an idle engine stays idle
+    e.run_ahead.open(window(params))
+    assert e.has_work()  # "a" is parked on its tool: a bubble
+    while e.has_work():
+        e.step()
+    st = e.run_ahead.stats
+    assert st.alone_steps > 0 and st.tokens_by_bubble["tools"] == st.tokens > 0
+    assert e.stats()["steps"] == 5  # run-ahead passes alone are not steps of real work
+    held = e.scheduler.held["a"]
+    assert held.slot is not None and held.num_cached > 0
+    e.run_ahead.close()
+    assert not e.has_work()
+
+
+def test_budget_weight_updates_and_drafters_without_trees(tiny_llama):
+    e = engine(tiny_llama, RunAheadOptions(slack=5.0, tokens_per_sequence=50, budget_tokens=7))
+    rollouts(e, steps=1)
+    assert e.run_ahead.stats.tokens == 7
+    e.run_ahead.open(window(SamplingParams(seed=0)))
+    e.add_request(PROMPTS[0], SamplingParams(max_tokens=3, seed=1), "a", prompt_key="p0")
+    e.step()
+    assert e.run_ahead.active
+    e.update_weights(tiny_llama.model)  # new weights: run-ahead KV is stale
+    assert not e.run_ahead.active and e.run_ahead.stats.dropped > 0
+    with pytest.raises(ValueError, match="keeps per-prompt trees"):
+        Engine(tiny_llama, drafter="ngram", max_context=64, calibrate=False, run_ahead=RunAheadOptions())
+    with pytest.raises(ValueError, match="unknown run-ahead bubble"):
+        RunAheadOptions(bubbles=("tail", "lunch"))
+    with pytest.raises(ValueError, match="unknown run-ahead phase"):
+        e.run_ahead.open([], phase="later")
+
+
+def test_branch_start_continues_where_rollouts_disagreed(tiny_llama):
+    assert branch_points([[1, 2, 3], [1, 2, 4], [1, 5], [1, 2, 3, 9]]) == [(0, 1), (0, 2)]
+    assert branch_points([[1, 2], [1, 2]]) == [] and common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix(list(range(100)), list(range(100)), limit=40) == 40
+    e = engine(tiny_llama, RunAheadOptions(slack=5.0, tokens_per_sequence=3, start="branch"))
+    # Earlier rollouts of u0 agreed on 40, 41 and split there (a random model's siblings split at once).
+    tail = e.drafter.cache.prompt_tail(UPCOMING[0])
+    for response in ([40, 41, 42, 43], [40, 41, 50], [40, 41, 42, 60]):
+        e.drafter.cache.add_sequence("u0", tail + response)
+    params = SamplingParams(temperature=0.8, seed=0)
+    e.run_ahead.open([WindowPrompt("u0", UPCOMING[0], params)])
+    e.add_request(PROMPTS[0], SamplingParams(max_tokens=12, seed=1), "a", prompt_key="p0")
+    while e.has_unfinished():
+        e.step()
+    contexts = [c for k, c, _ in e.run_ahead.written if k == "u0"]
+    assert contexts and e.run_ahead.stats.starts_from_branch >= len(contexts)
+    assert {tuple(c[len(UPCOMING[0]) :]) for c in contexts} <= {(40, 41), (40, 41, 42)}
+
+
+def test_drafter_protocol_and_cache_marks(tiny_llama):
+    drafter = make_drafter("srt", max_depth=16, max_match=4)
+    drafter.start_run_ahead("r", "k", [1, 2, 3])
+    drafter.add_tokens("r", [4, 5])
+    drafter.stop_request("r")
+    assert drafter.cache.sequences("k") == [[1, 2, 3, 4, 5]] and drafter.cache.sequences("k", run_ahead=False) == []
