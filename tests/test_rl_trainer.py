@@ -165,3 +165,32 @@ def test_ctrl_c_during_generation_saves_the_last_finished_step(tmp_path, tiny, m
     assert report["interrupted"] and [m["step"] for m in report["steps"]] == [1.0]
     state, _ = load_checkpoint(out)
     assert state["step"] == 1 and state["sampler"]["index"] == 2  # step 2's prompts were not consumed
+
+
+def test_run_ahead_leaves_every_trajectory_and_training_figure_unchanged(tmp_path):
+    """Same seeds with run-ahead on and off: identical rollouts, rewards, losses; run-ahead only fills trees."""
+    tokenizer = load_tokenizer("smollm2")
+    reports = {}
+    for on in (False, True):
+        (tmp_path / str(on)).mkdir()
+        path = env_file(tmp_path / str(on))
+        text = path.read_text().replace(
+            "calibrate: false}", "calibrate: false, run_ahead: {enabled: %s, slack: 2.0, tokens_per_sequence: 6}}" % str(on).lower()
+        )
+        path.write_text(text)
+        out = tmp_path / f"run-{on}"
+        reports[on] = Trainer.from_env_file(path, out, loaded=tiny_random_model("llama", seed=0, tokenizer=tokenizer)).run()
+        reports[on]["rollouts"] = [rollouts(out, step) for step in (1, 2)]
+    off, on = reports[False], reports[True]
+    for a, b in zip(off["rollouts"], on["rollouts"]):
+        assert [r["response_ids"] for r in a] == [r["response_ids"] for r in b]
+        assert [r["reward"] for r in a] == [r["reward"] for r in b]
+        for x, y in zip(a, b):
+            assert x["response_logprobs"] == pytest.approx(y["response_logprobs"], abs=1e-9)
+    for m_off, m_on in zip(off["steps"], on["steps"]):
+        for key in ("srt/model_tokens", "critic/score/mean", "perf/trained_tokens", "response_length/mean"):
+            assert m_on[key] == m_off[key]
+        assert m_on["actor/pg_loss"] == pytest.approx(m_off["actor/pg_loss"], abs=1e-9)
+        assert not any(k.startswith("run_ahead/") for k in m_off)
+    assert sum(m["run_ahead/tokens"] for m in on["steps"]) > 0
+    assert all(0 <= m["run_ahead/row_share"] < 1 for m in on["steps"])
