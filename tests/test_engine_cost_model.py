@@ -138,3 +138,16 @@ def test_choice_calibrates_scores_only_when_a_choice_remains():
         raise AssertionError("calibrated a draft the makespan rule had already ruled out")
 
     assert choose_nodes([strong, Draft()], 2, model, makespan=True, calibrate=never) == [[], []]
+
+
+def test_decoding_only_steps_give_a_fit_without_negative_terms():
+    """Tokens equal sequences in decoding-only steps: the fit stays non-negative and on the data."""
+    model = ForwardCostModel()
+    model.calibrate([(n, 0.030 + 0.002 * (n - 1), 1) for n in (1, 4, 16)] + [(16, 0.070, 16), (32, 0.100, 16)])
+    for _ in range(200):
+        for s in (1, 3, 8, 16):
+            model.observe(s, 0.030 + 0.0026 * (s - 1), s)
+    assert min(model.fixed_s, model.per_token_s, model.per_sequence_s) >= 0
+    assert model.fixed_s == pytest.approx(0.030, rel=0.2)
+    for s in (2, 5, 12):  # unmeasured decoding shapes come out of the fit
+        assert model.predict(s, s) == pytest.approx(0.030 + 0.0026 * (s - 1), rel=0.1)

@@ -72,10 +72,10 @@ class ForwardCostModel:
         if xtx[0, 0] <= 0:
             return
         ridge = 1e-9 * np.trace(xtx) * np.eye(3)  # all-one-sequence data leaves the sequence term at 0
-        try:
-            fixed, per_token, per_sequence = np.linalg.solve(xtx + ridge, xty)
-        except np.linalg.LinAlgError:
+        solution = _nonnegative_solve(xtx + ridge, xty)
+        if solution is None:
             return
+        fixed, per_token, per_sequence = solution
         self.per_token_s = max(float(per_token), 1e-7)
         self.per_sequence_s = max(float(per_sequence), 0.0)
         self.fixed_s = max(float(fixed), 1e-6)
@@ -89,6 +89,30 @@ class ForwardCostModel:
         if sequences is not None and (sequences, tokens) in self._shapes:
             return self._shapes[(sequences, tokens)]
         return self.fixed_s + self.per_token_s * tokens + self.per_sequence_s * ((sequences or 1) - 1)
+
+
+def _nonnegative_solve(a: np.ndarray, c: np.ndarray) -> np.ndarray | None:
+    """argmin over b >= 0 of bᵀAb - 2bᵀc (least squares from normal equations, no negative cost term).
+
+    Decoding-only steps feed one token per sequence, so tokens and sequences rise together and the
+    unconstrained fit can trade a large negative term for large positive ones; clamping such a fit
+    afterwards predicts nonsense off the data. With three terms every subset of free ones is tried.
+    """
+    best, best_value = None, float("inf")
+    for mask in range(1, 1 << len(c)):
+        free = [i for i in range(len(c)) if mask >> i & 1]
+        try:
+            part = np.linalg.solve(a[np.ix_(free, free)], c[free])
+        except np.linalg.LinAlgError:
+            continue
+        if (part < 0).any():
+            continue
+        b = np.zeros(len(c))
+        b[free] = part
+        value = float(b @ a @ b - 2 * b @ c)
+        if value < best_value:
+            best, best_value = b, value
+    return best
 
 
 def _features(tokens: int, sequences: int) -> np.ndarray:
