@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from srt_agent.cache import make_drafter
 from srt_agent.engine import Engine, SamplingParams
@@ -13,12 +12,7 @@ PROMPTS = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12]]
 UPCOMING = [[20, 21, 22, 23], [30, 31]]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def window(params: SamplingParams) -> list[WindowPrompt]:

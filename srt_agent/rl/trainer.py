@@ -491,7 +491,7 @@ class Trainer:
         return {
             "name": cfg.name,
             "algorithm": train.algorithm,
-            "drafter": cfg.engine.drafter,
+            "drafter": self.variants[0].name,
             "compare": self.compared,
             "model": self.loaded.name if self.loaded else cfg.model,
             "interrupted": self.interrupted,
