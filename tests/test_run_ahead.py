@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from srt_agent.cache import make_drafter
@@ -24,6 +26,7 @@ def engine(model, run_ahead: RunAheadOptions | None, **kw) -> Engine:
     # A fixed cost table: every row costs the same, so the slack decides how many rows ride along.
     e = Engine(model, drafter="srt", max_batch=kw.pop("max_batch", 8), max_context=128, calibrate=False, run_ahead=run_ahead, **kw)
     e.cost_model.calibrate([(1, 0.010, 1), (2, 0.011, 2), (8, 0.018, 8)])
+    e.cost_model.observe = lambda *args, **kwargs: None  # measured steps of a loaded machine would move the table
     return e
 
 
@@ -152,3 +155,36 @@ def test_drafter_protocol_and_cache_marks(tiny_llama):
     drafter.add_tokens("r", [4, 5])
     drafter.stop_request("r")
     assert drafter.cache.sequences("k") == [[1, 2, 3, 4, 5]] and drafter.cache.sequences("k", run_ahead=False) == []
+
+
+@pytest.mark.parametrize("kind", ["forward raises", "NaN logits"])
+def test_a_model_fault_in_a_run_ahead_row_costs_real_work_nothing(tiny_llama, kind):
+    """A look-ahead prompt whose tokens break the forward pass (raise) or its logits (NaN): the real
+    requests' tokens are those of an engine without run-ahead, and the prompt is not run ahead again."""
+    poison = 99
+    embeddings = tiny_llama.model.get_input_embeddings()
+
+    def raise_on_poison(module, args):
+        if bool((args[0] == poison).any()):
+            raise RuntimeError("injected: the pass met the poison token")
+
+    def nan_on_poison(module, args, output):
+        return output.masked_fill((args[0] == poison).unsqueeze(-1), float("nan"))
+
+    hook = embeddings.register_forward_pre_hook(raise_on_poison) if kind == "forward raises" else embeddings.register_forward_hook(nan_on_poison)
+    try:
+        params = SamplingParams(temperature=0.8, max_tokens=12, seed=3)
+        outs = {}
+        for options in (None, RunAheadOptions(slack=5.0, tokens_per_sequence=4)):
+            e = engine(tiny_llama, options, adaptive_drafts=False)
+            if e.run_ahead is not None:
+                e.run_ahead.open([WindowPrompt("bad", [poison, 5, 6], params)])
+            got = e.generate([PROMPTS[0], PROMPTS[1]], [replace(params, seed=s) for s in (1, 2)], prompt_keys=["p0", "p1"])
+            outs[options is None] = [(o.token_ids, o.finish_reason) for o in got]
+        assert outs[True] == outs[False] and all(f != "error" for _, f in outs[False])
+        st = e.run_ahead.stats
+        assert st.sequences >= 1 and st.tokens == 0 and e.stats()["model_errors"] == 0
+        if kind == "forward raises":
+            assert e.run_ahead.window == [] and st.steps == 1  # left out of the window after one failed pass
+    finally:
+        hook.remove()

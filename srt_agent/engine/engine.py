@@ -340,7 +340,7 @@ class Engine:
             batched = True
         except Exception:  # noqa: BLE001 - the batched pass failed: find out whose fault it is
             if ahead:  # run-ahead rows never risk a real step twice: they go, the real rows retry alone
-                self.run_ahead.drop_all()
+                self.run_ahead.abandon()
                 ahead = []
             drafts = [Draft() for _ in seqs]
             chunks = all_chunks = self._chunks(seqs, drafts)

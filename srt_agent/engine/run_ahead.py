@@ -163,6 +163,13 @@ class RunAhead:
             self._end(runner)
             self.stats.dropped += 1
 
+    def abandon(self) -> None:
+        """A pass carrying run-ahead rows raised: end them and leave their prompts out of this window
+        (the real rows retry without them; a prompt that breaks the model is not risked again)."""
+        failed = {r.prompt.prompt_key for r in self.active}
+        self.drop_all()
+        self.window = [p for p in self.window if p.prompt_key not in failed]
+
     # ----- scheduling -----------------------------------------------------------------------------
 
     def make_room(self) -> None:
