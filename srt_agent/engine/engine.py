@@ -27,6 +27,8 @@ from .acceptance import AcceptanceModel
 from .cost_model import ForwardCostModel, choose_drafts
 from .model_runner import Chunk, ModelRunner
 from .params import RequestOutput, SamplingParams
+from .prefix_cache import PrefixCache
+from .prefix_sharing import PrefixSharing
 from .run_ahead import RunAhead, RunAheadOptions
 from .sampler import RowSampling, sample_rows
 from .scheduler import Scheduler
@@ -54,6 +56,7 @@ class EngineStats:
     undrafted_requests: int = 0  # requests whose speculation a drafter fault ended
     last_drafter_error: str | None = None
     model_errors: int = 0  # requests ended by a failing forward pass, sampler or non-finite logits
+    prefill_tokens: int = 0  # prompt and forced tokens computed (beyond the one each step decodes from)
     draft_s: float = 0.0
     forward_s: float = 0.0
     bookkeeping_s: float = 0.0
@@ -95,6 +98,10 @@ class Engine:
 
     `run_ahead` (options) lets the engine fill idle capacity with continuations of the prompts named by
     ``engine.run_ahead.open(...)``; they enter the drafter's trees only (see `run_ahead.RunAhead`).
+
+    With `prefix_sharing`, a new sequence copies the KV of its longest cached prefix (another sequence's
+    slot, or blocks of `prefix_block_size` tokens kept in a pool of `prefix_cache_tokens` tokens) and
+    prefills only the rest (`prefix_sharing.py`, `prefix_cache.py`).
     """
 
     def __init__(
@@ -110,9 +117,14 @@ class Engine:
         max_prefill_tokens: int = 4096,
         calibrate: bool = True,
         run_ahead: RunAheadOptions | None = None,
+        prefix_sharing: bool = True,
+        prefix_block_size: int = 16,
+        prefix_cache_tokens: int = 8192,
     ):
         if max_batch < 1 or max_context < 2 or max_draft_tokens < 0:
             raise ValueError("need max_batch >= 1, max_context >= 2 and max_draft_tokens >= 0")
+        if prefix_block_size < 1 or prefix_cache_tokens < 0:
+            raise ValueError("need prefix_block_size >= 1 and prefix_cache_tokens >= 0")
         self.loaded = model
         self.device = resolve_device(device)
         self.drafter = resolve_drafter(drafter)
@@ -121,7 +133,8 @@ class Engine:
         self.adaptive_drafts = adaptive_drafts
         self.min_draft_gain = min_draft_gain
         self.runner = ModelRunner(model.model, max_batch, max_context, max_draft_tokens + 1, self.device)
-        self.scheduler = Scheduler(max_batch, max_prefill_tokens)
+        self.prefix = self._prefix_sharing(prefix_block_size, prefix_cache_tokens) if prefix_sharing else None
+        self.scheduler = Scheduler(max_batch, max_prefill_tokens, self.prefix)
         self.stops = StopChecker(frozenset(model.eos_token_ids), max_context, model.tokenizer)
         self.cost_model = ForwardCostModel()
         self.acceptance = AcceptanceModel()
@@ -130,6 +143,14 @@ class Engine:
         self.run_ahead = RunAhead(self, run_ahead) if run_ahead is not None else None
         if calibrate and max_draft_tokens > 0 and getattr(self.drafter, "name", "none") != "none":
             self.calibrate()
+
+    def _prefix_sharing(self, block_size: int, cache_tokens: int) -> PrefixSharing:
+        kv = self.runner.kv
+        pool = None
+        if cache_tokens >= block_size:
+            shapes = [(k.shape[1], k.shape[3]) for k in kv.keys]
+            pool = PrefixCache(shapes, cache_tokens // block_size, block_size, kv.keys[0].dtype, kv.keys[0].device)
+        return PrefixSharing(kv, pool, min_wait_gain=block_size)
 
     # ----- requests -------------------------------------------------------------------------------
 
@@ -258,12 +279,15 @@ class Engine:
     def update_weights(self, weights: dict[str, torch.Tensor] | torch.nn.Module) -> None:
         """Load new policy weights in place; the drafter's trees survive.
 
-        Cached KV was computed by the old policy, so every sequence re-prefills at its next step.
+        Cached KV was computed by the old policy, so every sequence re-prefills at its next step and the
+        prefix cache is emptied.
         """
         state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
         self.runner.load_weights(state)
+        if self.prefix is not None:
+            self.prefix.clear()
         for seq in self.sequences.values():
-            seq.num_cached = 0
+            seq.num_cached = seq.stored_blocks = 0
         if self.run_ahead is not None:
             self.run_ahead.drop_all()
 
@@ -284,6 +308,11 @@ class Engine:
         )
         if self.run_ahead is not None:
             out["run_ahead"] = self.run_ahead.stats.as_dict()
+        reused = self.prefix.stats.reused_tokens if self.prefix is not None else 0
+        requested = self.totals.prefill_tokens + reused
+        out.update(prefill_requested=requested, prefill_reused=reused, prefill_hit_rate=reused / requested if requested else 0.0)
+        if self.prefix is not None:
+            out.update(self.prefix.as_dict())
         return out
 
     def calibrate(self, sizes: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 12, 16, 32)) -> None:
@@ -373,6 +402,7 @@ class Engine:
             m.draft_accepted += min(len(acc), kept)
             m.tokens += kept
             m.prefill_tokens += chunk.num_pending - 1
+            self.totals.prefill_tokens += chunk.num_pending - 1
             m.draft_s += ds
             m.forward_s += forward_s
             self.totals.draft_verified += len(draft)
@@ -380,6 +410,8 @@ class Engine:
             self.totals.tokens += kept
             if seq.finish_reason is not None:
                 finished.append(seq)
+        if self.prefix is not None:
+            self.prefix.store(seqs)
         outputs = [self._finish(seq) for seq in finished]
         step_s = time.perf_counter() - t_start
         book_s = step_s - forward_s - sum(draft_s)

@@ -80,9 +80,15 @@ class KVCache:
 
     def copy_prefix(self, src_slot: int, dst_slot: int, length: int) -> None:
         """Copy the first `length` entries of one slot into another, in every layer."""
-        for keys, values in zip(self.keys, self.values):
-            keys[dst_slot, :, :length] = keys[src_slot, :, :length]
-            values[dst_slot, :, :length] = values[src_slot, :, :length]
+        self.copy_to(self, src_slot, 0, dst_slot, 0, length)
+
+    def copy_to(self, other: "KVCache", src_slot: int, src_start: int, dst_slot: int, dst_start: int, length: int) -> None:
+        """Copy `length` entries of `src_slot` from `src_start` into `other`'s `dst_slot` at `dst_start`, in
+        every layer (`other` may be this cache: a slot's prefix into another slot)."""
+        pairs = zip(self.keys, self.values, other.keys, other.values)
+        for keys, values, into_keys, into_values in pairs:
+            into_keys[dst_slot, :, dst_start : dst_start + length] = keys[src_slot, :, src_start : src_start + length]
+            into_values[dst_slot, :, dst_start : dst_start + length] = values[src_slot, :, src_start : src_start + length]
 
     def clear(self, slot: int) -> None:
         """Zero one slot's keys and values in every layer."""

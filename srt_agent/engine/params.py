@@ -69,7 +69,8 @@ class RequestMetrics:
     draft_accepted: int = 0
     tokens: int = 0
     forced_tokens: int = 0
-    prefill_tokens: int = 0
+    prefill_tokens: int = 0  # prompt and forced tokens computed (beyond the one each step decodes from)
+    prefill_reused: int = 0  # prompt tokens whose KV was copied from a shared prefix instead
     draft_s: float = 0.0
     forward_s: float = 0.0
     bookkeeping_s: float = 0.0

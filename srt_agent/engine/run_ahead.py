@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from .model_runner import Chunk
 from .params import SamplingParams
-from .sequence import Sequence, Status
+from .sequence import Sequence, Status, common_prefix
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -415,20 +415,6 @@ class RowCost:
             self.seqs += 1
         return k
 
-
-def common_prefix(a: Seq[int], b: Seq[int], limit: int | None = None) -> int:
-    """Length of the common prefix of `a` and `b` (at most `limit`), by slice comparisons."""
-    n = min(len(a), len(b), limit if limit is not None else len(b))
-    if n <= 0 or list(a[:n]) == list(b[:n]):
-        return max(n, 0)
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if list(a[lo:mid]) == list(b[lo:mid]):
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def branch_points(rollouts: Seq[Seq[int]]) -> list[tuple[int, int]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from .prefix_sharing import PrefixSharing
 from .sequence import Sequence, Status
 
 
@@ -15,11 +16,15 @@ class Scheduler:
     A new sequence's prompt is prefilled in the same forward pass as the running sequences' decode
     steps, up to `max_prefill_tokens` new prompt tokens per step (one sequence is always admitted when
     a slot is free). Finished sequences stay held in their slot for a continuation; when slots run out
-    the least recently finished one is evicted (its KV dropped; a continuation then re-prefills).
+    the least recently finished one is evicted (its KV dropped; a continuation then re-prefills what
+    `sharing` does not find cached). With `sharing`, an admitted sequence starts from the longest cached
+    prefix of its tokens, and one that shares more with a sequence admitted in the same step waits a
+    step for it (it is passed over, later ones are still admitted).
     """
 
     num_slots: int
     max_prefill_tokens: int = 4096
+    sharing: PrefixSharing | None = None
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
     held: OrderedDict[str, Sequence] = field(default_factory=OrderedDict)
@@ -43,23 +48,36 @@ class Scheduler:
     def schedule(self) -> list[Sequence]:
         """Admit waiting sequences into free (or evicted) slots; return everything that runs this step."""
         budget = self.max_prefill_tokens
-        admitted = 0
+        admitted: list[Sequence] = []
+        passed_over: list[Sequence] = []
         while self.waiting:
             seq = self.waiting[0]
-            cost = len(seq.tokens) - seq.num_cached
+            reused = 0
+            if self.sharing is not None:
+                reuse = self.sharing.find(seq, self._live())
+                if self.sharing.worth_waiting(seq, reuse, admitted):
+                    passed_over.append(self.waiting.popleft())
+                    continue
+                reused = reuse.tokens
+            cost = len(seq.tokens) - reused
             if admitted and cost > budget:
                 break
             if not self.free_slots and not self._evict_one():
                 break
             self.waiting.popleft()
             seq.slot = self.free_slots.pop()
-            seq.num_cached = 0
+            seq.num_cached = self.sharing.attach(seq, self._live()) if self.sharing is not None else 0
             seq.status = Status.RUNNING
             self.running.append(seq)
             budget -= cost
-            admitted += 1
+            admitted.append(seq)
+        self.waiting.extendleft(reversed(passed_over))
         self.running.sort(key=lambda s: s.slot)
         return list(self.running)
+
+    def _live(self) -> list[Sequence]:
+        """Sequences whose slots hold KV: running (admitted this step included) and held."""
+        return self.running + list(self.held.values())
 
     def finish(self, seq: Sequence) -> None:
         """A running sequence ended its call: hold it (with its slot) for a continuation."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence as Seq
 from dataclasses import dataclass, field
 
 from .params import RequestMetrics, RequestOutput, SamplingParams
@@ -32,6 +32,7 @@ class Sequence:
     status: Status = Status.WAITING
     slot: int | None = None
     num_cached: int = 0
+    stored_blocks: int = 0  # full blocks of the tokens already put in the prefix cache
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
@@ -74,3 +75,18 @@ class Sequence:
             text=text,
             metrics=self.metrics,
         )
+
+
+def common_prefix(a: Seq[int], b: Seq[int], limit: int | None = None) -> int:
+    """Length of the common prefix of `a` and `b` (at most `limit`), by slice comparisons."""
+    n = min(len(a), len(b), limit if limit is not None else len(b))
+    if n <= 0 or list(a[:n]) == list(b[:n]):
+        return max(n, 0)
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if list(a[lo:mid]) == list(b[lo:mid]):
+            lo = mid
+        else:
+            hi = mid
+    return lo
