@@ -307,6 +307,32 @@ def bench_engine(
 
         console.print(f"wrote {plot_engine_bench(result, plot)}")
 
+@bench_app.command("prefix")
+def bench_prefix(
+    env_file: Path = typer.Argument(Path("envs/retool_arith.yaml"), help="Env config (YAML) whose rollouts are measured."),
+    model: Optional[str] = typer.Option(None, help="Override the config's model."),
+    limit: int = typer.Option(4, min=1, help="Tasks (each rolled out n times)."),
+    n: list[int] = typer.Option([4, 8], "--n", min=1, help="Group sizes (samples per task); repeat the option."),
+    drafter: list[str] = typer.Option(["none", "srt"], help="Drafters; the first is the reference; repeat the option."),
+    max_batch: Optional[int] = typer.Option(None, min=1, help="Override the config's engine max_batch."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+):
+    """Rollouts with prefix sharing off and on (per group size and drafter): prefill computed, wall time, tokens/s."""
+    from .agent.prefix_bench import PrefixBenchConfig, result_table, run_prefix_bench
+
+    config = PrefixBenchConfig(env_file, model, limit, tuple(n), tuple(drafter), max_batch)
+    with console.status("prefix bench") as status:
+        result = run_prefix_bench(
+            config, lambda r: status.update(f"n={r.n} {r.drafter} sharing={'on' if r.sharing else 'off'}: {r.wall_s:.1f} s")
+        )
+    console.print(result_table(result))
+    for row in result["ratios"]:
+        figures = {k: round(v, 2) for k, v in row.items() if isinstance(v, float)}
+        if figures:
+            console.print(f"[dim]n={row['n']} {row['drafter']} sharing={'on' if row['sharing'] else 'off'}: {figures}[/dim]")
+    write_json(result, json_path)
+
+
 @bench_app.command("update")
 def bench_update(
     model: str = typer.Option("smollm2", help="Model: 'smollm2', 'tiny-llama', an HF directory or a .gguf file."),

@@ -92,6 +92,8 @@ class EngineConfig(_Strict):
     max_context: int = Field(2048, ge=16)
     calibrate: bool = Field(True, description="measure step costs at start-up (sizes drafts from the first step)")
     run_ahead: RunAheadConfig = Field(default_factory=RunAheadConfig)
+    prefix_sharing: bool = Field(True, description="reuse the KV of cached prompt prefixes (GRPO siblings, system prompts)")
+    prefix_cache_tokens: int = Field(8192, ge=0, description="tokens of KV kept in the prefix cache's block pool")
 
     @field_validator("drafter")
     @classmethod

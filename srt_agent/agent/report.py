@@ -57,6 +57,8 @@ def summary_table(summary: RolloutSummary, title: str = "rollout summary") -> Ta
         ("forward passes", f"{summary.forwards}"),
         ("tokens per forward", f"{summary.tokens_per_forward:.2f}"),
         ("draft accepted / proposed", f"{summary.draft_accepted} / {summary.draft_proposed} ({summary.acceptance:.1%})"),
+        ("prefill computed / reused", f"{summary.prefill_computed} / {summary.prefill_reused} (hit rate {summary.prefill_hit_rate:.1%})"),
+        ("prefix cache blocks in use", f"{summary.prefix_blocks_in_use}"),
         ("tool calls", f"{summary.tool_calls} {summary.tool_statuses}"),
         ("tool time (s, summed)", f"{summary.tool_time_s:.2f}"),
         ("idle slot-seconds during tool waits", f"{summary.idle_slot_s_during_tool_waits:.2f}"),

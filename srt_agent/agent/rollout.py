@@ -36,6 +36,10 @@ class RolloutSummary:
     tool_time_s: float
     tool_wait_s: float
     idle_slot_s_during_tool_waits: float
+    prefill_computed: int = 0  # prompt and tool-output tokens computed
+    prefill_reused: int = 0  # prompt tokens whose KV was copied from a shared prefix
+    prefill_hit_rate: float = 0.0  # reused / (computed + reused)
+    prefix_blocks_in_use: int | None = None  # blocks in the engine's prefix cache at the end (local engine)
     finish_reasons: dict[str, int] = field(default_factory=dict)
     tool_statuses: dict[str, int] = field(default_factory=dict)
 
@@ -55,6 +59,8 @@ def summarize(trajectories: Sequence[Trajectory], waits: ToolWaitStats, wall_s: 
     proposed = sum(t.draft_proposed for t in trajectories)
     accepted = sum(t.draft_accepted for t in trajectories)
     calls = [c for t in trajectories for c in t.tool_calls]
+    computed = sum(t.prefill_tokens for t in trajectories)
+    reused = sum(t.prefill_reused for t in trajectories)
     return RolloutSummary(
         trajectories=len(trajectories),
         wall_s=wall_s,
@@ -71,6 +77,9 @@ def summarize(trajectories: Sequence[Trajectory], waits: ToolWaitStats, wall_s: 
         tool_time_s=sum(c.wall_s for c in calls),
         tool_wait_s=waits.wait_s,
         idle_slot_s_during_tool_waits=waits.idle_slot_s,
+        prefill_computed=computed,
+        prefill_reused=reused,
+        prefill_hit_rate=reused / (computed + reused) if computed + reused else 0.0,
         finish_reasons=_count(t.finish_reason for t in trajectories),
         tool_statuses=_count(c.status for c in calls),
     )
@@ -116,6 +125,8 @@ def build_controller(
         max_context=config.engine.max_context,
         calibrate=config.engine.calibrate,
         run_ahead=run_ahead,
+        prefix_sharing=config.engine.prefix_sharing,
+        prefix_cache_tokens=config.engine.prefix_cache_tokens,
     )
     return MultiTurnController(
         engine=AsyncEngine(engine),
@@ -143,4 +154,11 @@ def run_rollouts(
         controller.waits.wait_s - waits_before.wait_s,
         controller.waits.idle_slot_s - waits_before.idle_slot_s,
     )
-    return trajectories, summarize(trajectories, waits, time.perf_counter() - start)
+    summary = summarize(trajectories, waits, time.perf_counter() - start)
+    call = getattr(controller.engine, "call", None)  # a local AsyncEngine: read its prefix cache
+    if call is not None:
+        try:
+            summary.prefix_blocks_in_use = call(lambda engine: engine.stats().get("prefix_blocks_in_use", 0)).result(60)
+        except Exception:  # noqa: BLE001 - a closed engine: the figure is left out, not the rollouts
+            pass
+    return trajectories, summary

@@ -41,6 +41,8 @@ class Trajectory:
     forwards: int = 0
     draft_proposed: int = 0
     draft_accepted: int = 0
+    prefill_tokens: int = 0  # prompt and tool-output tokens the engine computed
+    prefill_reused: int = 0  # prompt tokens whose KV came from a shared prefix
     wall_s: float = 0.0
 
     def append(self, token_ids: list[int], logprobs: list[float] | None = None) -> None:
