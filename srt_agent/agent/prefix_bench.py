@@ -133,7 +133,7 @@ def result_table(result: dict):
 
     table = Table(
         "n", "drafter", "sharing", "prefill computed", "unique", "computed/unique", "hit rate", "wall s",
-        "tokens/s", "tok/fwd", "same tokens", title=f"prefix sharing: {result['tasks']} tasks",
+        "tokens/s", "tokens/step", "same tokens", title=f"prefix sharing: {result['tasks']} tasks",
     )
     for r in result["runs"]:
         table.add_row(
