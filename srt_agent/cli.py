@@ -321,10 +321,13 @@ def bench_prefix(
     from .agent.prefix_bench import PrefixBenchConfig, result_table, run_prefix_bench
 
     config = PrefixBenchConfig(env_file, model, limit, tuple(n), tuple(drafter), max_batch)
-    with console.status("prefix bench") as status:
-        result = run_prefix_bench(
-            config, lambda r: status.update(f"n={r.n} {r.drafter} sharing={'on' if r.sharing else 'off'}: {r.wall_s:.1f} s")
-        )
+    result = run_prefix_bench(
+        config,
+        lambda r: console.print(
+            f"n={r.n} {r.drafter} sharing={'on' if r.sharing else 'off'}: {r.wall_s:.1f} s, {r.tokens_per_s:.1f} tokens/s, "
+            f"prefill computed {r.prefill_computed} (unique {r.unique_prompt_tokens})"
+        ),
+    )
     console.print(result_table(result))
     for row in result["ratios"]:
         figures = {k: round(v, 2) for k, v in row.items() if isinstance(v, float)}
