@@ -9,7 +9,6 @@ import torch
 from srt_agent.cache import DRAFTERS, make_drafter
 from srt_agent.engine import Engine, SamplingParams
 from srt_agent.engine.prefix_cache import PrefixCache
-from srt_agent.engine.prefix_sharing import common_prefix
 from srt_agent.models import tiny_random_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -170,12 +169,6 @@ def test_prefix_cache_matches_exact_prefixes_only():
     pool.clear()
     assert pool.match([1, 2, 3, 4], 4) == [] and pool.blocks_in_use == 0
 
-
-def test_common_prefix():
-    assert common_prefix([1, 2, 3], [1, 2, 4], 10) == 2
-    assert common_prefix([1, 2, 3], [1, 2, 3, 4], 10) == 3
-    assert common_prefix([1, 2, 3], [1, 2, 3], 1) == 1
-    assert common_prefix([], [1], 5) == 0
 
 
 def test_bad_prefix_options_are_refused(tiny_llama):
