@@ -3,12 +3,14 @@
 For every group size n, the same tasks are rolled out with each drafter, once with prefix sharing off
 and once on, in one process with one loaded model (runs interleaved, so load drifts hit both). Reported
 per run: prompt tokens computed against the unique prompt tokens (the distinct prefixes of all first-turn
-prompts plus every tool output), wall time, generated tokens per second, and whether the tokens equal
+prompts plus every tool output), wall time, CPU time of the process (steadier than wall time on a shared
+machine), the engine's forward time, generated tokens per second, and whether the tokens equal
 the reference run's (sharing off, first drafter) trajectory for trajectory.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,6 +51,9 @@ class PrefixRun:
     drafter: str
     sharing: bool
     wall_s: float
+    cpu_s: float  # this process's CPU time (all its threads): steadier than wall time on a shared machine
+    forward_s: float  # the engine's forward passes, LM head and sampling
+    draft_s: float
     model_tokens: int
     tokens_per_s: float
     prefill_computed: int
@@ -82,7 +87,9 @@ def run_prefix_bench(config: PrefixBenchConfig, report: Callable[[PrefixRun], No
                 env.engine = validate_config(EngineConfig, overrides, "bench prefix")
                 controller = build_controller(env, loaded=loaded)
                 try:
+                    cpu = time.process_time()
                     trajectories, summary = run_rollouts(controller, tasks, n)
+                    cpu_s = time.process_time() - cpu
                     stats = controller.engine.call(lambda engine: engine.stats()).result()
                 finally:
                     controller.engine.close()
@@ -90,7 +97,8 @@ def run_prefix_bench(config: PrefixBenchConfig, report: Callable[[PrefixRun], No
                 reference = tokens if reference is None else reference
                 unique = unique_prompt_tokens(trajectories)
                 run = PrefixRun(
-                    n=n, drafter=drafter, sharing=sharing, wall_s=summary.wall_s, model_tokens=summary.model_tokens,
+                    n=n, drafter=drafter, sharing=sharing, wall_s=summary.wall_s, cpu_s=cpu_s,
+                    forward_s=stats["forward_s"], draft_s=stats["draft_s"], model_tokens=summary.model_tokens,
                     tokens_per_s=summary.model_tokens / summary.wall_s, prefill_computed=summary.prefill_computed,
                     prefill_reused=summary.prefill_reused, prefill_hit_rate=summary.prefill_hit_rate,
                     unique_prompt_tokens=unique, computed_over_unique=summary.prefill_computed / unique,
@@ -119,10 +127,13 @@ def ratios(runs: list[PrefixRun]) -> list[dict]:
         off = by.get((n, drafter, False))
         if sharing and off is not None:
             row["wall_speedup_from_sharing"] = off.wall_s / run.wall_s
+            row["cpu_speedup_from_sharing"] = off.cpu_s / run.cpu_s
+            row["forward_speedup_from_sharing"] = off.forward_s / run.forward_s
             row["prefill_computed_off_over_on"] = off.prefill_computed / max(run.prefill_computed, 1)
         none = by.get((n, "none", sharing))
         if drafter != "none" and none is not None:
             row["tokens_per_s_over_none"] = run.tokens_per_s / none.tokens_per_s
+            row["cpu_s_none_over_this"] = none.cpu_s / run.cpu_s
         out.append(row)
     return out
 
@@ -132,14 +143,14 @@ def result_table(result: dict):
     from rich.table import Table
 
     table = Table(
-        "n", "drafter", "sharing", "prefill computed", "unique", "computed/unique", "hit rate", "wall s",
+        "n", "drafter", "sharing", "prefill computed", "unique", "computed/unique", "hit rate", "wall s", "cpu s", "forward s",
         "tokens/s", "tokens/step", "same tokens", title=f"prefix sharing: {result['tasks']} tasks",
     )
     for r in result["runs"]:
         table.add_row(
             str(r["n"]), r["drafter"], "on" if r["sharing"] else "off", str(r["prefill_computed"]),
             str(r["unique_prompt_tokens"]), f"{r['computed_over_unique']:.2f}", f"{r['prefill_hit_rate']:.1%}",
-            f"{r['wall_s']:.1f}", f"{r['tokens_per_s']:.1f}", f"{r['tokens_per_forward']:.2f}",
+            f"{r['wall_s']:.1f}", f"{r['cpu_s']:.1f}", f"{r['forward_s']:.1f}", f"{r['tokens_per_s']:.1f}", f"{r['tokens_per_forward']:.2f}",
             "yes" if r["identical_to_reference"] else "NO",
         )
     return table
