@@ -263,7 +263,7 @@ def bench_engine(
     epochs: int = typer.Option(3, min=1, help="Passes over the same prompts, drafter trees kept (new seeds each)."),
     max_tokens: int = typer.Option(96, min=1, help="Tokens per sample."),
     batch: list[int] = typer.Option([1, 8, 32], "--batch", help="Batch sizes (engine max_batch)."),
-    method: list[str] = typer.Option([], "--method", help="Drafters (default: none ngram suffix history srt arctic)."),
+    method: list[str] = typer.Option([], "--method", help="Drafters (default: none ngram suffix history srt arctic self srt+self)."),
     hf: bool = typer.Option(True, "--hf/--no-hf", help="Also time transformers' generate at batch 1."),
     max_draft_tokens: int = typer.Option(16, min=0, help="Draft nodes per sequence and step, at most."),
     adaptive: bool = typer.Option(True, "--adaptive/--no-adaptive", help="Size drafts with the cost model, or verify every drafted node."),

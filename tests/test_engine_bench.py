@@ -19,11 +19,15 @@ def test_bench_engine_quick_writes_json(tmp_path):
     keys = {"method", "batch", "epoch", "wall_s", "tokens", "tokens_per_s", "tokens_per_forward", "identical_to_none"}
     assert all(keys <= r.keys() for r in runs)
     engine_runs = [r for r in runs if not r["method"].startswith("hf-")]
-    assert {(r["method"], r["batch"]) for r in engine_runs} == {(m, b) for m in ("none", "srt") for b in (1, 4)}
+    methods = ("none", "srt", "self", "srt+self")
+    assert {(r["method"], r["batch"]) for r in engine_runs} == {(m, b) for m in methods for b in (1, 4)}
     assert all(r["identical_to_none"] and r["identical_share"] == 1.0 for r in engine_runs)
     assert all(r["tokens"] > 0 and r["tokens_per_s"] > 0 for r in runs)
     assert {r["method"] for r in runs} >= {"hf-generate", "hf-generate+prompt-lookup"}
-    assert {row["method"] for row in data["summary"]} >= {"none", "srt"}
+    assert {(row["method"], row["epochs"]) for row in data["summary"]} >= {(m, e) for m in methods for e in ("1", "2+")}
+    model_runs = [r for r in engine_runs if r["method"] in ("self", "srt+self")]
+    assert all(r["model_drafted"] == 0 or r["model_draft_s_per_token"] > 0 for r in model_runs)
+    assert all(r["drafter_update_s"] > 0 for r in model_runs if r["epoch"] == 1)  # rebuilt for epoch 2
     assert "speedup" in result.output
     costs = data["verification_cost"]  # the srt engines' start-up calibration, per batch size
     assert {c["batch"] for c in costs} == {1, 4}

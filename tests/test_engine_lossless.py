@@ -11,6 +11,7 @@ from srt_agent.cache import DRAFTERS, Draft, make_drafter
 from srt_agent.engine import Engine, SamplingParams
 from srt_agent.engine.architectures import VERIFIED
 from srt_agent.engine.cost_model import ForwardCostModel
+from srt_agent.engine.model_drafting import ModelDrafter
 from srt_agent.models import tiny_random_model
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
@@ -93,6 +94,9 @@ def run(model, drafter, params_kw, epochs=1, adaptive=False, max_tokens=24):
     if adaptive:
         engine.cost_model = FixedCosts()
         engine.cost_model.calibrate(FIXED_COSTS)
+        if isinstance(engine.drafter, ModelDrafter):  # a draft pass costs a fifth of a verification
+            engine.drafter.pass_cost = FixedCosts()
+            engine.drafter.pass_cost.calibrate([(t, s / 5, n) for t, s, n in FIXED_COSTS])
     prompts = [p for p in PROMPTS for _ in range(N_SAMPLES)]
     params = [
         SamplingParams(max_tokens=max_tokens, seed=100 + i, **params_kw) for i in range(len(prompts))

@@ -3,7 +3,7 @@
 from .arctic import ArcticDrafter
 from .draft import EMPTY_DRAFT, Draft
 from .drafter import Drafter
-from .factory import DRAFTERS, make_drafter
+from .factory import DRAFTERS, MODEL_DRAFTERS, make_drafter
 from .history import HistoryDrafter
 from .ngram import NgramDrafter
 from .none import NoDrafter
@@ -16,6 +16,7 @@ from .tree_ref import ReferenceTokenTree
 __all__ = [
     "DRAFTERS",
     "EMPTY_DRAFT",
+    "MODEL_DRAFTERS",
     "ArcticDrafter",
     "CacheStats",
     "Draft",

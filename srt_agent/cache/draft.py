@@ -12,13 +12,16 @@ class Draft:
     Node i proposes ``token_ids[i]`` as the continuation of its parent ``parents[i]``
     (-1 = the context itself); parents always come before children. ``scores[i]`` is the
     product of empirical conditional probabilities along the path to node i (its expected
-    acceptance); ``match_len`` is how many context tokens the drafter matched.
+    acceptance); ``match_len`` is how many context tokens the drafter matched. ``source`` says what
+    proposed it ("tree": a token tree or lookup; "model": a draft model), so acceptance is calibrated
+    per source.
     """
 
     token_ids: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
     match_len: int = 0
+    source: str = "tree"
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -46,7 +49,7 @@ class Draft:
     def truncated(self, budget: int) -> Draft:
         """The first `budget` nodes (still a valid tree, since parents precede children)."""
         n = max(0, min(budget, len(self)))
-        return Draft(self.token_ids[:n], self.parents[:n], self.scores[:n], self.match_len if n else 0)
+        return Draft(self.token_ids[:n], self.parents[:n], self.scores[:n], self.match_len if n else 0, self.source)
 
 
 EMPTY_DRAFT = Draft()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 from .arctic import ArcticDrafter
 from .drafter import Drafter
 from .history import HistoryDrafter
@@ -10,22 +12,30 @@ from .none import NoDrafter
 from .srt import SRTDrafter
 from .suffix import SuffixDrafter
 
-DRAFTERS: dict[str, type] = {
+# Model drafters live with the engine (they run a model) and are imported on first use.
+DRAFTERS: dict[str, type | str] = {
     "none": NoDrafter,
     "srt": SRTDrafter,
     "ngram": NgramDrafter,
     "suffix": SuffixDrafter,
     "history": HistoryDrafter,
     "arctic": ArcticDrafter,
+    "self": "srt_agent.engine.self_drafter:SelfDrafter",
+    "srt+self": "srt_agent.engine.hybrid_drafter:HybridDrafter",
 }
+MODEL_DRAFTERS = frozenset({"self", "srt+self"})  # they need an engine's policy to draft
 
 
 def make_drafter(name: str, **options) -> Drafter:
-    """A new drafter by name (none, srt, ngram, suffix, history, arctic) with its keyword options."""
+    """A new drafter by name (none, srt, ngram, suffix, history, arctic, self, srt+self) with its
+    keyword options."""
     try:
         cls = DRAFTERS[name]
     except KeyError:
         raise ValueError(f"unknown drafter {name!r}; choose one of {sorted(DRAFTERS)}") from None
+    if isinstance(cls, str):
+        module, _, attr = cls.partition(":")
+        cls = getattr(importlib.import_module(module), attr)
     try:
         return cls(**options)
     except TypeError as exc:

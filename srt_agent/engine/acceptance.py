@@ -44,6 +44,8 @@ class AcceptanceModel:
     accepted: list[float] = field(default_factory=list)
     expected_total: float = 0.0  # Σ raw conditional score over tested nodes
     accepted_total: float = 0.0
+    nodes_tested: int = 0  # lifetime counts (not decayed): nodes whose parent was accepted …
+    nodes_accepted: int = 0  # … and those of them accepted
 
     def __post_init__(self) -> None:
         cells = self.bins * (len(self.match_buckets) + 1)
@@ -60,6 +62,12 @@ class AcceptanceModel:
         c = self._cell(p, match_len)
         confidence = min(1.0, (self.accepted_total + self.prior_weight) / (self.expected_total + self.prior_weight))
         return (self.accepted[c] + self.prior_weight * p * confidence) / (self.tested[c] + self.prior_weight)
+
+    def rate(self, prior: float, weight: float = 8.0) -> float:
+        """Recent acceptance of a node whose parent was accepted, whatever its score (decayed counts,
+        shrunk toward `prior` with `weight` pseudo-observations): a chain's expected per-token acceptance
+        before it is drafted."""
+        return (sum(self.accepted) + weight * prior) / (sum(self.tested) + weight)
 
     def calibrate(self, draft: Draft) -> Draft:
         """The draft with calibrated path scores."""
@@ -85,3 +93,5 @@ class AcceptanceModel:
                     self.accepted[c] += node in kept
                     self.expected_total += p
                     self.accepted_total += node in kept
+                    self.nodes_tested += 1
+                    self.nodes_accepted += node in kept

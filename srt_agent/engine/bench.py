@@ -31,7 +31,7 @@ QUESTIONS = [
     "Write a Python function that counts the vowels in a string.",
     "Find the greatest common divisor of 84 and 126 using Python.",
 ]
-METHODS = ("none", "ngram", "suffix", "history", "srt", "arctic")
+METHODS = ("none", "ngram", "suffix", "history", "srt", "arctic", "self", "srt+self")
 DTYPES = ("float32", "bfloat16")
 
 
@@ -58,7 +58,7 @@ class EngineBenchConfig:
 
     @classmethod
     def quick(cls) -> "EngineBenchConfig":
-        return cls(model="tiny-llama", prompts=2, samples=1, epochs=2, max_tokens=8, batches=(1, 4), methods=("none", "srt"), threads=1)
+        return cls(model="tiny-llama", prompts=2, samples=1, epochs=2, max_tokens=8, batches=(1, 4), methods=("none", "srt", "self", "srt+self"), threads=1)
 
 
 def chat_prompts(loaded: LoadedModel, count: int) -> list[list[int]]:
@@ -102,6 +102,8 @@ def run_method(loaded, config, method, batch, prompts, max_context, report) -> t
         outs = engine.generate(ps, params, prompt_keys=keys)
         wall = time.perf_counter() - t0
         engine.end_step()
+        if epoch + 1 < config.epochs:  # an RL step's weight update (the same weights): a model drafter rebuilds
+            engine.update_weights(loaded.model.state_dict())
         after = engine.stats()
         steps = after["steps"] - before["steps"]
         tokens = sum(len(o.token_ids) for o in outs)
@@ -119,13 +121,27 @@ def run_method(loaded, config, method, batch, prompts, max_context, report) -> t
                 accepted_per_step=(after["draft_accepted"] - before["draft_accepted"]) / max(1, steps),
                 draft_verified_per_step=(after["draft_verified"] - before["draft_verified"]) / max(1, steps),
                 draft_s=after["draft_s"] - before["draft_s"],
+                **model_draft_figures(before, after),
                 forward_s=after["forward_s"] - before["forward_s"],
+                drafter_update_s=after["drafter_update_s"] - before["drafter_update_s"],
                 errors=sum(o.finish_reason == "error" for o in outs),
                 outputs=[o.token_ids for o in outs],
             )
         )
         report(runs[-1])
     return runs, calibration
+
+
+def model_draft_figures(before: dict, after: dict) -> dict:
+    """A model drafter's figures between two `Engine.stats()`: its per-token acceptance (of nodes whose
+    parent was accepted) and its seconds per drafted token (None where it drafted nothing)."""
+    tested = after["model_draft_tested"] - before["model_draft_tested"]
+    drafted = after["model_drafted"] - before["model_drafted"]
+    return dict(
+        model_drafted=drafted,
+        model_acceptance=(after["model_draft_accepted"] - before["model_draft_accepted"]) / tested if tested else None,
+        model_draft_s_per_token=(after["model_draft_s"] - before["model_draft_s"]) / drafted if drafted else None,
+    )
 
 
 def run_hf(loaded, config, prompts, prompt_lookup: bool, report) -> list[dict]:
@@ -229,30 +245,33 @@ def identical_share(outputs: list[list[int]], reference: list[list[int]]) -> flo
 
 
 def summarize(runs: list[dict]) -> list[dict]:
-    """Per (method, batch): totals over epochs >= 2 (warm trees; epoch 1 when there is only one)."""
-    groups: dict[tuple[str, int], list[dict]] = {}
-    last_epoch = max(r["epoch"] for r in runs)
+    """Per (method, batch, epochs): totals over epoch 1 (cold trees) and over epochs >= 2 (warm trees)."""
+    groups: dict[tuple[str, int, str], list[dict]] = {}
     for r in runs:
-        if r["epoch"] >= 2 or last_epoch == 1:
-            groups.setdefault((r["method"], r["batch"]), []).append(r)
+        groups.setdefault((r["method"], r["batch"], "1" if r["epoch"] == 1 else "2+"), []).append(r)
     out = []
-    for (method, batch), rs in groups.items():
+    for (method, batch, epochs), rs in groups.items():
         wall, tokens = sum(r["wall_s"] for r in rs), sum(r["tokens"] for r in rs)
         forwards = sum(r.get("forwards") or 0 for r in rs)
+        drafted = sum(r.get("model_drafted") or 0 for r in rs)
+        tested = [r for r in rs if r.get("model_acceptance") is not None]
         row = dict(
             method=method,
             batch=batch,
+            epochs=epochs,
             wall_s=wall,
             tokens=tokens,
             tokens_per_s=tokens / wall,
             tokens_per_forward=tokens / forwards if forwards else None,
             accepted_per_step=sum(r.get("accepted_per_step", 0) * (r.get("forwards") or 0) for r in rs) / forwards if forwards else None,
+            model_acceptance=sum(r["model_acceptance"] * r["model_drafted"] for r in tested) / sum(r["model_drafted"] for r in tested) if tested else None,
+            model_draft_s_per_token=sum((r["model_draft_s_per_token"] or 0) * r["model_drafted"] for r in rs if r.get("model_drafted")) / drafted if drafted else None,
             identical_to_none=all(r.get("identical_to_none") for r in rs) if rs[0].get("identical_to_none") is not None else None,
             identical_share=sum(r["identical_share"] * r["tokens"] for r in rs) / tokens if "identical_share" in rs[0] else None,
         )
         out.append(row)
     for row in out:
-        base = next((r for r in out if r["method"] == "none" and r["batch"] == row["batch"]), None)
+        base = next((r for r in out if r["method"] == "none" and r["batch"] == row["batch"] and r["epochs"] == row["epochs"]), None)
         row["speedup_vs_none"] = row["tokens_per_s"] / base["tokens_per_s"] if base else None
     return out
 
@@ -261,8 +280,8 @@ def summary_table(result: dict):
     """A rich table of the summary rows."""
     from rich.table import Table
 
-    table = Table(title="engine benchmark (epochs >= 2)")
-    for col in ("method", "batch", "wall s", "tokens", "tok/s", "tok/fwd", "acc/step", "speedup", "identical"):
+    table = Table(title="engine benchmark (epoch 1: cold trees; 2+: warm)")
+    for col in ("method", "batch", "epochs", "wall s", "tokens", "tok/s", "tok/fwd", "acc/step", "model acc", "ms/draft tok", "speedup", "identical"):
         table.add_column(col, justify="right" if col not in ("method",) else "left")
 
     def fmt(x, spec=".2f"):
@@ -272,11 +291,14 @@ def summary_table(result: dict):
         table.add_row(
             row["method"],
             str(row["batch"]),
+            row["epochs"],
             fmt(row["wall_s"], ".1f"),
             str(row["tokens"]),
             fmt(row["tokens_per_s"], ".1f"),
             fmt(row["tokens_per_forward"]),
             fmt(row["accepted_per_step"]),
+            fmt(row["model_acceptance"]),
+            fmt(None if row["model_draft_s_per_token"] is None else 1000 * row["model_draft_s_per_token"], ".1f"),
             fmt(row["speedup_vs_none"]) + ("x" if row["speedup_vs_none"] is not None else ""),
             "-" if row["identical_to_none"] is None else ("yes" if row["identical_to_none"] else f"{row['identical_share']:.1%}"),
         )

@@ -13,7 +13,8 @@ def plot_engine_bench(result: dict, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in result["summary"] if r["speedup_vs_none"] is not None]
+    epochs = "2+" if any(r["epochs"] == "2+" for r in result["summary"]) else "1"
+    rows = [r for r in result["summary"] if r["speedup_vs_none"] is not None and r["epochs"] == epochs]
     methods = list(dict.fromkeys(r["method"] for r in rows))
     batches = sorted({r["batch"] for r in rows})
     costs = [c for c in result.get("verification_cost", []) if c["sequences"] == 1]
@@ -42,7 +43,7 @@ def plot_engine_bench(result: dict, path: str | Path) -> Path:
         axes[2].set_title("verification cost")
         axes[2].legend(fontsize="small")
     config = result.get("config", {})
-    fig.suptitle(f"{config.get('model', '')} {config.get('dtype', 'float32')}, epochs >= 2")
+    fig.suptitle(f"{config.get('model', '')} {config.get('dtype', 'float32')}, epochs {epochs}")
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -142,32 +142,53 @@ def choose_nodes(
     `calibrate` maps each draft to one with calibrated scores before the choice (skipped when the
     makespan rule already rules every draft out).
     """
-    sequences = len(drafts)
     if makespan and not all(len(d) for d in drafts):
         return [[] for _ in drafts]
     if calibrate is not None:
         drafts = [calibrate(d) for d in drafts]
+    best = best_prefix(drafts, base_tokens, model, makespan)
+    best_count = best.count if best.rate >= (1.0 + min_gain) * best.base_rate else 0
+    chosen: list[list[int]] = [[] for _ in drafts]
+    for _, seq, node in best.candidates[:best_count]:
+        chosen[seq].append(node)
+    return [sorted(c) for c in chosen]
+
+
+@dataclass
+class PrefixChoice:
+    """The best prefix of a step's draft nodes by score: its expected rate and size, and the rate of
+    verifying nothing (one token per sequence, without `extra_s`)."""
+
+    rate: float
+    count: int
+    base_rate: float
+    candidates: list[tuple[float, int, int]]  # (score, sequence, node), best first
+
+
+def best_prefix(
+    drafts: list[Draft], base_tokens: int, model: ForwardCostModel, makespan: bool = False, extra_s: float = 0.0
+) -> PrefixChoice:
+    """Expected emitted tokens per second of verifying the best-scored prefix of all nodes, where the
+    step also spends `extra_s` before verifying (a draft model's passes); see `choose_nodes`."""
+    sequences = len(drafts)
     candidates = sorted(
         ((score, seq, node) for seq, d in enumerate(drafts) for node, score in enumerate(d.scores)),
         key=lambda c: (-c[0], c[1], c[2]),
     )
     gains = [0.0] * sequences  # expected accepted tokens per sequence so far
     total = 0.0
-    base_rate = (1.0 if makespan else float(sequences)) / model.predict(base_tokens, sequences)
-    best_rate, best_count = base_rate, 0
+    floor = 1.0 if makespan else float(sequences)  # tokens emitted without any accepted node
+    verify_none = model.predict(base_tokens, sequences)
+    base_rate = floor / verify_none
+    best_rate, best_count = floor / (verify_none + extra_s), 0
     for count, (score, seq, _) in enumerate(candidates, start=1):
         gains[seq] += score
         total += score
         emitted = 1.0 + min(gains) if makespan else sequences + total
-        rate = emitted / model.predict(base_tokens + count, sequences)
+        rate = emitted / (model.predict(base_tokens + count, sequences) + extra_s)
         if rate > best_rate:
             best_rate, best_count = rate, count
-    if best_rate < (1.0 + min_gain) * base_rate:
-        best_count = 0
-    chosen: list[list[int]] = [[] for _ in drafts]
-    for _, seq, node in candidates[:best_count]:
-        chosen[seq].append(node)
-    return [sorted(c) for c in chosen]
+    return PrefixChoice(best_rate, best_count, base_rate, candidates)
 
 
 def choose_drafts(

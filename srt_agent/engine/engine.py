@@ -25,6 +25,7 @@ from ..cache.drafter import Drafter
 from ..models import LoadedModel, resolve_device
 from .acceptance import AcceptanceModel
 from .cost_model import ForwardCostModel, choose_drafts
+from .model_drafting import DraftRequest, ModelDrafter, plan_model_drafts
 from .model_runner import Chunk, ModelRunner
 from .params import RequestOutput, SamplingParams
 from .prefix_cache import PrefixCache
@@ -40,6 +41,7 @@ EAGER_LOGITS_ROWS = 64  # up to this many verified rows, all logits come from on
 DRAFTER_CALLS = ("start_request", "add_tokens", "draft", "stop_request", "end_step")
 
 log = logging.getLogger(__name__)
+MODEL_ACCEPTANCE_PRIOR = 0.8  # a model drafter's per-token acceptance before any is observed
 
 
 @dataclass
@@ -58,6 +60,9 @@ class EngineStats:
     model_errors: int = 0  # requests ended by a failing forward pass, sampler or non-finite logits
     prefill_tokens: int = 0  # prompt and forced tokens computed (beyond the one each step decodes from)
     draft_s: float = 0.0
+    model_drafted: int = 0  # nodes a model drafter proposed …
+    model_draft_s: float = 0.0  # … and the seconds its passes took
+    drafter_update_s: float = 0.0  # rebuilding a model drafter on weight updates
     forward_s: float = 0.0
     bookkeeping_s: float = 0.0
     last_step: dict = field(default_factory=dict)
@@ -137,10 +142,13 @@ class Engine:
         self.scheduler = Scheduler(max_batch, max_prefill_tokens, self.prefix)
         self.stops = StopChecker(frozenset(model.eos_token_ids), max_context, model.tokenizer)
         self.cost_model = ForwardCostModel()
-        self.acceptance = AcceptanceModel()
+        self.acceptance = AcceptanceModel()  # of tree drafts
+        self.model_acceptance = AcceptanceModel()  # of model drafts
         self.sequences: dict[str, Sequence] = {}
         self.totals = EngineStats()
         self.run_ahead = RunAhead(self, run_ahead) if run_ahead is not None else None
+        if isinstance(self.drafter, ModelDrafter):
+            self.drafter.attach(model.model, self.device, max_batch, max_context, calibrate)
         if calibrate and max_draft_tokens > 0 and getattr(self.drafter, "name", "none") != "none":
             self.calibrate()
 
@@ -277,7 +285,8 @@ class Engine:
     # ----- policy ---------------------------------------------------------------------------------
 
     def update_weights(self, weights: dict[str, torch.Tensor] | torch.nn.Module) -> None:
-        """Load new policy weights in place; the drafter's trees survive.
+        """Load new policy weights in place; the drafter's trees survive, a model drafter is rebuilt
+        from them (its seconds add up in ``drafter_update_s``).
 
         Cached KV was computed by the old policy, so every sequence re-prefills at its next step and the
         prefix cache is emptied.
@@ -286,6 +295,8 @@ class Engine:
         self.runner.load_weights(state)
         if self.prefix is not None:
             self.prefix.clear()
+        if isinstance(self.drafter, ModelDrafter):
+            self.totals.drafter_update_s += self.drafter.rebuild()
         for seq in self.sequences.values():
             seq.num_cached = seq.stored_blocks = 0
         if self.run_ahead is not None:
@@ -305,6 +316,8 @@ class Engine:
             cost_fixed_s=self.cost_model.fixed_s,
             cost_per_token_s=self.cost_model.per_token_s,
             cost_per_sequence_s=self.cost_model.per_sequence_s,
+            model_draft_tested=self.model_acceptance.nodes_tested,  # model-drafted nodes whose parent was accepted …
+            model_draft_accepted=self.model_acceptance.nodes_accepted,  # … and those accepted themselves
         )
         if self.run_ahead is not None:
             out["run_ahead"] = self.run_ahead.stats.as_dict()
@@ -357,7 +370,7 @@ class Engine:
         base = sum(len(s.pending()) for s in seqs)
         if self.adaptive_drafts and any(len(d) for d in drafts):
             makespan = not self.scheduler.waiting  # nothing queued: the last sequence to finish sets the time
-            drafts = choose_drafts(drafts, base, self.cost_model, self.min_draft_gain, makespan, self.acceptance.calibrate)
+            drafts = choose_drafts(drafts, base, self.cost_model, self.min_draft_gain, makespan, self._calibrate)
         chunks = self._chunks(seqs, drafts)
         ahead = self.run_ahead.plan(seqs, chunks) if self.run_ahead is not None else []
         if not seqs and not ahead:
@@ -387,7 +400,9 @@ class Engine:
         if not seqs:
             return []
         if batched:
-            self.acceptance.observe(drafts, accepted)
+            for acceptance, source in ((self.acceptance, "tree"), (self.model_acceptance, "model")):
+                picked = [i for i, d in enumerate(drafts) if d.source == source]
+                acceptance.observe([drafts[i] for i in picked], [accepted[i] for i in picked])
         self._compact(seqs, chunks, accepted)
         finished = []
         for i, (seq, chunk, draft, em, acc, ds) in enumerate(zip(seqs, chunks, drafts, emitted, accepted, draft_s)):
@@ -466,19 +481,25 @@ class Engine:
         self.totals.model_errors += 1
         log.warning("request %r ended: %s", seq.request_id, message)
 
+    def _calibrate(self, draft: Draft) -> Draft:
+        """The draft with scores calibrated by the acceptance observed for its source."""
+        return (self.model_acceptance if draft.source == "model" else self.acceptance).calibrate(draft)
+
     def _draft(self, seqs: list[Sequence]) -> tuple[list[Draft], list[float]]:
+        budgets = [
+            min(self.max_draft_tokens, s.params.max_tokens - s.num_generated - 1, self.max_context - len(s.tokens) - 1)
+            if s.drafting else 0
+            for s in seqs
+        ]
         drafts, times = [], []
-        for seq in seqs:
+        for seq, budget in zip(seqs, budgets):
             t0 = time.perf_counter()
-            budget = min(
-                self.max_draft_tokens,
-                seq.params.max_tokens - seq.num_generated - 1,
-                self.max_context - len(seq.tokens) - 1,
-            )
-            draft = self._draft_one(seq, budget) if seq.drafting and budget > 0 else Draft()
-            self.totals.draft_proposed += len(draft)
+            draft = self._draft_one(seq, budget) if budget > 0 else Draft()
             drafts.append(draft)
             times.append(time.perf_counter() - t0)
+        if isinstance(self.drafter, ModelDrafter) and max(budgets, default=0) > 0:
+            self._draft_with_model(seqs, budgets, drafts, times)
+        self.totals.draft_proposed += sum(len(d) for d in drafts)
         return drafts, times
 
     def _draft_one(self, seq: Sequence, budget: int) -> Draft:
@@ -492,6 +513,43 @@ class Engine:
         if not draft.scores:
             draft.scores = [1.0] * len(draft)
         return draft
+
+    def _draft_with_model(self, seqs: list[Sequence], budgets: list[int], drafts: list[Draft], times: list[float]) -> None:
+        """Replace drafts by the model drafter's where the draft plan expects that to pay (in place)."""
+        t0 = time.perf_counter()
+        requests = [
+            DraftRequest(s.request_id, s.tokens, b, RowSampling(s.params.temperature, s.params.top_p, s.params.top_k, s.seed, 0))
+            for s, b in zip(seqs, budgets)
+        ]
+        if self.adaptive_drafts:
+            plan = plan_model_drafts(
+                [self._calibrate(d) for d in drafts],
+                budgets,
+                self.model_acceptance.rate(prior=MODEL_ACCEPTANCE_PRIOR),
+                self.cost_model,
+                lambda chosen, depth: self.drafter.draft_seconds([requests[i] for i in chosen], depth),
+                sum(len(s.pending()) for s in seqs),
+                self.min_draft_gain,
+                makespan=not self.scheduler.waiting,
+            )
+            depth, chosen = plan.depth, plan.sequences
+        else:  # verify everything: the model drafts wherever the free drafter has nothing
+            depth, chosen = max(budgets), [i for i, (d, b) in enumerate(zip(drafts, budgets)) if b > 0 and not len(d)]
+        if not depth or not chosen:
+            return
+        try:
+            model_drafts = self.drafter.draft_batch([requests[i] for i in chosen], depth)
+            for d, i in zip(model_drafts, chosen):
+                validate_draft(d, self.runner.vocab_size)
+                drafts[i] = d.truncated(budgets[i])
+        except Exception as exc:  # noqa: BLE001 - a failing drafter costs speed, never correctness
+            self._drafter_fault("draft", None, exc)
+            return
+        elapsed = time.perf_counter() - t0
+        for i in chosen:
+            times[i] += elapsed / len(chosen)
+        self.totals.model_drafted += sum(len(drafts[i]) for i in chosen)
+        self.totals.model_draft_s += elapsed
 
     def _verify(
         self, seqs: list[Sequence], chunks: list[Chunk], drafts: list[Draft], hidden: torch.Tensor

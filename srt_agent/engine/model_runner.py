@@ -83,7 +83,7 @@ class ModelRunner:
         self.packed_linears = pack_linears and pack_model_linears(model) > 0
         self.decoder = model.get_decoder()
         self.head = LogitHead.of(model)
-        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.vocab_size = model.get_output_embeddings().out_features
         self.num_slots = num_slots
         self.capacity = max_context + tree_margin
         self.kv = KVCache(attention_shapes(model), num_slots, self.capacity, dtype, device)

@@ -69,8 +69,9 @@ def filter_logits(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     return torch.full_like(scaled, float("-inf")).scatter(1, order, kept)
 
 
-def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[list[int], list[float]]:
-    """Sample one token per logits row; returns the tokens and their target log-probabilities.
+def perturbed_logits(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scaled, perturbed): each row's logits over its temperature, and those filtered (top-k, top-p)
+    plus the row's Gumbel noise; the sampled token is the perturbed row's argmax.
 
     Works in float64 for float64 models and in float32 otherwise.
     """
@@ -78,7 +79,6 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[list[int
     dev = logits.device
     temps = torch.tensor([r.temperature or 1.0 for r in rows], dtype=dtype, device=dev).unsqueeze(1)
     scaled = logits.to(dtype) / temps
-    logprob_norm = torch.logsumexp(scaled, dim=-1)
     sampled = scaled
     if any(r.top_k > 0 or r.top_p < 1 for r in rows):
         top_k = torch.tensor([r.top_k for r in rows], device=dev)
@@ -93,6 +93,12 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[list[int
         picked = torch.tensor(random_rows)
         noise[picked] = -torch.log(-torch.log(noise[picked]))
         sampled = sampled + noise.to(dev)
+    return scaled, sampled
+
+
+def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[list[int], list[float]]:
+    """Sample one token per logits row; returns the tokens and their target log-probabilities."""
+    scaled, sampled = perturbed_logits(logits, rows)
     tokens = torch.argmax(sampled, dim=-1)
-    chosen = scaled.gather(1, tokens.unsqueeze(1)).squeeze(1) - logprob_norm
+    chosen = scaled.gather(1, tokens.unsqueeze(1)).squeeze(1) - torch.logsumexp(scaled, dim=-1)
     return tokens.tolist(), chosen.tolist()

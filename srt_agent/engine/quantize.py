@@ -1,0 +1,82 @@
+"""Weight-quantized copies of a policy, for drafting with the policy itself.
+
+`quantized_copy(model, scheme)` deep-copies a causal LM and quantizes its ``nn.Linear`` layers (LM head
+included) except each MLP's output projection (`keeps_float`); embeddings, norms and anything that is
+not an ``nn.Linear`` (expert banks, GPT-2's ``Conv1D``) stay as they are. The original is untouched.
+
+Schemes (`SCHEMES`; `default_scheme` picks one from the device):
+
+- ``int8`` (CPU, a float32 copy whatever the policy's dtype): torch's dynamic quantization (``torch.ao.quantization.quantize_dynamic``,
+  per-output-channel int8 weights, activations quantized per call; x86/fbgemm kernels). Measured on an
+  AVX2 EPYC (one thread, SmolLM2's 576×1536 linears): 3.6× faster than float32 at 1 row and 6–9× at
+  8–32 rows; torchao 0.18's CPU int8 configs and ``torch._weight_int8pack_mm`` were 1.2–100× slower
+  than that, a hand-packed fbgemm per-channel linear the same within noise.
+- ``int4`` / ``fp8`` (CUDA): torchao's ``Int4WeightOnlyConfig`` (bfloat16 copy) and
+  ``Float8DynamicActivationFloat8WeightConfig`` (optional dependency; fp8 needs compute capability ≥ 8.9).
+
+The MLP output projection stays in full precision because its input (the gated intermediate
+activation) carries outlier channels that per-tensor activation quantization flattens: on SmolLM2,
+quantizing every linear agreed with the float model's sampled token (same Gumbel noise, T = 1) at
+71% of positions, keeping ``down_proj`` in float32 at 89%.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+
+from .device_info import DeviceInfo
+
+SCHEMES = ("int8", "int4", "fp8")
+FLOAT_LINEARS = ("down_proj", "mlp.c_proj", "dense_4h_to_h", "fc2", "w2")  # MLP output projections by name
+
+
+def keeps_float(name: str) -> bool:
+    """Whether the linear at module path `name` is an MLP output projection (kept in full precision)."""
+    return any(name == suffix or name.endswith("." + suffix) for suffix in FLOAT_LINEARS)
+
+
+def default_scheme(info: DeviceInfo) -> str:
+    """int8 on CPU; on CUDA fp8 where the GPU has fp8 matmuls (compute capability ≥ 8.9), else int4."""
+    if info.device != "cuda":
+        return "int8"
+    return "fp8" if torch.cuda.get_device_capability() >= (8, 9) else "int4"
+
+
+def check_scheme(scheme: str, device: torch.device) -> None:
+    """Raise ValueError when `scheme` cannot run on `device`."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown quantization {scheme!r}; choose one of {', '.join(SCHEMES)} or auto")
+    if scheme == "int8" and device.type != "cpu":
+        raise ValueError("int8 quantization runs on CPU (fbgemm kernels); use int4 or fp8 on CUDA")
+    if scheme == "int8" and "x86" not in torch.backends.quantized.supported_engines:
+        raise ValueError("this PyTorch build has no x86/fbgemm quantized kernels for int8 drafting")
+    if scheme != "int8" and device.type != "cuda":
+        raise ValueError(f"{scheme} quantization needs a CUDA device")
+
+
+@torch.no_grad()
+def quantized_copy(model: torch.nn.Module, scheme: str) -> torch.nn.Module:
+    """A copy of `model` whose linears (but the MLP output projections) are quantized by `scheme`."""
+    clone = copy.deepcopy(model).eval().requires_grad_(False)
+    names = {n for n, m in clone.named_modules() if isinstance(m, torch.nn.Linear) and not keeps_float(n)}
+    if scheme == "int8":
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+        with warnings.catch_warnings():  # torch.ao.quantization is deprecated; its CPU kernels are still the fastest here
+            warnings.simplefilter("ignore")
+            quantize_dynamic(clone.float(), {n: per_channel_dynamic_qconfig for n in names}, inplace=True)
+        return clone
+    try:
+        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, Int4WeightOnlyConfig, PerRow, quantize_
+    except ImportError as exc:
+        raise ValueError(f"the {scheme} drafter needs torchao (pip install torchao): {exc}") from None
+    if scheme == "int4":
+        clone.to(torch.bfloat16)
+        config = Int4WeightOnlyConfig(group_size=128)
+    else:
+        config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+    quantize_(clone, config, filter_fn=lambda _module, name: name in names)
+    return clone
