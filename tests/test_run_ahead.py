@@ -24,7 +24,7 @@ def window(params: SamplingParams) -> list[WindowPrompt]:
 
 def engine(model, run_ahead: RunAheadOptions | None, **kw) -> Engine:
     # A fixed cost table: every row costs the same, so the slack decides how many rows ride along.
-    e = Engine(model, drafter="srt", max_batch=kw.pop("max_batch", 8), max_context=128, calibrate=False, run_ahead=run_ahead, **kw)
+    e = Engine(model, drafter=kw.pop("drafter", "srt"), max_batch=kw.pop("max_batch", 8), max_context=128, calibrate=False, run_ahead=run_ahead, **kw)
     e.cost_model.calibrate([(1, 0.010, 1), (2, 0.011, 2), (8, 0.018, 8)])
     e.cost_model.observe = lambda *args, **kwargs: None  # measured steps of a loaded machine would move the table
     return e
@@ -66,6 +66,15 @@ def test_run_ahead_changes_no_token_and_no_figure_of_real_work(tiny_llama):
     assert cache.run_ahead_tokens > 0 and cache.run_ahead_sequences == st.sequences
     # Run-ahead content is in the look-ahead prompts' trees, never under a request id of real work.
     assert "u0" in ahead.drafter.cache and not any(k.startswith("run-ahead") for k in ahead.sequences)
+
+
+def test_run_ahead_feeds_the_hybrid_drafter_s_trees(tiny_llama):
+    plain = engine(tiny_llama, None, adaptive_drafts=False)
+    ahead = engine(tiny_llama, RunAheadOptions(slack=0.5, tokens_per_sequence=6), adaptive_drafts=False, drafter="srt+self")
+    with_ahead, without = rollouts(ahead), rollouts(plain)
+    assert [[(t, f) for t, _, f in step] for step in with_ahead] == [[(t, f) for t, _, f in step] for step in without]
+    assert ahead.run_ahead.stats.tokens > 0 and ahead.drafter.cache.stats().run_ahead_tokens > 0
+    assert ahead.stats()["model_drafted"] > 0 and ahead.stats()["drafter_errors"] == 0
 
 
 def test_slack_bounds_the_rows_that_ride_along(tiny_llama):

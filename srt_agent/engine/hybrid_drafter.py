@@ -56,6 +56,11 @@ class HybridDrafter:
             self.tree.stop_request(request_id)
             raise
 
+    def start_run_ahead(self, request_id: Hashable, prompt_key: Hashable, context_ids: Sequence[int]) -> None:
+        """A run-ahead sequence: into the trees as SRT stores it (the engine never drafts for it)."""
+        self.tree.start_run_ahead(request_id, prompt_key, context_ids)
+        self.model.start_request(request_id, prompt_key, context_ids)
+
     def add_tokens(self, request_id: Hashable, token_ids: Sequence[int]) -> None:
         self.tree.add_tokens(request_id, token_ids)
         self.model.add_tokens(request_id, token_ids)
