@@ -3,11 +3,12 @@
 from .arctic import ArcticDrafter
 from .draft import EMPTY_DRAFT, Draft
 from .drafter import Drafter
-from .factory import DRAFTERS, MODEL_DRAFTERS, make_drafter
+from .factory import DRAFTERS, LENIENT_DRAFTERS, MODEL_DRAFTERS, make_drafter
 from .history import HistoryDrafter
 from .ngram import NgramDrafter
 from .none import NoDrafter
 from .rollout_cache import CacheStats, RolloutCache
+from .spec_rl import SpecRLDrafter
 from .srt import SRTDrafter
 from .suffix import SuffixDrafter
 from .tree import tree_class
@@ -16,6 +17,7 @@ from .tree_ref import ReferenceTokenTree
 __all__ = [
     "DRAFTERS",
     "EMPTY_DRAFT",
+    "LENIENT_DRAFTERS",
     "MODEL_DRAFTERS",
     "ArcticDrafter",
     "CacheStats",
@@ -27,6 +29,7 @@ __all__ = [
     "ReferenceTokenTree",
     "RolloutCache",
     "SRTDrafter",
+    "SpecRLDrafter",
     "SuffixDrafter",
     "make_drafter",
     "tree_class",

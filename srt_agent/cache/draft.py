@@ -14,7 +14,9 @@ class Draft:
     product of empirical conditional probabilities along the path to node i (its expected
     acceptance); ``match_len`` is how many context tokens the drafter matched. ``source`` says what
     proposed it ("tree": a token tree or lookup; "model": a draft model), so acceptance is calibrated
-    per source.
+    per source. ``old_logprobs``, set only by drafters that reuse earlier rollouts with lenient acceptance
+    (SPEC-RL), holds each node's log-probability under the policy that sampled it; such a draft is
+    verified by the lenient rule (not exactly on-policy), every other draft token for token.
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -22,6 +24,7 @@ class Draft:
     scores: list[float] = field(default_factory=list)
     match_len: int = 0
     source: str = "tree"
+    old_logprobs: list[float] | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -49,7 +52,8 @@ class Draft:
     def truncated(self, budget: int) -> Draft:
         """The first `budget` nodes (still a valid tree, since parents precede children)."""
         n = max(0, min(budget, len(self)))
-        return Draft(self.token_ids[:n], self.parents[:n], self.scores[:n], self.match_len if n else 0, self.source)
+        old = self.old_logprobs[:n] if self.old_logprobs is not None else None
+        return Draft(self.token_ids[:n], self.parents[:n], self.scores[:n], self.match_len if n else 0, self.source, old)
 
 
 EMPTY_DRAFT = Draft()

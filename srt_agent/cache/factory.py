@@ -9,6 +9,7 @@ from .drafter import Drafter
 from .history import HistoryDrafter
 from .ngram import NgramDrafter
 from .none import NoDrafter
+from .spec_rl import SpecRLDrafter
 from .srt import SRTDrafter
 from .suffix import SuffixDrafter
 
@@ -22,12 +23,16 @@ DRAFTERS: dict[str, type | str] = {
     "arctic": ArcticDrafter,
     "self": "srt_agent.engine.self_drafter:SelfDrafter",
     "srt+self": "srt_agent.engine.hybrid_drafter:HybridDrafter",
+    "spec-rl": SpecRLDrafter,  # reuses the previous epoch's rollouts with lenient acceptance: not exactly on-policy
 }
 MODEL_DRAFTERS = frozenset({"self", "srt+self"})  # they need an engine's policy to draft
 
+# Drafters whose drafts are accepted leniently (not token for token): their rollouts are not exactly on-policy.
+LENIENT_DRAFTERS = frozenset({"spec-rl"})
+
 
 def make_drafter(name: str, **options) -> Drafter:
-    """A new drafter by name (none, srt, ngram, suffix, history, arctic, self, srt+self) with its
+    """A new drafter by name (none, srt, ngram, suffix, history, arctic, self, srt+self, spec-rl) with its
     keyword options."""
     try:
         cls = DRAFTERS[name]

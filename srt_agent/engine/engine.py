@@ -25,6 +25,7 @@ from ..cache.drafter import Drafter
 from ..models import LoadedModel, resolve_device
 from .acceptance import AcceptanceModel
 from .cost_model import ForwardCostModel, choose_drafts
+from .lenient import acceptance_uniform, lenient_accept, target_logprob
 from .model_drafting import DraftRequest, ModelDrafter, plan_model_drafts
 from .model_runner import Chunk, ModelRunner
 from .params import RequestOutput, SamplingParams
@@ -59,6 +60,7 @@ class EngineStats:
     last_drafter_error: str | None = None
     model_errors: int = 0  # requests ended by a failing forward pass, sampler or non-finite logits
     prefill_tokens: int = 0  # prompt and forced tokens computed (beyond the one each step decodes from)
+    lenient_overrides: int = 0  # leniently accepted draft tokens the exact sampler would not have drawn
     draft_s: float = 0.0
     model_drafted: int = 0  # nodes a model drafter proposed …
     model_draft_s: float = 0.0  # … and the seconds its passes took
@@ -598,15 +600,40 @@ class Engine:
                 specs.append(RowSampling(p.temperature, p.top_p, p.top_k, seqs[i].seed, position))
             tokens, logprobs = sample_rows(logits, specs)
             still = []
-            for i, token, lp in zip(active, tokens, logprobs):
+            for j, (i, token, lp) in enumerate(zip(active, tokens, logprobs)):
+                if drafts[i].old_logprobs is None:
+                    child = children[i].get((node[i], token))
+                else:
+                    picked = self._lenient(drafts[i], node[i], logits[j], specs[j], token, lp)
+                    if picked is None:  # the reused draft ran out after accepted nodes: the next step goes on with it
+                        continue
+                    token, lp, child = picked
                 emitted[i].append((token, lp))
-                child = children[i].get((node[i], token))
                 if child is not None:
                     accepted[i].append(child)
                     node[i] = child
                     still.append(i)
             active = still
         return emitted, accepted, faults
+
+    def _lenient(
+        self, draft: Draft, node: int, logits: torch.Tensor, spec: RowSampling, sampled: int, sampled_lp: float
+    ) -> tuple[int, float, int | None] | None:
+        """SPEC-RL's rule at the child of `node` in a reused draft (see `lenient`): the token emitted at
+        this position, its log-probability, and the accepted node (None: rejected, so the exact sample is
+        emitted and the walk stops). None when the draft ran out after an accepted node: every reused
+        position is judged leniently, so no exact token follows (the next step drafts on from there)."""
+        child = next((k for k, parent in enumerate(draft.parents) if parent == node), None)
+        if child is None:
+            return None if node >= 0 else (sampled, sampled_lp, None)
+        token = draft.token_ids[child]
+        new = target_logprob(logits, spec, token)
+        lenience = getattr(self.drafter, "lenience", 1.0)
+        if not lenient_accept(new, draft.old_logprobs[child], lenience, acceptance_uniform(spec.seed, spec.position)):
+            return sampled, sampled_lp, None
+        if token != sampled:
+            self.totals.lenient_overrides += 1
+        return token, new, child
 
     def _compact(self, seqs: list[Sequence], chunks: list[Chunk], accepted: list[list[int]]) -> None:
         """Move accepted draft nodes' KV right after the pending tokens, in path order."""
@@ -635,7 +662,10 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - e.g. a tokenizer failing on this output: this request only
             seq.finish("error", error=f"checking stop conditions failed: {type(exc).__name__}: {exc}")
         if seq.drafting and kept:
-            self._call_drafter("add_tokens", seq, seq.tokens[len(seq.tokens) - kept :])
+            added = [seq.tokens[len(seq.tokens) - kept :]]
+            if getattr(self.drafter, "needs_logprobs", False):  # a drafter that reuses rollouts with their log-probs
+                added.append(seq.logprobs[len(seq.logprobs) - kept :])
+            self._call_drafter("add_tokens", seq, *added)
         return kept
 
     def _finish(self, seq: Sequence) -> RequestOutput:

@@ -37,7 +37,8 @@ def sub_draft(draft: Draft, keep: list[int]) -> Draft:
             raise ValueError(f"node {old} is kept without its parent {parent}")
         parents.append(index[parent] if parent >= 0 else -1)
     scores = [draft.scores[i] for i in keep] if draft.scores else [0.0] * len(keep)
-    return Draft([draft.token_ids[i] for i in keep], parents, scores, draft.match_len if keep else 0, draft.source)
+    old = [draft.old_logprobs[i] for i in keep] if draft.old_logprobs is not None else None
+    return Draft([draft.token_ids[i] for i in keep], parents, scores, draft.match_len if keep else 0, draft.source, old)
 
 
 def validate_draft(draft: Draft, vocab_size: int) -> None:
