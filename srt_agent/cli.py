@@ -433,6 +433,46 @@ def bench_ablation(
         console.print(f"wrote {plot_ablation(result, plot)}")
 
 
+@bench_app.command("paper")
+def bench_paper(
+    env_file: Path = typer.Option(Path("envs/retool_train.yaml"), "--env", help="Env config (YAML) whose RL runs are measured."),
+    algorithm: list[str] = typer.Option(["grpo", "dapo", "ppo"], "--algorithm", help="Algorithms (one RL run each)."),
+    method: list[str] = typer.Option([], "--method", help="Methods to compare (default: all; unavailable ones are skipped)."),
+    steps: int = typer.Option(3, min=1, help="RL steps per algorithm."),
+    prompts: int = typer.Option(4, min=1, help="Prompts per step."),
+    samples: int = typer.Option(4, min=1, help="Samples per prompt (a GRPO group)."),
+    ablation_samples: int = typer.Option(8, min=0, help="Samples per prompt of the n-ablation's GRPO run (0: skip it)."),
+    model: Optional[str] = typer.Option(None, help="Override the config's model."),
+    out: Path = typer.Option(Path("runs/paper"), help="Run folders (one per algorithm)."),
+    set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set max_turns=2 (repeatable)."),
+    quick: bool = typer.Option(False, "--quick", help="Two short steps per algorithm, 2 prompts × 2 samples: minutes."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write PNGs of generation time over steps into this folder."),
+):
+    """SRT's Table 1 measured here: every rollout method side by side in GRPO, DAPO and PPO runs."""
+    from .agent.config import ConfigError
+    from .rl.paper_bench import METHODS, PaperBenchConfig, ablation_table, paper_table, plot_paper, run_paper_bench
+    from .tools import SandboxUnavailable
+
+    base = PaperBenchConfig.quick() if quick else PaperBenchConfig(
+        steps=steps, prompts_per_step=prompts, samples=samples, dataset_n=2 * prompts, ablation_samples=ablation_samples, out=str(out))
+    config = dataclasses.replace(
+        base, env=str(env_file), algorithms=tuple(algorithm), model=model, overrides=base.overrides + list(set_),
+        methods=tuple(method) if method else tuple(m.name for m in METHODS),
+    )
+    try:
+        result = run_paper_bench(config, log=lambda line: console.print(line, highlight=False))
+    except (ConfigError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2)
+    console.print(paper_table(result), markup=False, highlight=False, soft_wrap=True)
+    console.print(ablation_table(result), markup=False, highlight=False, soft_wrap=True)
+    write_json(result, json_path)
+    if plot is not None:
+        for path in plot_paper(result, plot):
+            console.print(f"wrote {path}")
+
+
 @bench_app.command("replay")
 def bench_replay(
     trace: Path = typer.Argument(..., help="A rollout trace (bench ablation writes them under OUT/traces/)."),

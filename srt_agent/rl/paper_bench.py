@@ -1,0 +1,335 @@
+"""`srt-agent bench paper`: SRT's Table 1 measured here — every rollout method side by side in real RL runs.
+
+For each algorithm (GRPO, DAPO, PPO) one short RL run of the env (cold-started, so the policy uses the
+tool) generates every step's rollouts with each method from the same weights and seeds; only plain
+decoding's rollouts feed training, so every method sees the same sequence of policies. Per method and
+algorithm: generation time per step, step time (its generation plus the step's shared rest: rewards,
+update, weight sync), time per generated token, accepted tokens per verification step, and whether its
+rollouts are token for token those of plain decoding. SPEC-RL accepts leniently, so it is reported with
+its lenience and the share of trajectories and tokens that differ from plain decoding. A second GRPO run
+with n = 8 samples per prompt (the same rollouts per step) gives the samples-per-prompt ablation (SRT's
+Table 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..agent.config import EnvConfig, load_env_config
+from ..cache import DRAFTERS, LENIENT_DRAFTERS, make_drafter
+from .ablation import TraceRecorder
+from .rollouts import RolloutRun, RolloutVariant
+
+
+@dataclass(frozen=True)
+class Method:
+    """A rollout method of the table: a drafter, with or without run-ahead."""
+
+    name: str
+    label: str
+    drafter: str
+    run_ahead: bool = False
+
+    @property
+    def exact(self) -> bool:
+        return self.drafter not in LENIENT_DRAFTERS
+
+
+METHODS = (
+    Method("none", "Baseline (no speculation)", "none"),
+    Method("ngram", "N-gram prompt lookup", "ngram"),
+    Method("suffix", "SuffixDecoding (ours)", "suffix"),
+    Method("arctic", "SuffixDecoding (arctic-inference)", "arctic"),
+    Method("history", "History trees (RhymeRL-style)", "history"),
+    Method("self", "EfficientRollout (quantized self-draft)", "self"),
+    Method("spec-rl", "SPEC-RL (lenient: not exactly on-policy)", "spec-rl"),
+    Method("srt", "SRT, no run-ahead", "srt"),
+    Method("srt+run-ahead", "SRT + run-ahead", "srt", run_ahead=True),
+    Method("srt+self", "SRT + self-drafter", "srt+self"),
+)
+BASELINE = "none"
+ALGORITHMS = ("grpo", "dapo", "ppo")
+
+
+@dataclass
+class PaperBenchConfig:
+    env: str = "envs/retool_train.yaml"
+    algorithms: tuple[str, ...] = ALGORITHMS
+    methods: tuple[str, ...] = tuple(m.name for m in METHODS)
+    steps: int = 3
+    prompts_per_step: int = 4
+    samples: int = 4
+    dataset_n: int = 8  # distinct prompts: with 4 per step each comes back every 2 steps (an epoch)
+    ablation_samples: int = 8  # Table 3: n = `samples` (the GRPO run) against n = this, same rollouts per step
+    ablation_methods: tuple[str, ...] = ("none", "suffix", "srt", "srt+run-ahead")
+    model: str | None = None
+    out: str = "runs/paper"
+    overrides: list[str] = field(default_factory=list)  # KEY=VALUE on the env config
+
+    @classmethod
+    def quick(cls) -> PaperBenchConfig:
+        """The embedded model (cold start cached after its first run), two short steps per algorithm."""
+        return cls(
+            steps=2, prompts_per_step=2, samples=2, dataset_n=2, ablation_samples=4, out="runs/paper-quick",
+            overrides=["max_tokens_per_turn=64", "max_response_tokens=192", "max_turns=2"],
+        )
+
+
+def available_methods(names: tuple[str, ...]) -> tuple[list[Method], dict[str, str]]:
+    """The methods that can run here, and why each other one cannot (unknown drafter, missing package)."""
+    known = {m.name: m for m in METHODS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; choose from {list(known)}")
+    names = [BASELINE] + [n for n in names if n != BASELINE]
+    runnable, skipped = [], {}
+    for name in names:
+        method = known[name]
+        if method.drafter not in DRAFTERS:
+            skipped[name] = f"drafter {method.drafter!r} is not in this build (drafters: {', '.join(sorted(DRAFTERS))})"
+            continue
+        try:
+            make_drafter(method.drafter)
+        except ValueError as exc:  # e.g. arctic-inference not installed
+            skipped[name] = str(exc)
+            continue
+        except TypeError:  # a drafter built by its engine (it needs the policy): it exists, the engine makes it
+            pass
+        runnable.append(method)
+    return runnable, skipped
+
+
+def method_variants(methods: list[Method], config: EnvConfig) -> list[RolloutVariant]:
+    """The trainer's rollout variants (the baseline first: it trains); run-ahead as the config sets it, on."""
+    run_ahead = config.engine.run_ahead.model_copy(update={"enabled": True}).options(config.train.seed)
+    return [RolloutVariant(m.name, m.drafter, run_ahead if m.run_ahead else None) for m in methods]
+
+
+def bench_env(cfg: PaperBenchConfig, algorithm: str, samples: int, prompts: int) -> EnvConfig:
+    """The env file with the bench's shape: `algorithm`, its steps, `prompts` × `samples` rollouts per step."""
+    recur = max(1, cfg.dataset_n // cfg.prompts_per_step)  # steps between a prompt's visits, as in the main run
+    overrides = [
+        f"train.algorithm={algorithm}", f"train.steps={cfg.steps}", f"train.prompts_per_step={prompts}",
+        f"n_samples={samples}", f"dataset.n={prompts * recur}", "train.compare=[]",
+        f"train.checkpoint_every={cfg.steps}", "train.keep_checkpoints=1", "train.loggers=[]",
+    ]
+    return load_env_config(cfg.env, overrides + list(cfg.overrides))
+
+
+def token_differences(reference: list, other: list) -> tuple[int, int]:
+    """(trajectories, tokens) of `other` that differ from `reference`, pair by pair: a token differs where
+    the responses disagree at its position, or where only one of them reaches it."""
+    trajectories = tokens = 0
+    for a, b in zip(reference, other):
+        x, y = a.response_ids, b.response_ids
+        if x != y:
+            trajectories += 1
+            tokens += sum(p != q for p, q in zip(x, y)) + abs(len(x) - len(y))
+    return trajectories, tokens
+
+
+class StepRecorder(TraceRecorder):
+    """The ablation's per-step rows (generation and step time, accepted tokens per verification step,
+    identity), plus how far each method's rollouts differ from the baseline's."""
+
+    def __call__(self, step: int, metrics: dict[str, float], runs: dict[str, list[RolloutRun]]) -> None:
+        super().__call__(step, metrics, runs)
+        reference = [t for run in runs[BASELINE] for t in run.trajectories]
+        for row in self.rows[-len(runs):]:
+            other = [t for run in runs[row["variant"]] for t in run.trajectories]
+            row["differing_trajectories"], row["differing_tokens"] = token_differences(reference, other)
+            row["trajectories"] = len(other)
+
+
+def run_algorithm(
+    cfg: PaperBenchConfig, algorithm: str, methods: list[Method], loaded, samples: int, prompts: int, out: Path,
+) -> dict:
+    """One RL run of `algorithm` with every method regenerating each step; its rows and per-method cells."""
+    from rich.console import Console
+
+    from .trainer import Trainer
+
+    config = bench_env(cfg, algorithm, samples, prompts)
+    variants = method_variants(methods, config)
+    recorder = StepRecorder(config, variants)
+    trainer = Trainer(config, out, loaded=loaded, variants=variants, on_step=recorder, console=Console(quiet=True))
+    start = time.perf_counter()
+    report = trainer.run()
+    return {
+        "algorithm": algorithm, "samples": samples, "prompts_per_step": prompts, "wall_s": time.perf_counter() - start,
+        "rows": recorder.rows, "cells": {m.name: cell(recorder.rows, m) for m in methods},
+        "reward": [m.get("critic/score/mean") for m in report["steps"]], "cold_start": report.get("cold_start"),
+    }
+
+
+def cell(rows: list[dict], method: Method) -> dict:
+    """One method's figures over a run's steps (means per step; per-token and per-verification ratios of sums)."""
+    mine = [r for r in rows if r["variant"] == method.name]
+    base = [r for r in rows if r["variant"] == BASELINE]
+    steps = max(len(mine), 1)
+    gen = sum(r["gen_s"] for r in mine)
+    tokens = sum(r["model_tokens"] for r in mine)
+    forwards = sum(r["forwards"] for r in mine)
+    trajectories = sum(r["trajectories"] for r in mine)
+    out = dict(
+        exact=method.exact, steps=len(mine),
+        gen_s=gen / steps, step_s=sum(r["step_s"] for r in mine) / steps,
+        ms_per_token=1000 * gen / tokens if tokens else 0.0,
+        accepted_per_step=sum(r["accepted_per_forward"] * r["forwards"] for r in mine) / forwards if forwards else 0.0,
+        speedup_vs_baseline=sum(r["gen_s"] for r in base) / gen if gen else 0.0,
+        identical=sum(r["identical"] for r in mine) / steps,
+        differing_trajectory_share=sum(r["differing_trajectories"] for r in mine) / trajectories if trajectories else 0.0,
+        differing_tokens=sum(r["differing_tokens"] for r in mine),
+        model_tokens=tokens,
+        gen_s_per_step=[r["gen_s"] for r in mine],
+    )
+    if not method.exact:
+        out["lenience"] = make_drafter(method.drafter).lenience
+    return out
+
+
+def run_paper_bench(cfg: PaperBenchConfig, log: Callable[[str], None] = print) -> dict:
+    """Every algorithm's run, then the n-ablation; returns the result (rows, cells, skipped methods)."""
+    import torch
+
+    from ..models import load_model
+
+    methods, skipped = available_methods(cfg.methods)
+    for name, why in skipped.items():
+        log(f"skipped {name}: {why}")
+    first = bench_env(cfg, cfg.algorithms[0] if cfg.algorithms else "grpo", cfg.samples, cfg.prompts_per_step)
+    loaded = load_model(cfg.model or first.model, device=first.engine.device)
+    initial = {k: v.clone() for k, v in loaded.model.state_dict().items()}  # engines train the shared module in place
+    started = time.perf_counter()
+    runs = []
+
+    def run(algorithm: str, chosen: list[Method], samples: int, prompts: int, label: str) -> dict:
+        loaded.model.load_state_dict(initial)
+        log(f"{label}: {cfg.steps} steps × {prompts} prompts × {samples} samples, methods {', '.join(m.name for m in chosen)}")
+        result = run_algorithm(cfg, algorithm, chosen, loaded, samples, prompts, Path(cfg.out) / label)
+        log(f"{label}: {result['wall_s']:.0f} s (cold start {'cached' if (result['cold_start'] or {}).get('cached') else 'run'})")
+        return result
+
+    for algorithm in cfg.algorithms:
+        runs.append(run(algorithm, methods, cfg.samples, cfg.prompts_per_step, algorithm))
+    ablation = None
+    if cfg.ablation_samples and "grpo" in cfg.algorithms:
+        chosen = [m for m in methods if m.name in cfg.ablation_methods]
+        prompts = max(1, cfg.prompts_per_step * cfg.samples // cfg.ablation_samples)
+        wide = run("grpo", chosen, cfg.ablation_samples, prompts, f"grpo-n{cfg.ablation_samples}")
+        narrow = next(r for r in runs if r["algorithm"] == "grpo")
+        ablation = {"runs": [narrow_subset(narrow, chosen), wide]}
+    return {
+        "config": dataclasses.asdict(cfg), "model": loaded.name, "threads": torch.get_num_threads(),
+        "wall_s": time.perf_counter() - started, "methods": [dataclasses.asdict(m) | {"exact": m.exact} for m in methods],
+        "skipped": skipped, "runs": runs, "ablation": ablation,
+    }
+
+
+def narrow_subset(run: dict, methods: list[Method]) -> dict:
+    """A run's figures restricted to `methods` (the n-ablation's n = samples column)."""
+    names = {m.name for m in methods}
+    return {**run, "cells": {k: v for k, v in run["cells"].items() if k in names},
+            "rows": [r for r in run["rows"] if r["variant"] in names]}
+
+
+# ----- reports ----------------------------------------------------------------------------------------
+
+BLOCKS = (
+    ("Generation time per step (s)", "gen_s", "{:.1f}"),
+    ("Step time (s)", "step_s", "{:.1f}"),
+    ("Time per generated token (ms)", "ms_per_token", "{:.1f}"),
+)
+
+
+def _label(result: dict, name: str) -> str:
+    method = next(m for m in result["methods"] if m["name"] == name)
+    return method["label"]
+
+
+def paper_table(result: dict) -> str:
+    """Markdown shaped like SRT's Table 1: methods × algorithms, three metric blocks; the exact methods'
+    identity with the baseline and accepted tokens per verification step beside them."""
+    runs = result["runs"]
+    algos = [r["algorithm"].upper() for r in runs]
+    head = ["Method"] + [f"{a}" for _ in BLOCKS for a in algos] + ["identical to baseline", "accepted / verification step"]
+    group = [""] + [title for title, _, _ in BLOCKS for _ in algos] + ["", ""]
+    lines = ["| " + " | ".join(f"{g}<br>{h}" if g else h for g, h in zip(group, head)) + " |",
+             "|---|" + "---:|" * (len(head) - 1)]
+    best = {}
+    for title, key, _ in BLOCKS:
+        for run in runs:
+            exact = [c[key] for c in run["cells"].values() if c["exact"]]
+            best[(key, run["algorithm"])] = min(exact) if exact else None
+    for m in result["methods"]:
+        name = m["name"]
+        cells = [run["cells"][name] for run in runs]
+        row = [_label(result, name)]
+        for _, key, fmt in BLOCKS:
+            for run, c in zip(runs, cells):
+                text = fmt.format(c[key])
+                row.append(f"**{text}**" if c["exact"] and c[key] == best[(key, run["algorithm"])] else text)
+        if m["exact"]:
+            row.append(" / ".join(f"{c['identical']:.0%}" for c in cells))
+        else:
+            row.append(" / ".join(f"{1 - c['differing_trajectory_share']:.0%}" for c in cells)
+                       + f" (lenience {cells[0].get('lenience', 0):.2f}: "
+                       + ", ".join(f"{c['differing_tokens']} tokens differ" for c in cells) + ")")
+        row.append(" / ".join("-" if name == BASELINE else f"{c['accepted_per_step']:.2f}" for c in cells))
+        lines.append("| " + " | ".join(row) + " |")
+    lines += [""] + [f"- `{name}` skipped: {why}" for name, why in result["skipped"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def ablation_table(result: dict) -> str:
+    """Markdown shaped like SRT's Table 3: generation time per step at n samples per prompt, and SRT's
+    lead over SuffixDecoding (its generation time over SRT's)."""
+    ablation = result.get("ablation")
+    if not ablation:
+        return ""
+    runs = ablation["runs"]
+    head = ["Method"] + [f"n = {r['samples']} ({r['prompts_per_step']} prompts): gen s / accepted per step" for r in runs]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * len(runs)]
+    for name in runs[0]["cells"]:
+        row = [_label(result, name)]
+        for r in runs:
+            c = r["cells"][name]
+            row.append(f"{c['gen_s']:.1f} / " + ("-" if name == BASELINE else f"{c['accepted_per_step']:.2f}"))
+        lines.append("| " + " | ".join(row) + " |")
+    if all("srt" in r["cells"] and "suffix" in r["cells"] for r in runs):
+        leads = [r["cells"]["suffix"]["gen_s"] / r["cells"]["srt"]["gen_s"] if r["cells"]["srt"]["gen_s"] else 0.0 for r in runs]
+        lines.append("| SRT's lead over SuffixDecoding (gen time ratio) | " + " | ".join(f"{x:.2f}x" for x in leads) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_paper(result: dict, folder: str | Path) -> list[Path]:
+    """PNG per run: every method's generation time over the steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    runs = list(result["runs"]) + ([result["ablation"]["runs"][-1]] if result.get("ablation") else [])
+    paths = []
+    for run in runs:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for name in run["cells"]:
+            points = sorted((r["step"], r["gen_s"]) for r in run["rows"] if r["variant"] == name)
+            ax.plot(*zip(*points), marker="o", label=name, linestyle="--" if name == "spec-rl" else "-")
+        ax.set_title(f"{run['algorithm'].upper()}, n = {run['samples']}: generation time per step ({result['model']})")
+        ax.set_xlabel("RL step")
+        ax.set_ylabel("seconds")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small", ncol=2)
+        fig.tight_layout()
+        path = folder / f"gen_time_{run['algorithm']}_n{run['samples']}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths
