@@ -134,19 +134,27 @@ def token_differences(reference: list, other: list) -> tuple[int, int]:
 
 class StepRecorder(TraceRecorder):
     """The ablation's per-step rows (generation and step time, accepted tokens per verification step,
-    identity), plus how far each method's rollouts differ from the baseline's."""
+    identity), plus how far each method's rollouts differ from the baseline's; logs a line per step."""
+
+    def __init__(self, config: EnvConfig, variants: list[RolloutVariant], log: Callable[[str], None] = print):
+        super().__init__(config, variants)
+        self.log = log
 
     def __call__(self, step: int, metrics: dict[str, float], runs: dict[str, list[RolloutRun]]) -> None:
         super().__call__(step, metrics, runs)
         reference = [t for run in runs[BASELINE] for t in run.trajectories]
-        for row in self.rows[-len(runs):]:
+        rows = self.rows[-len(runs):]
+        for row in rows:
             other = [t for run in runs[row["variant"]] for t in run.trajectories]
             row["differing_trajectories"], row["differing_tokens"] = token_differences(reference, other)
             row["trajectories"] = len(other)
+        self.log(f"  step {step}: generation s " + ", ".join(f"{r['variant']} {r['gen_s']:.1f}" for r in rows)
+                 + f"; reward {metrics.get('critic/score/mean', 0.0):.2f}")
 
 
 def run_algorithm(
     cfg: PaperBenchConfig, algorithm: str, methods: list[Method], loaded, samples: int, prompts: int, out: Path,
+    log: Callable[[str], None] = print,
 ) -> dict:
     """One RL run of `algorithm` with every method regenerating each step; its rows and per-method cells."""
     from rich.console import Console
@@ -155,7 +163,7 @@ def run_algorithm(
 
     config = bench_env(cfg, algorithm, samples, prompts)
     variants = method_variants(methods, config)
-    recorder = StepRecorder(config, variants)
+    recorder = StepRecorder(config, variants, log)
     trainer = Trainer(config, out, loaded=loaded, variants=variants, on_step=recorder, console=Console(quiet=True))
     start = time.perf_counter()
     report = trainer.run()
@@ -210,7 +218,7 @@ def run_paper_bench(cfg: PaperBenchConfig, log: Callable[[str], None] = print) -
     def run(algorithm: str, chosen: list[Method], samples: int, prompts: int, label: str) -> dict:
         loaded.model.load_state_dict(initial)
         log(f"{label}: {cfg.steps} steps × {prompts} prompts × {samples} samples, methods {', '.join(m.name for m in chosen)}")
-        result = run_algorithm(cfg, algorithm, chosen, loaded, samples, prompts, Path(cfg.out) / label)
+        result = run_algorithm(cfg, algorithm, chosen, loaded, samples, prompts, Path(cfg.out) / label, log)
         log(f"{label}: {result['wall_s']:.0f} s (cold start {'cached' if (result['cold_start'] or {}).get('cached') else 'run'})")
         return result
 
