@@ -27,7 +27,7 @@ from ..agent.datasets import arithmetic_tasks
 from ..agent.rollout import summarize, write_jsonl
 from ..agent.toolconfig import load_tools
 from ..agent.trajectory import Trajectory
-from ..cache import DRAFTERS, RolloutCache
+from ..cache import DRAFTERS, LENIENT_DRAFTERS, RolloutCache
 from ..models import LoadedModel, load_model
 from . import algorithms
 from .batch import Sample
@@ -379,9 +379,11 @@ class Trainer:
         for name in self.compared:
             share = metrics.get(f"compare/{name}/identical", 1.0)
             if share < 1.0:
+                lenient = next(v.drafter for v in self.variants if v.name == name) in LENIENT_DRAFTERS
+                why = "it accepts drafts leniently: not exactly on-policy" if lenient else "float32 near-ties can flip between batch shapes"
                 self._log(
                     f"[yellow]step {metrics['step']:.0f}: {name}'s rollouts match {share:.0%} of {self.config.engine.drafter}'s "
-                    f"token for token (float32 near-ties can flip between batch shapes)[/yellow]"
+                    f"token for token ({why})[/yellow]"
                 )
 
     # ----- set-up, checkpoints, report --------------------------------------------------------------
