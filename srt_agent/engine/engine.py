@@ -4,7 +4,10 @@ Each step drafts for every running sequence, sizes the drafts to the batch with 
 verifies all of them in one tree-masked forward pass, walks each sequence's tree with the lossless
 sampler (accepting the drafted node that equals the token sampled at that position, then sampling one
 more), keeps the KV of accepted nodes and drops the rest, and applies stop conditions token by token.
-Emitted and forced tokens go into the drafter (the prompt's tree) as they are produced.
+Emitted and forced tokens go into the drafter (the prompt's tree) as they are produced. The one
+exception to losslessness is opt-in: a draft carrying its old policy's log-probabilities (SPEC-RL's reused
+rollouts) is judged by the lenient rule of `lenient.py`, and every token it keeps that the exact sampler
+would not have drawn is counted (``lenient_overrides``).
 """
 
 from __future__ import annotations
