@@ -443,7 +443,7 @@ def bench_paper(
     samples: int = typer.Option(4, min=1, help="Samples per prompt (a GRPO group)."),
     ablation_samples: int = typer.Option(8, min=0, help="Samples per prompt of the n-ablation's GRPO run (0: skip it)."),
     model: Optional[str] = typer.Option(None, help="Override the config's model."),
-    out: Path = typer.Option(Path("runs/paper"), help="Run folders (one per algorithm)."),
+    out: Optional[Path] = typer.Option(None, help="Run folders, one per algorithm (default runs/paper, runs/paper-quick)."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set max_turns=2 (repeatable)."),
     quick: bool = typer.Option(False, "--quick", help="Two short steps per algorithm, 2 prompts × 2 samples: minutes."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
@@ -455,9 +455,10 @@ def bench_paper(
     from .tools import SandboxUnavailable
 
     base = PaperBenchConfig.quick() if quick else PaperBenchConfig(
-        steps=steps, prompts_per_step=prompts, samples=samples, dataset_n=2 * prompts, ablation_samples=ablation_samples, out=str(out))
+        steps=steps, prompts_per_step=prompts, samples=samples, dataset_n=2 * prompts, ablation_samples=ablation_samples)
     config = dataclasses.replace(
         base, env=str(env_file), algorithms=tuple(algorithm), model=model, overrides=base.overrides + list(set_),
+        out=str(out) if out is not None else base.out,
         methods=tuple(method) if method else tuple(m.name for m in METHODS),
     )
     try:
