@@ -446,13 +446,25 @@ def bench_paper(
     out: Optional[Path] = typer.Option(None, help="Run folders, one per algorithm (default runs/paper, runs/paper-quick)."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set max_turns=2 (repeatable)."),
     quick: bool = typer.Option(False, "--quick", help="Two short steps per algorithm, 2 prompts × 2 samples: minutes."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here (also after every run)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write PNGs of generation time over steps into this folder."),
+    from_json: list[Path] = typer.Option([], "--from-json", help="Run nothing: merge these results (e.g. one per algorithm) and report them."),
 ):
     """SRT's Table 1 measured here: every rollout method side by side in GRPO, DAPO and PPO runs."""
     from .agent.config import ConfigError
-    from .rl.paper_bench import METHODS, PaperBenchConfig, ablation_table, paper_table, plot_paper, run_paper_bench
+    from .rl.paper_bench import (
+        METHODS, PaperBenchConfig, ablation_table, merge_results, paper_table, plot_paper, run_paper_bench,
+    )
     from .tools import SandboxUnavailable
+
+    if from_json:
+        result = merge_results([json.loads(p.read_text()) for p in from_json])
+        console.print(paper_table(result), markup=False, highlight=False, soft_wrap=True)
+        console.print(ablation_table(result), markup=False, highlight=False, soft_wrap=True)
+        write_json(result, json_path)
+        for path in plot_paper(result, plot) if plot is not None else []:
+            console.print(f"wrote {path}")
+        return
 
     base = PaperBenchConfig.quick() if quick else PaperBenchConfig(
         steps=steps, prompts_per_step=prompts, samples=samples, dataset_n=2 * prompts, ablation_samples=ablation_samples)
@@ -462,7 +474,8 @@ def bench_paper(
         methods=tuple(method) if method else tuple(m.name for m in METHODS),
     )
     try:
-        result = run_paper_bench(config, log=lambda line: console.print(line, highlight=False))
+        result = run_paper_bench(config, log=lambda line: console.print(line, highlight=False),
+                                 on_run=lambda partial: write_json(partial, json_path))
     except (ConfigError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2)

@@ -115,7 +115,10 @@ def bench_env(cfg: PaperBenchConfig, algorithm: str, samples: int, prompts: int)
         f"n_samples={samples}", f"dataset.n={prompts * recur}", "train.compare=[]",
         f"train.checkpoint_every={cfg.steps}", "train.keep_checkpoints=1", "train.loggers=[]",
     ]
-    return load_env_config(cfg.env, overrides + list(cfg.overrides))
+    config = load_env_config(cfg.env, overrides + list(cfg.overrides))
+    # Every method's engine keeps a KV cache of max_batch slots: no more than a step's rollouts need.
+    config.engine.max_batch = min(config.engine.max_batch, prompts * samples)
+    return config
 
 
 def token_differences(reference: list, other: list) -> tuple[int, int]:
@@ -202,8 +205,11 @@ def cell(rows: list[dict], method: Method) -> dict:
     return out
 
 
-def run_paper_bench(cfg: PaperBenchConfig, log: Callable[[str], None] = print) -> dict:
-    """Every algorithm's run, then the n-ablation; returns the result (rows, cells, skipped methods)."""
+def run_paper_bench(
+    cfg: PaperBenchConfig, log: Callable[[str], None] = print, on_run: Callable[[dict], None] | None = None,
+) -> dict:
+    """Every algorithm's run, then the n-ablation; returns the result (rows, cells, skipped methods).
+    `on_run(result so far)` sees it after every run (a long benchmark leaves its figures as it goes)."""
     import torch
 
     from ..models import load_model
@@ -224,8 +230,17 @@ def run_paper_bench(cfg: PaperBenchConfig, log: Callable[[str], None] = print) -
         log(f"{label}: {result['wall_s']:.0f} s (cold start {'cached' if (result['cold_start'] or {}).get('cached') else 'run'})")
         return result
 
+    def result(ablation: dict | None = None) -> dict:
+        return {
+            "config": dataclasses.asdict(cfg), "model": loaded.name, "threads": torch.get_num_threads(),
+            "wall_s": time.perf_counter() - started, "methods": [dataclasses.asdict(m) | {"exact": m.exact} for m in methods],
+            "skipped": skipped, "runs": runs, "ablation": ablation,
+        }
+
     for algorithm in cfg.algorithms:
         runs.append(run(algorithm, methods, cfg.samples, cfg.prompts_per_step, algorithm))
+        if on_run is not None:
+            on_run(result())
     ablation = None
     if cfg.ablation_samples and "grpo" in cfg.algorithms:
         chosen = [m for m in methods if m.name in cfg.ablation_methods]
@@ -233,11 +248,20 @@ def run_paper_bench(cfg: PaperBenchConfig, log: Callable[[str], None] = print) -
         wide = run("grpo", chosen, cfg.ablation_samples, prompts, f"grpo-n{cfg.ablation_samples}")
         narrow = next(r for r in runs if r["algorithm"] == "grpo")
         ablation = {"runs": [narrow_subset(narrow, chosen), wide]}
-    return {
-        "config": dataclasses.asdict(cfg), "model": loaded.name, "threads": torch.get_num_threads(),
-        "wall_s": time.perf_counter() - started, "methods": [dataclasses.asdict(m) | {"exact": m.exact} for m in methods],
-        "skipped": skipped, "runs": runs, "ablation": ablation,
-    }
+    return result(ablation)
+
+
+def merge_results(results: list[dict]) -> dict:
+    """Results of runs made apart (e.g. one process per algorithm) as one: their runs in order, the first
+    ablation found, the methods of the first, the skipped ones of all."""
+    if not results:
+        raise ValueError("nothing to merge")
+    merged = dict(results[0])
+    merged["runs"] = [run for r in results for run in r["runs"]]
+    merged["ablation"] = next((r["ablation"] for r in results if r.get("ablation")), None)
+    merged["skipped"] = {k: v for r in results for k, v in r["skipped"].items()}
+    merged["wall_s"] = sum(r["wall_s"] for r in results)
+    return merged
 
 
 def narrow_subset(run: dict, methods: list[Method]) -> dict:
