@@ -8,7 +8,9 @@ import json
 import pytest
 
 from srt_agent.rl import paper_bench
-from srt_agent.rl.paper_bench import Method, PaperBenchConfig, ablation_table, available_methods, paper_table, plot_paper, run_paper_bench
+from srt_agent.rl.paper_bench import (
+    Method, PaperBenchConfig, ablation_table, available_methods, merge_results, paper_table, plot_paper, run_paper_bench,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -52,4 +54,5 @@ def test_paper_bench_on_a_tiny_model(tmp_path):
     assert "SRT's lead over SuffixDecoding" in ablation_table(result)
     paths = plot_paper(result, tmp_path / "plots")
     assert len(paths) == 2 and all(p.stat().st_size > 0 for p in paths)
-    json.dumps(result)  # the JSON output
+    merged = merge_results([result, json.loads(json.dumps(result))])  # e.g. one process per algorithm
+    assert len(merged["runs"]) == 2 and paper_table(merged).count("\n| ") == len(names)
