@@ -52,6 +52,7 @@ def test_grpo_run_trains_and_compares(tmp_path, tiny):
         assert m["compare/none/gen_s"] > 0 and m["timing_s/gen"] > 0
         assert m["env/tool_call_rate"] == 1.0  # every trajectory ran the forced code call
         assert m["srt/forced_tokens"] > 0
+        assert m["srt/prefill_reused"] > 0  # siblings copy their group's prompt KV instead of computing it
         assert m["training/rollout_logprob_diff_mean"] < 1e-4
         assert m["perf/trained_tokens"] == m["srt/model_tokens"]
         assert m["actor/kl_loss"] >= 0.0  # a KL loss to the frozen starting policy

@@ -40,6 +40,9 @@ def rollout_metrics(trajectories: Sequence[Trajectory], summary: RolloutSummary)
     out["srt/draft_accepted"] = float(summary.draft_accepted)
     out["srt/accepted_per_draft"] = summary.acceptance
     out["srt/idle_slot_s_tool_waits"] = summary.idle_slot_s_during_tool_waits
+    out["srt/prefill_computed"] = float(summary.prefill_computed)
+    out["srt/prefill_reused"] = float(summary.prefill_reused)
+    out["srt/prefill_hit_rate"] = summary.prefill_hit_rate
     return out
 
 
