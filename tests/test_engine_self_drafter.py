@@ -79,3 +79,22 @@ def test_the_plan_drafts_only_where_it_pays():
     hybrid = plan_model_drafts([rich, Draft()], [4, 4], 0.6, verify, lambda chosen, depth: 0.0002 * depth, base_tokens=2)
     assert hybrid.sequences == [1]  # the tree's draft stays where it expects more than the chain
     assert chain_gain(0.5, 3) == pytest.approx(0.875)
+
+
+@pytest.mark.parametrize("diverge", [None, 0, 1, 4, 6])
+def test_the_draft_cache_reuses_exactly_the_prefix_the_sequence_still_shares(diverge):
+    """What the draft cache holds stays valid up to the first token where the sequence left it (a
+    rejected draft token), and never covers the context's last token (it is fed again)."""
+    from srt_agent.engine.model_drafting import DraftRequest
+    from srt_agent.engine.sampler import RowSampling
+    from srt_agent.engine.self_drafter import _DraftState
+
+    drafter = make_drafter("self")
+    cached = [5, 6, 7, 8, 9, 10, 11]
+    drafter._states["r"] = _DraftState(tokens=cached, slot=0, cached=len(cached))
+    context = list(cached) + [12]
+    if diverge is not None:
+        context[diverge] = 99
+    request = DraftRequest("r", context, 4, RowSampling(1.0, 1.0, 0, 0, 0))
+    assert drafter._reusable(request) == (len(cached) if diverge is None else diverge)
+    assert drafter._reusable(DraftRequest("r", cached[:3], 4, request.sampling)) == 2

@@ -2,7 +2,9 @@
 
 Workload: P chat prompts × n samples at temperature 1.0, for several epochs over the same prompts
 with each drafter's trees kept between epochs (as across RL steps); every epoch draws new seeds.
-Each (method, batch size) gets a fresh engine; all runs of a batch size use the same seeds, so every
+Each (method, batch size) gets a fresh engine, and the methods' epochs interleave (epoch by epoch, in a
+rotating order) so that drifts in the machine's speed fall on all of them alike; all runs of a batch size
+use the same seeds, so every
 method's tokens can be checked against `none`'s (`identical_to_none`). The engines' start-up
 calibration shows what verifying more tokens costs on the machine (`verification_cost`).
 transformers' own `generate` at batch 1, with and without prompt lookup, is the outside baseline.
@@ -81,10 +83,9 @@ def workload(config: EngineBenchConfig, prompts: list[list[int]], batch: int, ep
     return [prompts[i] for i, _ in items], params, [f"p{i}" for i, _ in items]
 
 
-def run_method(loaded, config, method, batch, prompts, max_context, report) -> tuple[list[dict], list[dict]]:
-    """All epochs of one drafter at one batch size, on one engine (trees kept across epochs); also
-    the engine's start-up measurement of verification time per step shape (empty for `none`)."""
-    engine = Engine(
+def open_engine(loaded, config, method, batch, max_context) -> Engine:
+    """A fresh engine with drafter `method` at batch size `batch` (it calibrates its cost model)."""
+    return Engine(
         loaded,
         drafter=method,
         device=config.device,
@@ -93,42 +94,57 @@ def run_method(loaded, config, method, batch, prompts, max_context, report) -> t
         max_draft_tokens=config.max_draft_tokens,
         adaptive_drafts=config.adaptive_drafts,
     )
-    calibration = engine.cost_model.measured() if method != "none" else []
+
+
+def run_epoch(engine: Engine, loaded, config, method, batch, prompts, epoch, report) -> dict:
+    """One epoch of the workload on `engine` (its trees kept from earlier epochs), then an RL step's
+    weight update with the same weights (a model drafter rebuilds) unless it is the last epoch."""
+    ps, params, keys = workload(config, prompts, batch, epoch)
+    before = engine.stats()
+    t0 = time.perf_counter()
+    outs = engine.generate(ps, params, prompt_keys=keys)
+    wall = time.perf_counter() - t0
+    engine.end_step()
+    if epoch + 1 < config.epochs:
+        engine.update_weights(loaded.model.state_dict())
+    after = engine.stats()
+    steps = after["steps"] - before["steps"]
+    tokens = sum(len(o.token_ids) for o in outs)
+    run = dict(
+        method=method,
+        batch=batch,
+        epoch=epoch + 1,
+        requests=len(ps),
+        wall_s=wall,
+        tokens=tokens,
+        tokens_per_s=tokens / wall,
+        forwards=steps,
+        tokens_per_forward=tokens / max(1, steps),
+        accepted_per_step=(after["draft_accepted"] - before["draft_accepted"]) / max(1, steps),
+        draft_verified_per_step=(after["draft_verified"] - before["draft_verified"]) / max(1, steps),
+        draft_s=after["draft_s"] - before["draft_s"],
+        **model_draft_figures(before, after),
+        forward_s=after["forward_s"] - before["forward_s"],
+        drafter_update_s=after["drafter_update_s"] - before["drafter_update_s"],
+        errors=sum(o.finish_reason == "error" for o in outs),
+        outputs=[o.token_ids for o in outs],
+    )
+    report(run)
+    return run
+
+
+def run_batch(loaded, config, methods, batch, prompts, max_context, report) -> tuple[list[dict], list[dict]]:
+    """Every method's epochs at one batch size, interleaved: epoch e runs each method once, in an order
+    rotated by e, so a drift in the machine's speed (other jobs, clocks) hits all methods alike and no
+    method always runs first (cold kernels). Returns the runs and the first drafting engine's start-up
+    measurement of verification time per step shape."""
+    engines = {m: open_engine(loaded, config, m, batch, max_context) for m in methods}
+    calibration = next((e.cost_model.measured() for m, e in engines.items() if m != "none"), [])
     runs = []
     for epoch in range(config.epochs):
-        ps, params, keys = workload(config, prompts, batch, epoch)
-        before = engine.stats()
-        t0 = time.perf_counter()
-        outs = engine.generate(ps, params, prompt_keys=keys)
-        wall = time.perf_counter() - t0
-        engine.end_step()
-        if epoch + 1 < config.epochs:  # an RL step's weight update (the same weights): a model drafter rebuilds
-            engine.update_weights(loaded.model.state_dict())
-        after = engine.stats()
-        steps = after["steps"] - before["steps"]
-        tokens = sum(len(o.token_ids) for o in outs)
-        runs.append(
-            dict(
-                method=method,
-                batch=batch,
-                epoch=epoch + 1,
-                requests=len(ps),
-                wall_s=wall,
-                tokens=tokens,
-                tokens_per_s=tokens / wall,
-                forwards=steps,
-                tokens_per_forward=tokens / max(1, steps),
-                accepted_per_step=(after["draft_accepted"] - before["draft_accepted"]) / max(1, steps),
-                draft_verified_per_step=(after["draft_verified"] - before["draft_verified"]) / max(1, steps),
-                draft_s=after["draft_s"] - before["draft_s"],
-                **model_draft_figures(before, after),
-                forward_s=after["forward_s"] - before["forward_s"],
-                drafter_update_s=after["drafter_update_s"] - before["drafter_update_s"],
-                errors=sum(o.finish_reason == "error" for o in outs),
-                outputs=[o.token_ids for o in outs],
-            )
-        )
-        report(runs[-1])
+        shift = epoch % len(methods)
+        for method in methods[shift:] + methods[:shift]:
+            runs.append(run_epoch(engines[method], loaded, config, method, batch, prompts, epoch, report))
     return runs, calibration
 
 
@@ -213,17 +229,13 @@ def _run(config: EngineBenchConfig, report: Callable[[dict], None]) -> dict:
     runs: list[dict] = []
     costs: list[dict] = []
     for batch in config.batches:
-        reference = None
-        for method in methods:
-            method_runs, calibration = run_method(loaded, config, method, batch, prompts, max_context, report)
-            if calibration and not any(c["batch"] == batch for c in costs):
-                costs += [dict(batch=batch, **row) for row in calibration]
-            if method == "none":
-                reference = [r["outputs"] for r in method_runs]
-            for r, ref in zip(method_runs, reference):
-                r["identical_to_none"] = r["outputs"] == ref
-                r["identical_share"] = identical_share(r["outputs"], ref)
-            runs += method_runs
+        batch_runs, calibration = run_batch(loaded, config, methods, batch, prompts, max_context, report)
+        costs += [dict(batch=batch, **row) for row in calibration]
+        reference = {r["epoch"]: r["outputs"] for r in batch_runs if r["method"] == "none"}
+        for r in batch_runs:
+            r["identical_to_none"] = r["outputs"] == reference[r["epoch"]]
+            r["identical_share"] = identical_share(r["outputs"], reference[r["epoch"]])
+        runs += sorted(batch_runs, key=lambda r: (methods.index(r["method"]), r["epoch"]))
         if batch == 1 and config.hf_baseline:
             for lookup in (False, True):
                 runs += run_hf(loaded, config, prompts, lookup, report)

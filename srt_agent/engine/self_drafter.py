@@ -169,11 +169,17 @@ class SelfDrafter:
         state = self._states.get(request.request_id)
         if state is None or state.slot is None:
             return 0
-        context, n = request.context, min(state.cached, len(request.context) - 1)
-        same = 0
-        while same < n and state.tokens[same] == context[same]:
-            same += 1
-        return same
+        context, n = list(request.context), min(state.cached, len(request.context) - 1)
+        if state.tokens[:n] == context[:n]:  # the usual case, one list comparison
+            return n
+        low, high = 0, n  # the prefixes of length `low` agree, of length `high` do not
+        while high - low > 1:
+            mid = (low + high) // 2
+            if state.tokens[:mid] == context[:mid]:
+                low = mid
+            else:
+                high = mid
+        return low
 
     def draft_batch(self, requests: list[DraftRequest], depth: int) -> list[Draft]:
         """Draft up to `depth` levels for every request together (one pass per level)."""
