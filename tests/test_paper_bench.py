@@ -40,6 +40,8 @@ def test_paper_bench_on_a_tiny_model(tmp_path):
     assert set(names) | set(result["skipped"]) == {m.name for m in paper_bench.METHODS}
     for run in result["runs"]:
         assert run["samples"] == 2 and len(run["reward"]) == 2
+        # the training rollouts come from an engine of their own; every measured method regenerates them
+        assert {r["variant"] for r in run["rows"]} == set(run["cells"]) | {paper_bench.TRAINER}
         for name, c in run["cells"].items():
             assert c["steps"] == 1 and c["step_s"] >= c["gen_s"] > 0 and c["ms_per_token"] > 0
             if c["exact"]:  # float64 tiny model: no near-ties, so every exact method matches plain decoding

@@ -106,7 +106,7 @@ class TraceRecorder:
                 step=step, variant=name, gen_s=wall, step_s=wall + rest_s, speedup_vs_none=base_s / wall if wall else 0.0,
                 accepted_per_forward=traced.accepted_per_forward, tokens_per_forward=model_tokens / forwards if forwards else 0.0,
                 forwards=forwards, model_tokens=model_tokens,
-                identical=metrics.get(f"compare/{name}/identical", 1.0) if name != "none" else 1.0,
+                identical=metrics.get(f"compare/{name}/identical", 1.0),
                 run_ahead_tokens=tokens, run_ahead_row_share=rows / (rows + real_rows) if rows + real_rows else 0.0,
                 run_ahead_time_share=sum(a["added_s"] for a in ahead) / wall if ahead and wall else 0.0,
                 run_ahead_by_bubble={b: sum(a["tokens_by_bubble"][b] for a in ahead) for b in ("tail", "tools")} if ahead else {},
