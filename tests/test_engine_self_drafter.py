@@ -81,6 +81,38 @@ def test_the_plan_drafts_only_where_it_pays():
     assert chain_gain(0.5, 3) == pytest.approx(0.875)
 
 
+def test_a_full_batch_with_nothing_waiting_is_model_drafted_only_where_all_are_nearly_sure():
+    """When nothing waits, a step gains what its slowest sequence gains: with 32 sequences each accepting
+    with 0.85, that is almost never a token (0.85^32), so the plan spends no draft passes on them, where
+    one sequence with the same chain is drafted."""
+    verify = ForwardCostModel()
+    verify.calibrate([(t, 0.010 + 1e-4 * t, s) for s in (1, 32) for t in (s, 2 * s, 8 * s)])
+    cheap = lambda chosen, depth: 0.0005 * depth  # noqa: E731
+    alone = plan_model_drafts([Draft()], [8], 0.85, verify, cheap, base_tokens=1, makespan=True)
+    assert alone.depth > 0 and alone.sequences == [0]
+    batch = plan_model_drafts([Draft()] * 32, [8] * 32, 0.85, verify, cheap, base_tokens=32, makespan=True)
+    assert batch.depth == 0 and not batch.sequences
+    sure = plan_model_drafts([Draft()] * 32, [8] * 32, 0.999, verify, cheap, base_tokens=32, makespan=True)
+    assert sure.depth > 0  # every sequence nearly sure to accept: the slowest gains too
+
+
+def test_the_slowest_sequences_expected_gain():
+    from srt_agent.engine.cost_model import JointMinimum
+
+    chain = Draft([1, 2], [-1, 0], [0.5, 0.25])
+    fork = Draft([3, 4], [-1, -1], [0.5, 0.5])  # two children of the root: reaches depth 1 for sure
+    slowest = JointMinimum([chain, fork])
+    assert slowest.expected() == 0.0
+    for seq, draft in enumerate((chain, fork)):
+        for node, score in enumerate(draft.scores):
+            slowest.add(seq, node, score)
+    assert slowest.expected() == pytest.approx(0.5 * 1.0)  # depth 1: 0.5 × 1.0; depth 2: 0.25 × 0
+    lone = JointMinimum([chain])
+    lone.add(0, 0, 0.5)
+    lone.add(0, 1, 0.25)
+    assert lone.expected() == pytest.approx(0.75)  # one sequence: its own expectation
+
+
 @pytest.mark.parametrize("diverge", [None, 0, 1, 4, 6])
 def test_the_draft_cache_reuses_exactly_the_prefix_the_sequence_still_shares(diverge):
     """What the draft cache holds stays valid up to the first token where the sequence left it (a

@@ -166,10 +166,19 @@ class PrefixChoice:
 
 
 def best_prefix(
-    drafts: list[Draft], base_tokens: int, model: ForwardCostModel, makespan: bool = False, extra_s: float = 0.0
+    drafts: list[Draft],
+    base_tokens: int,
+    model: ForwardCostModel,
+    makespan: bool = False,
+    extra_s: float = 0.0,
+    joint: bool = False,
 ) -> PrefixChoice:
     """Expected emitted tokens per second of verifying the best-scored prefix of all nodes, where the
-    step also spends `extra_s` before verifying (a draft model's passes); see `choose_nodes`."""
+    step also spends `extra_s` before verifying (a draft model's passes); see `choose_nodes`.
+
+    With `makespan` and `joint`, the slowest sequence's gain is its expectation, not the least of the
+    sequences' expectations (see `JointMinimum`): far stricter for a full batch, the same for one sequence.
+    """
     sequences = len(drafts)
     candidates = sorted(
         ((score, seq, node) for seq, d in enumerate(drafts) for node, score in enumerate(d.scores)),
@@ -181,14 +190,60 @@ def best_prefix(
     verify_none = model.predict(base_tokens, sequences)
     base_rate = floor / verify_none
     best_rate, best_count = floor / (verify_none + extra_s), 0
-    for count, (score, seq, _) in enumerate(candidates, start=1):
+    slowest = JointMinimum(drafts) if makespan and joint else None
+    for count, (score, seq, node) in enumerate(candidates, start=1):
         gains[seq] += score
         total += score
-        emitted = 1.0 + min(gains) if makespan else sequences + total
+        if slowest is not None:
+            slowest.add(seq, node, score)
+            emitted = 1.0 + slowest.expected()
+        else:
+            emitted = 1.0 + min(gains) if makespan else sequences + total
         rate = emitted / (model.predict(base_tokens + count, sequences) + extra_s)
         if rate > best_rate:
             best_rate, best_count = rate, count
     return PrefixChoice(best_rate, best_count, base_rate, candidates)
+
+
+class JointMinimum:
+    """E[min over sequences of accepted tokens] for a growing choice of draft nodes.
+
+    A sequence accepts at least d tokens exactly when its accepted path passes a chosen node at depth d,
+    and those events are disjoint, so P_i(≥ d) is the sum of its chosen depth-d nodes' (calibrated path)
+    scores. With sequences independent, E[min] = Σ_d Π_i P_i(≥ d): near zero for a full batch unless every
+    sequence is nearly sure to accept, where the least of the expectations would promise far more.
+    """
+
+    def __init__(self, drafts: list[Draft]):
+        self.depths = [_depths(d) for d in drafts]
+        levels = max((max(ds, default=0) for ds in self.depths), default=0)
+        self.reach = [[0.0] * (levels + 1) for _ in drafts]  # P_i(≥ d), d = 1 … levels
+        self.missing = [len(drafts)] * (levels + 1)  # sequences with P_i(≥ d) = 0
+        self.product = [1.0] * (levels + 1)  # Π of the nonzero P_i(≥ d)
+
+    def add(self, seq: int, node: int, score: float) -> None:
+        d = self.depths[seq][node]
+        old = self.reach[seq][d]
+        new = min(1.0, old + max(score, 0.0))
+        if new <= 0.0:
+            return
+        if old <= 0.0:
+            self.missing[d] -= 1
+            self.product[d] *= new
+        else:
+            self.product[d] *= new / old
+        self.reach[seq][d] = new
+
+    def expected(self) -> float:
+        return sum(p for d, (p, m) in enumerate(zip(self.product, self.missing)) if d > 0 and m == 0)
+
+
+def _depths(draft: Draft) -> list[int]:
+    """Each node's depth (the root's children: 1); parents come before their children."""
+    depths: list[int] = []
+    for parent in draft.parents:
+        depths.append(depths[parent] + 1 if parent >= 0 else 1)
+    return depths
 
 
 def choose_drafts(

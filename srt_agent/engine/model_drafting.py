@@ -10,6 +10,9 @@ verifying against verifying the free drafts only (a hybrid's trees, or nothing),
 verification cost model and the draft model's own pass-time model, and drafts only where that wins.
 Per sequence, the model's chain replaces the free draft where it expects more accepted tokens from
 the same number of verified nodes: the tree where history is rich, the model where it is thin.
+When nothing waits (`makespan`), the step's gain is what its slowest sequence gains, and the plan counts
+its expectation (`cost_model.JointMinimum`): drafting time is spent for certain, so a full batch is only
+model-drafted where every sequence is nearly sure to accept, not wherever every sequence might.
 """
 
 from __future__ import annotations
@@ -97,7 +100,7 @@ def plan_model_drafts(
     `draft_seconds(sequences, depth)` the predicted drafting time. No model draft unless the best plan
     beats the free drafts by the fraction `min_gain`.
     """
-    without = best_prefix(free_drafts, base_tokens, verify_cost, makespan).rate
+    without = best_prefix(free_drafts, base_tokens, verify_cost, makespan, joint=True).rate
     best = ModelDraftPlan(0, [], without, without)
     for depth in depths:
         if depth > max(budgets, default=0):
@@ -112,7 +115,7 @@ def plan_model_drafts(
         for i in chosen:
             n = min(depth, budgets[i])
             drafts[i] = Draft([0] * n, list(range(-1, n - 1)), [alpha**j for j in range(1, n + 1)])
-        rate = best_prefix(drafts, base_tokens, verify_cost, makespan, draft_seconds(chosen, depth)).rate
+        rate = best_prefix(drafts, base_tokens, verify_cost, makespan, draft_seconds(chosen, depth), joint=True).rate
         if rate > best.rate:
             best = ModelDraftPlan(depth, chosen, rate, without)
     if best.rate < (1.0 + min_gain) * without:

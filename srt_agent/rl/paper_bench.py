@@ -352,6 +352,7 @@ def plot_paper(result: dict, folder: str | Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -364,6 +365,7 @@ def plot_paper(result: dict, folder: str | Path) -> list[Path]:
             ax.plot(*zip(*points), marker="o", label=name, linestyle="--" if name == "spec-rl" else "-")
         ax.set_title(f"{run['algorithm'].upper()}, n = {run['samples']}: generation time per step ({result['model']})")
         ax.set_xlabel("RL step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("seconds")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small", ncol=2)
