@@ -445,7 +445,7 @@ def bench_paper(
     model: Optional[str] = typer.Option(None, help="Override the config's model."),
     out: Optional[Path] = typer.Option(None, help="Run folders, one per algorithm (default runs/paper, runs/paper-quick)."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set max_turns=2 (repeatable)."),
-    quick: bool = typer.Option(False, "--quick", help="Two short steps per algorithm, 2 prompts × 2 samples: minutes."),
+    quick: bool = typer.Option(False, "--quick", help="Two short steps per algorithm, 2 prompts × 2 samples (43 min on 2 CPU cores)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here (also after every run)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write PNGs of generation time over steps into this folder."),
     from_json: list[Path] = typer.Option([], "--from-json", help="Run nothing: merge these results (e.g. one per algorithm) and report them."),
