@@ -215,7 +215,7 @@ class JointMinimum:
     """
 
     def __init__(self, drafts: list[Draft]):
-        self.depths = [_depths(d) for d in drafts]
+        self.depths = [d.depths() for d in drafts]
         levels = max((max(ds, default=0) for ds in self.depths), default=0)
         self.reach = [[0.0] * (levels + 1) for _ in drafts]  # P_i(≥ d), d = 1 … levels
         self.missing = [len(drafts)] * (levels + 1)  # sequences with P_i(≥ d) = 0
@@ -236,14 +236,6 @@ class JointMinimum:
 
     def expected(self) -> float:
         return sum(p for d, (p, m) in enumerate(zip(self.product, self.missing)) if d > 0 and m == 0)
-
-
-def _depths(draft: Draft) -> list[int]:
-    """Each node's depth (the root's children: 1); parents come before their children."""
-    depths: list[int] = []
-    for parent in draft.parents:
-        depths.append(depths[parent] + 1 if parent >= 0 else 1)
-    return depths
 
 
 def choose_drafts(

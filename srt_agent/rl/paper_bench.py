@@ -185,7 +185,7 @@ def cell(rows: list[dict], method: Method) -> dict:
     """One method's figures over a run's steps after the first (means per step; per-token and
     per-verification ratios of sums). Step 1 stays in the rows and plots but not here: every tree starts
     empty, and the process's first passes pay one-time costs (oneDNN builds a kernel per new shape),
-    charged to whichever engine runs first, the baseline."""
+    charged to whichever engine runs first."""
     measured = [r for r in rows if r["step"] > 1] or rows
     mine = [r for r in measured if r["variant"] == method.name]
     base = [r for r in measured if r["variant"] == BASELINE]
