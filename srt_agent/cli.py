@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Optional
@@ -86,8 +87,8 @@ def rollout(
 def train(
     env_file: Path = typer.Argument(..., help="Env config (YAML) with optional train: and cold_start: sections."),
     steps: Optional[int] = typer.Option(None, min=1, help="RL steps (default: the config's train.steps)."),
-    out: Optional[Path] = typer.Option(None, help="Run folder for checkpoints, logs and reports (default: runs/<env name>)."),
-    resume: Optional[Path] = typer.Option(None, help="Continue from a checkpoint: a run folder or a step folder."),
+    out: Optional[Path] = typer.Option(None, help="Run folder for checkpoints, logs and reports (default: runs/<env name>, or the resumed run's)."),
+    resume: Optional[Path] = typer.Option(None, help="Continue a run from its folder (its newest checkpoint) or a step folder; the run goes on in its own folder."),
     compare: Optional[str] = typer.Option(None, help="Comma-separated drafters that regenerate every step for timing, e.g. none,suffix."),
     algorithm: Optional[str] = typer.Option(None, help="grpo, dapo or ppo (default: the config's)."),
     model: Optional[str] = typer.Option(None, help="Override the config's model: smollm2, tiny-llama, an HF dir, a .gguf."),
@@ -100,18 +101,41 @@ def train(
     from .rl.trainer import Trainer
     from .tools import SandboxUnavailable
 
+    from .rl.checkpoint import run_folder
+
     overrides = list(set_) + ([f"train.algorithm={algorithm}"] if algorithm else [])
     try:
         config = load_env_config(env_file, overrides)
         names = [c.strip() for c in compare.split(",") if c.strip()] if compare is not None else None
-        trainer = Trainer(config, out or Path("runs") / config.name, steps=steps, compare=names, resume=resume,
+        out = out or (run_folder(resume) if resume is not None else Path("runs") / config.name)
+        trainer = Trainer(config, out, steps=steps, compare=names, resume=resume,
                           model=model, cold_start=cold_start, console=console)
         report = trainer.run()
     except (ConfigError, ColdStartError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2)
-    if report.get("interrupted"):
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted before the first RL step finished: nothing to resume[/yellow]", highlight=False)
         raise typer.Exit(130)
+    if report.get("interrupted"):
+        console.print(interrupted_line(report, out), highlight=False)
+        raise typer.Exit(130)
+
+
+def interrupted_line(report: dict, out: Path) -> str:
+    """One line after Ctrl-C: where the checkpoint is and the exact command that continues the run."""
+    if not report.get("checkpoint"):
+        return "[yellow]interrupted before the first RL step finished: nothing to resume[/yellow]"
+    args, skip = [], False
+    for arg in sys.argv[1:]:  # the same command, with --resume OUT instead of --out/--resume
+        if skip:
+            skip = False
+        elif arg in ("--out", "--resume"):
+            skip = True
+        elif not arg.startswith(("--out=", "--resume=")):
+            args.append(arg)
+    command = shlex.join(["srt-agent", *args, "--resume", str(out)])
+    return f"[yellow]interrupted: step {report['steps'][-1]['step']:.0f} saved in {report['checkpoint']}; continue with: {command}[/yellow]"
 
 
 @sandbox_app.command("serve")

@@ -244,7 +244,20 @@ class RolloutCache:
         A file that is missing, truncated, corrupted or not a saved cache raises ValueError naming the
         file and the problem; nothing is half-loaded.
         """
-        meta, prompts, flat = _read(Path(path), str(path))
+        return cls._rebuilt(*_read(Path(path), str(path)), backend, overrides)
+
+    def to_bytes(self) -> bytes:
+        """Every prompt's sequences and this cache's config, as `save` writes them; `from_bytes` rebuilds it."""
+        buffer = io.BytesIO()
+        self._write(buffer, list(self._prompts))
+        return buffer.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, backend: str = "auto") -> RolloutCache:
+        return cls._rebuilt(*_read(io.BytesIO(data), "cache bytes"), backend, {})
+
+    @classmethod
+    def _rebuilt(cls, meta: dict, prompts: list, flat: list[int], backend: str, overrides: dict) -> RolloutCache:
         cache = cls(**{**meta["config"], **overrides}, backend=backend)
         cache._add_prompts(prompts, flat)
         return cache

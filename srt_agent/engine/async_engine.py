@@ -28,7 +28,10 @@ class _Submission:
     future: asyncio.Future
 
     def answer(self, output: RequestOutput) -> None:
-        self.loop.call_soon_threadsafe(_set_result, self.future, output)
+        try:
+            self.loop.call_soon_threadsafe(_set_result, self.future, output)
+        except RuntimeError:  # the caller's event loop is closed (e.g. Ctrl-C ended it): nobody waits
+            pass
 
     def fail(self, reason: str) -> None:
         self.answer(_error_output(self.request_id, reason))

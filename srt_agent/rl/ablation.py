@@ -125,7 +125,8 @@ def run_ablation(cfg: AblationConfig, log: Callable[[str], None] = print) -> dic
     variants = ablation_variants(config, cfg.starts)
     loaded = load_model(cfg.model or config.model, device=config.engine.device)
     recorder = TraceRecorder(config, variants)
-    trainer = Trainer(config, Path(cfg.out), loaded=loaded, variants=variants, on_step=recorder, console=Console(quiet=True))
+    trainer = Trainer(config, Path(cfg.out), loaded=loaded, variants=variants, on_step=recorder, console=Console(quiet=True),
+                      replace_run=True)
     log(f"ablation: {cfg.steps} steps of {config.name}, {config.train.prompts_per_step} prompts × {config.n_samples} samples, "
         f"stages {', '.join(v.name for v in variants)}")
     start = time.perf_counter()

@@ -33,15 +33,16 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(
-    out_dir: Path, step: int, state: dict, caches: dict[str, RolloutCache], keep: int = 2
+    out_dir: Path, step: int, state: dict, caches: dict[str, RolloutCache], keep: int = 2, rng: dict | None = None
 ) -> Path:
-    """Write step `step`'s checkpoint under ``out_dir/checkpoints``; keep the newest `keep`."""
+    """Write step `step`'s checkpoint under ``out_dir/checkpoints``; keep the newest `keep`. `rng` is the
+    RNG state to store (default: the current one)."""
     root = Path(out_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     target = root / f"step-{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
     try:
-        torch.save({**state, "step": step, "rng": rng_state()}, tmp / STATE_FILE)
+        torch.save({**state, "step": step, "rng": rng if rng is not None else rng_state()}, tmp / STATE_FILE)
         for name, cache in caches.items():
             cache.save(tmp / f"rollout_cache-{name}.npz")
         _fsync_dir(tmp)
@@ -68,6 +69,21 @@ def find_checkpoint(path: Path) -> Path:
             if (folder / STATE_FILE).is_file():
                 return folder
     raise FileNotFoundError(f"no checkpoint in {path} (expected {STATE_FILE}, or checkpoints/{LATEST})")
+
+
+def run_folder(path: Path) -> Path:
+    """The run folder (``OUT``) of the checkpoint `path` names: a run folder, its ``checkpoints`` folder
+    or one of its step folders."""
+    folder = find_checkpoint(path)
+    if folder.parent.name != "checkpoints":
+        raise ValueError(f"{folder} is not inside a run's checkpoints/ folder; name the run folder to continue in with --out")
+    return folder.parent.parent
+
+
+def holds_run(out_dir: Path) -> bool:
+    """Whether `out_dir` already holds (part of) an RL run: checkpoints, rollouts or a report."""
+    out_dir = Path(out_dir)
+    return any((out_dir / name).exists() for name in ("checkpoints", "rollouts", "report.json"))
 
 
 def load_checkpoint(path: Path) -> tuple[dict, dict[str, Path]]:

@@ -171,7 +171,8 @@ def run_algorithm(
     config = bench_env(cfg, algorithm, samples, prompts)
     variants = method_variants(methods, config)
     recorder = StepRecorder(config, variants, log)
-    trainer = Trainer(config, out, loaded=loaded, variants=variants, on_step=recorder, console=Console(quiet=True))
+    trainer = Trainer(config, out, loaded=loaded, variants=variants, on_step=recorder, console=Console(quiet=True),
+                      replace_run=True)
     start = time.perf_counter()
     report = trainer.run()
     return {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import shutil
 import signal
 import threading
 import time
@@ -31,7 +32,7 @@ from ..cache import DRAFTERS, LENIENT_DRAFTERS, RolloutCache
 from ..models import LoadedModel, load_model
 from . import algorithms
 from .batch import Sample
-from .checkpoint import load_checkpoint, save_checkpoint, set_rng_state
+from .checkpoint import find_checkpoint, holds_run, load_checkpoint, rng_state, run_folder, save_checkpoint, set_rng_state
 from .coldstart import ColdStartResult, finish_report, run_cold_start
 from .data import PromptSampler
 from .evaluate import ToolUseReport, tool_use_report
@@ -57,6 +58,23 @@ class RunParts:
 
 
 @dataclass
+class SavedStep:
+    """A finished step's trees and RNG state, kept until its checkpoint is written (or an interrupt
+    writes it: the interrupted step's rollouts have changed both since)."""
+
+    step: int
+    rng: dict
+    trees: dict[str, bytes]
+
+    @classmethod
+    def now(cls, step: int, caches: dict[str, RolloutCache]) -> SavedStep:
+        return cls(step, rng_state(), {name: cache.to_bytes() for name, cache in caches.items()})
+
+    def caches(self) -> dict[str, RolloutCache]:
+        return {name: RolloutCache.from_bytes(data) for name, data in self.trees.items()}
+
+
+@dataclass
 class StepRollouts:
     """A step's rollout rounds (dynamic sampling may need several) with the training drafter."""
 
@@ -77,7 +95,8 @@ class Trainer:
 
     ``Trainer(config, out_dir).run()`` runs the cold start (or takes it from the cache) and the RL
     steps, writing checkpoints, rollouts, tracker logs, report.json, plots.png and summary.md to
-    `out_dir`. `resume` continues from a checkpoint (a step folder or a run's out dir). `variants`
+    `out_dir`. `resume` continues from a checkpoint (a step folder or a run's out dir); a new run never
+    writes into a folder that holds another run unless `replace_run` says so. `variants`
     replaces the training drafter and the compared ones (the first trains); `on_step(step, metrics,
     runs)` sees every finished step with each variant's rollout runs.
     """
@@ -96,6 +115,7 @@ class Trainer:
         console: Console | None = None,
         variants: Sequence[RolloutVariant] | None = None,
         on_step: Callable[[int, dict[str, float], dict[str, list[RolloutRun]]], None] | None = None,
+        replace_run: bool = False,
     ):
         self.config = config.model_copy(deep=True)
         train = self.config.train
@@ -122,6 +142,8 @@ class Trainer:
         self.history: list[dict[str, float]] = []
         self.cold: ColdStartResult | None = None
         self.interrupted = False
+        self.checkpoint: Path | None = None  # the newest checkpoint when the run was interrupted
+        self.replace_run = replace_run
         self.variants = list(variants) if variants is not None else self._variants()
         self.on_step = on_step
         self._step_runs: dict[str, list[RolloutRun]] = {}
@@ -145,6 +167,7 @@ class Trainer:
 
     def run(self) -> dict:
         """Cold start, then the RL steps; returns the report (also written to the out dir)."""
+        self._check_out_dir()
         check_writable(self.out_dir)
         cfg, train = self.config, self.config.train
         tools = load_tools(cfg.tools, cfg.interpreter) if cfg.tools is not None else {}
@@ -182,35 +205,45 @@ class Trainer:
         return report
 
     def _loop(self, first: int, parts: RunParts, trackers: list[Tracker]) -> None:
+        """Steps `first + 1` … `train.steps`. Ctrl-C during a step's rollouts discards that step; during
+        its update, recording or checkpoint it waits for them, then saves the finished step."""
         train, sampler = self.config.train, parts.sampler
-        cursor = sampler.state_dict()
         saved = first
+        pending: SavedStep | None = None  # the last finished step that has no checkpoint yet
         try:
             for step in range(first + 1, train.steps + 1):
                 cursor = sampler.state_dict()
-                metrics, trajectories = self._step(step, parts)
-                if self.on_step is not None:
-                    self.on_step(step, metrics, self._step_runs)
-                with deferred_interrupt():
+                try:
+                    metrics, gen = self._rollout_phase(step, parts)
+                except KeyboardInterrupt:
+                    sampler.load_state_dict(cursor)  # the interrupted step did not happen
+                    raise
+                with deferred_interrupt() as interrupted:
+                    self._train_phase(step, parts, metrics, gen)
+                    if self.on_step is not None:
+                        self.on_step(step, metrics, self._step_runs)
                     self.history.append(metrics)
-                    write_jsonl(trajectories, self.out_dir / "rollouts" / f"step-{step:06d}.jsonl")
+                    write_jsonl(gen.trajectories, self.out_dir / "rollouts" / f"step-{step:06d}.jsonl")
                     for tracker in trackers:
                         tracker.log({k: v for k, v in metrics.items() if k != "step"}, step)
                     self.console.print(step_table(metrics, self.compared, header=len(self.history) == 1))
                     self._warn(metrics)
-                    if step % train.checkpoint_every == 0 or step == train.steps:
+                    if step % train.checkpoint_every == 0 or step == train.steps or interrupted:
                         self._save(step, parts)
-                        saved = step
+                        saved, pending = step, None
+                    else:
+                        pending = SavedStep.now(step, parts.rollouts.caches())
         except KeyboardInterrupt:
             self.interrupted = True
-            sampler.load_state_dict(cursor)  # the interrupted step did not happen
-            done = int(self.history[-1]["step"]) if self.history else 0
-            if done > saved:
-                self._save(done, parts)
-            self._log(f"[yellow]interrupted: saved step {done}; continue with --resume {self.out_dir}[/yellow]")
+            if pending is not None and pending.step > saved:
+                # The trees and RNG as the step left them: the interrupted rollouts changed both since.
+                self._save(pending.step, parts, caches=pending.caches(), rng=pending.rng)
+                saved = pending.step
+            self.checkpoint = find_checkpoint(self.out_dir) if saved > 0 else None
 
-    def _step(self, step: int, parts: RunParts) -> tuple[dict[str, float], list[Trajectory]]:
-        train, rollouts = self.config.train, parts.rollouts
+    def _rollout_phase(self, step: int, parts: RunParts) -> tuple[dict[str, float], StepRollouts]:
+        """The step's rollouts with the training drafter and every compared one (interruptible)."""
+        rollouts = parts.rollouts
         t_step = time.perf_counter()
         gen = self._generate(step, rollouts, parts.sampler)
         self._step_runs = {rollouts.main: gen.runs}
@@ -221,24 +254,29 @@ class Trainer:
         metrics.update(run_ahead_metrics(gen.runs, gen.wall_s))
         for name in rollouts.drafters[1:]:
             metrics.update(self._compare(name, gen, rollouts))
+        metrics["timing_s/step"] = time.perf_counter() - t_step
+        return metrics, gen
+
+    def _train_phase(self, step: int, parts: RunParts, metrics: dict[str, float], gen: StepRollouts) -> None:
+        """Rewards, advantages, the policy update and the engines' new weights (fills `metrics`)."""
+        rollouts = parts.rollouts
+        t_start = time.perf_counter()
         samples, filtered = self._samples(gen)
         metrics["training/filtered_groups"] = float(filtered)
-        with deferred_interrupt():
-            if samples:
-                with self._update_bubble(rollouts, parts.sampler) as bubble:
-                    metrics.update(self._update(samples, parts, step))
-                metrics.update(bubble)
-            else:
-                metrics["training/skipped_updates"] = 1.0
-                metrics["timing_s/update_actor"] = 0.0
-                self._log(f"[yellow]step {step}: no group carries a learning signal (all rewards equal); update skipped[/yellow]")
-            t0 = time.perf_counter()
-            rollouts.update_weights(parts.policy.engine_weights())
-            rollouts.end_step()
-            metrics["timing_s/update_weights"] = time.perf_counter() - t0
-        metrics["timing_s/step"] = time.perf_counter() - t_step
+        if samples:
+            with self._update_bubble(rollouts, parts.sampler) as bubble:
+                metrics.update(self._update(samples, parts, step))
+            metrics.update(bubble)
+        else:
+            metrics["training/skipped_updates"] = 1.0
+            metrics["timing_s/update_actor"] = 0.0
+            self._log(f"[yellow]step {step}: no group carries a learning signal (all rewards equal); update skipped[/yellow]")
+        t0 = time.perf_counter()
+        rollouts.update_weights(parts.policy.engine_weights())
+        rollouts.end_step()
+        metrics["timing_s/update_weights"] = time.perf_counter() - t0
+        metrics["timing_s/step"] += time.perf_counter() - t_start
         metrics["perf/throughput"] = metrics["srt/model_tokens"] / max(metrics["timing_s/step"], 1e-9)
-        return metrics, gen.trajectories
 
     # ----- rollouts -------------------------------------------------------------------------------
 
@@ -438,7 +476,24 @@ class Trainer:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup) if warmup else 1.0)
         return policy, optimizer, scheduler, reference
 
-    def _save(self, step: int, parts: RunParts) -> None:
+    def _check_out_dir(self) -> None:
+        """Refuse to write a run into a folder that holds another one (resuming continues its own run);
+        with `replace_run`, remove the other run's checkpoints, rollouts and report first."""
+        if not holds_run(self.out_dir):
+            return
+        if self.replace_run:
+            for name in ("checkpoints", "rollouts"):
+                shutil.rmtree(self.out_dir / name, ignore_errors=True)
+            (self.out_dir / "report.json").unlink(missing_ok=True)
+            return
+        if self.resume is not None and run_folder(self.resume).resolve() == self.out_dir.resolve():
+            return
+        raise ConfigError(
+            f"{self.out_dir} already holds a run: continue it with --resume {self.out_dir}, "
+            "or start a new one in another folder with --out"
+        )
+
+    def _save(self, step: int, parts: RunParts, caches: dict[str, RolloutCache] | None = None, rng: dict | None = None) -> None:
         state = {
             "reference": parts.reference.state_dict() if parts.reference is not None else None,
             "policy": parts.policy.state_dict(),
@@ -449,7 +504,8 @@ class Trainer:
             "cold_start": self.cold.report() if self.cold else None,
             "config": self.config.model_dump(mode="json"),
         }
-        save_checkpoint(self.out_dir, step, state, parts.rollouts.caches(), keep=self.config.train.keep_checkpoints)
+        caches = parts.rollouts.caches() if caches is None else caches
+        save_checkpoint(self.out_dir, step, state, caches, keep=self.config.train.keep_checkpoints, rng=rng)
 
     def _restore(self, state: dict, caches: dict[str, Path], parts: RunParts) -> int:
         saved = state.get("config", {}).get("train", {})
@@ -497,6 +553,7 @@ class Trainer:
             "compare": self.compared,
             "model": self.loaded.name if self.loaded else cfg.model,
             "interrupted": self.interrupted,
+            "checkpoint": str(self.checkpoint) if self.checkpoint else None,
             "cold_start": self.cold.report() if self.cold else None,
             "steps": self.history,
             "totals": totals,
@@ -593,15 +650,16 @@ def check_writable(out_dir: Path) -> None:
 
 
 @contextlib.contextmanager
-def deferred_interrupt() -> Iterator[None]:
-    """Hold Ctrl-C until the block ends (an update or a checkpoint is never left half done)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+def deferred_interrupt() -> Iterator[list]:
+    """Hold Ctrl-C until the block ends (an update or a checkpoint is never left half done); yields a
+    list that is non-empty once a Ctrl-C is held."""
     caught: list = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
     previous = signal.signal(signal.SIGINT, lambda *args: caught.append(args))
     try:
-        yield
+        yield caught
     finally:
         signal.signal(signal.SIGINT, previous)
         if caught:
