@@ -24,6 +24,7 @@ from srt_agent.engine import Engine, RequestOutput, SamplingParams
 PROMPTS = ([1, 2, 3, 4], [10, 11, 12, 13, 14, 15, 16, 17], [30, 30, 30, 31, 32], list(range(40, 60)))
 FAULTY_PROMPT = list(range(64, 104))  # long, so stale KV in its slot would reach the next, shorter user
 DRAFTER_METHODS = ("start_request", "add_tokens", "draft", "stop_request")
+MAX_DRAFT_TOKENS = 6
 SETTINGS = settings(
     max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
@@ -78,7 +79,7 @@ def reference(model, reqs) -> dict[str, RequestOutput]:
 
 
 def speculative_engine(model, drafter) -> Engine:
-    return Engine(model, drafter=drafter, max_batch=4, max_context=128, max_draft_tokens=6, adaptive_drafts=False, calibrate=False)
+    return Engine(model, drafter=drafter, max_batch=4, max_context=128, max_draft_tokens=MAX_DRAFT_TOKENS, adaptive_drafts=False, calibrate=False)
 
 
 def affected(outs: dict[str, RequestOutput], ref: dict[str, RequestOutput], suffix: str = "") -> list[str]:
@@ -134,35 +135,50 @@ class FaultyDrafter:
         self._maybe_fail("end_step", None)
 
 
+def sure_drafter_faults(mix, ref):
+    """Epoch-1 drafter faults ({request id: (method, n-th call)}, at least one) at calls the request makes
+    whatever the drafts: it starts and stops once, drafts and adds its tokens in its first step; a step
+    emits at most MAX_DRAFT_TOKENS + 1 tokens, so a request emitting more runs a second step (a second
+    add), and one emitting two more drafts in it too (a second draft)."""
+    per_step = MAX_DRAFT_TOKENS + 1
+
+    def calls(r: Req) -> list[tuple[str, int]]:
+        n = len(ref[r.rid].token_ids)
+        return [(m, 1) for m in DRAFTER_METHODS] + [("add_tokens", 2)] * (n > per_step) + [("draft", 2)] * (n > per_step + 1)
+
+    return st.lists(st.sampled_from(mix), min_size=1, unique=True).flatmap(
+        lambda reqs: st.tuples(*(st.sampled_from(calls(r)) for r in reqs)).map(
+            lambda chosen: {r.rid + "/1": call for r, call in zip(reqs, chosen)}
+        )
+    )
+
+
 @SETTINGS
 @given(mix=request_mixes(), data=st.data())
 def test_drafter_faults_cost_speed_only(tiny_llama, ledger, mix, data):
-    """Epoch 0 fills the trees; in epoch 1 (which drafts) scheduled drafter calls raise, and end_step may."""
-    rids = [r.rid + "/1" for r in mix]
-    nth_call = {"start_request": st.just(1), "stop_request": st.just(1), "add_tokens": st.integers(1, 2), "draft": st.integers(1, 2)}
-    fault = st.sampled_from(DRAFTER_METHODS).flatmap(lambda m: st.tuples(st.just(m), nth_call[m]))
-    faults = data.draw(st.dictionaries(st.sampled_from(rids), fault, min_size=1))
+    """Epoch 0 fills the trees; in epoch 1 (which drafts) scheduled drafter calls raise, and end_step may.
+    Every scheduled fault fires."""
+    ref = reference(tiny_llama, mix)
+    faults = data.draw(sure_drafter_faults(mix, ref))
     drafter = FaultyDrafter(make_drafter("srt"), faults, end_step_fault=data.draw(st.booleans()))
     engine = speculative_engine(tiny_llama, drafter)
-    ref = reference(tiny_llama, mix)
     epochs = [drive(engine, mix, "/0")]
     engine.end_step()
     epochs.append(drive(engine, mix, "/1"))
-    faulty = {rid for rid, _ in drafter.fired if rid is not None}
-    bystanders = [r.rid for r in mix if r.rid + "/1" not in faulty]
+    scheduled = [(rid, method) for rid, (method, _) in faults.items()] + [(None, "end_step")] * drafter.end_step_fault
+    bystanders = [r.rid for r in mix if r.rid + "/1" not in faults]
     hit = [rid for rid in affected(epochs[1], ref, "/1") if rid in bystanders] + affected(epochs[0], ref, "/0")
     leaks = engine_leaks(engine)
-    kinds = "+".join(sorted({f"{m} raises" for _, m in drafter.fired})) or "none fired"
+    kinds = "+".join(sorted({f"{m} raises" for _, m in drafter.fired}))
     ledger.record(FaultRecord("drafter", kinds, len(drafter.fired), len(bystanders) + len(mix), len(hit), len(leaks)))
+    assert sorted(drafter.fired, key=repr) == sorted(scheduled, key=repr)
     assert hit == [] and leaks == []
     assert affected(epochs[1], ref, "/1") == []  # the faulty requests too: a drafter fault costs speed only
     stats = engine.stats()
     for method in (*DRAFTER_METHODS, "end_step"):
         assert stats["drafter_faults"][method] == sum(m == method for _, m in drafter.fired), method
     assert stats["undrafted_requests"] == len({rid for rid, m in drafter.fired if m in ("start_request", "add_tokens", "draft")})
-    if drafter.fired:
-        rid, method = drafter.fired[-1]
-        assert method in stats["last_drafter_error"] and "InjectedFault" in stats["last_drafter_error"]
+    assert drafter.fired[-1][1] in stats["last_drafter_error"] and "InjectedFault" in stats["last_drafter_error"]
     assert stats["draft_accepted"] > 0  # the bystanders still drafted
 
 
