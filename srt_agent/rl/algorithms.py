@@ -87,11 +87,14 @@ def overlong_penalty(response_length: int, max_length: int, buffer: int, factor:
 
 
 def informative_groups(rewards: Sequence[float], groups: Sequence[Hashable]) -> set[Hashable]:
-    """DAPO's dynamic sampling: the groups whose rewards are not all equal (they carry a gradient)."""
-    seen: dict[Hashable, set[float]] = {}
+    """DAPO's dynamic sampling: every group but those of two or more responses with equal rewards.
+
+    As verl's ``filter_groups``: a group of one is kept (GRPO gives it its score as advantage).
+    """
+    seen: dict[Hashable, list[float]] = {}
     for r, g in zip(rewards, groups):
-        seen.setdefault(g, set()).add(round(float(r), 9))
-    return {g for g, values in seen.items() if len(values) > 1}
+        seen.setdefault(g, []).append(round(float(r), 9))
+    return {g for g, values in seen.items() if len(values) == 1 or len(set(values)) > 1}
 
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable] = {"grpo": grpo_advantages, "gae": gae_advantages}
