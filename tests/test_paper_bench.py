@@ -4,10 +4,12 @@ same weights and seeds, the exact ones token for token, SPEC-RL flagged; the tab
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from srt_agent.rl import paper_bench
+from srt_agent.rl.rollouts import PolicyRollouts
 from srt_agent.rl.paper_bench import (
     Method, PaperBenchConfig, ablation_table, available_methods, merge_results, paper_table, plot_paper, run_paper_bench,
 )
@@ -42,10 +44,14 @@ def test_paper_bench_on_a_tiny_model(tmp_path):
         assert run["samples"] == 2 and len(run["reward"]) == 2
         # the training rollouts come from an engine of their own; every measured method regenerates them
         assert {r["variant"] for r in run["rows"]} == set(run["cells"]) | {paper_bench.TRAINER}
+        # every method's rollouts of every step were compared, step 1 (untimed) included
+        assert [(r["step"], r["trajectories"]) for r in run["rows"] if r["variant"] == "srt"] == [(1, 4), (2, 4)]
         for name, c in run["cells"].items():
             assert c["steps"] == 1 and c["step_s"] >= c["gen_s"] > 0 and c["ms_per_token"] > 0
-            if c["exact"]:  # float64 tiny model: no near-ties, so every exact method matches plain decoding
-                assert c["identical"] == 1.0 and c["differing_tokens"] == 0, name
+            assert not c["mismatch"], name
+        # float64 tiny model: no near-ties, so every exact method matches plain decoding
+        exact = {name: (c["identical"], c["differing_tokens"]) for name, c in run["cells"].items() if c["exact"]}
+        assert set(exact) == set(run["cells"]) - {"spec-rl"} and set(exact.values()) == {(1.0, 0)}
         spec = run["cells"]["spec-rl"]
         assert not spec["exact"] and spec["lenience"] > 1
         assert (spec["differing_tokens"] > 0) == (spec["differing_trajectory_share"] > 0)
@@ -58,3 +64,42 @@ def test_paper_bench_on_a_tiny_model(tmp_path):
     assert len(paths) == 2 and all(p.stat().st_size > 0 for p in paths)
     merged = merge_results([result, json.loads(json.dumps(result))])  # e.g. one process per algorithm
     assert len(merged["runs"]) == 2 and paper_table(merged).count("\n| ") == len(names)
+    assert result["mismatches"] == merged["mismatches"] == [] and "MISMATCH" not in table
+
+
+@pytest.mark.parametrize("changed", ["srt", "none"])
+def test_a_token_that_differs_from_plain_decoding_is_flagged(tmp_path, monkeypatch, changed):
+    """One token of one trajectory of `changed` altered in step 1, which the times leave out: the baseline
+    is checked against the training rollouts, every other method against the baseline."""
+    real_run = PolicyRollouts.run
+
+    def run(self, drafter, *args, **kwargs):
+        out = real_run(self, drafter, *args, **kwargs)
+        if drafter == changed and not altered:
+            out.trajectories[-1].response_ids[0] += 1
+            altered.append(drafter)
+        return out
+
+    altered, logged = [], []
+    monkeypatch.setattr(PolicyRollouts, "run", run)
+    cfg = PaperBenchConfig(
+        algorithms=("grpo",), methods=("srt", "suffix"), steps=2, prompts_per_step=2, samples=2, dataset_n=2,
+        ablation_samples=0, model="tiny-llama", out=str(tmp_path / "runs"), overrides=TINY,
+    )
+    result = run_paper_bench(cfg, log=logged.append)
+    cells = result["runs"][0]["cells"]
+    flagged = {name for name, c in cells.items() if c["mismatch"]}
+    # an altered baseline makes every method differ from it in that step
+    assert flagged == ({"srt"} if changed == "srt" else {"none", "srt", "suffix"})
+    assert (cells[changed]["identical"], cells[changed]["differing_tokens"]) == (7 / 8, 1)  # 1 of 2 steps × 4
+    assert len(result["mismatches"]) == len(flagged) and f"grpo n=2: {changed} differs" in "\n".join(result["mismatches"])
+    assert any(f"step 1: MISMATCH: {changed}'s rollouts" in line for line in logged)
+    assert "MISMATCH" in paper_table(result)
+
+
+def test_a_missing_trajectory_differs_in_all_its_tokens():
+    ref = [SimpleNamespace(response_ids=[1, 2, 3]), SimpleNamespace(response_ids=[4, 5])]
+    assert paper_bench.token_differences(ref, ref) == (0, 0)
+    assert paper_bench.token_differences(ref, ref[:1]) == (1, 2)
+    assert paper_bench.token_differences(ref[:1], ref) == (1, 2)
+    assert paper_bench.token_differences(ref, [SimpleNamespace(response_ids=[1, 9]), ref[1]]) == (1, 2)

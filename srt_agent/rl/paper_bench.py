@@ -9,8 +9,11 @@ forward than `self`, which drafted nothing, when it was the one generating first
 method, the baseline included, is a regeneration. Per method and
 algorithm: generation time per step, step time (its generation plus the step's shared rest: rewards,
 update, weight sync), time per generated token, accepted tokens per verification step, and whether its
-rollouts are token for token those of plain decoding. SPEC-RL accepts leniently, so it is reported with
-its lenience and the share of trajectories and tokens that differ from plain decoding. A second GRPO run
+rollouts are token for token those of plain decoding: in every step, each method's rollouts are compared
+with the baseline's (the baseline's with the training rollouts), and an exact method that differs is
+flagged in the log, its cell (`mismatch`), the result (`mismatches`) and the table. SPEC-RL accepts
+leniently, so it is reported with its lenience and the share of trajectories and tokens that differ from
+plain decoding. A second GRPO run
 with n = 8 samples per prompt (the same rollouts per step) gives the samples-per-prompt ablation (SRT's
 Table 3).
 """
@@ -18,6 +21,7 @@ Table 3).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -129,32 +133,40 @@ def bench_env(cfg: PaperBenchConfig, algorithm: str, samples: int, prompts: int)
 
 def token_differences(reference: list, other: list) -> tuple[int, int]:
     """(trajectories, tokens) of `other` that differ from `reference`, pair by pair: a token differs where
-    the responses disagree at its position, or where only one of them reaches it."""
+    the responses disagree at its position, or where only one of them reaches it; a trajectory only one
+    side has differs in all its tokens."""
     trajectories = tokens = 0
-    for a, b in zip(reference, other):
-        x, y = a.response_ids, b.response_ids
-        if x != y:
+    for a, b in itertools.zip_longest(reference, other):
+        x = a.response_ids if a is not None else []
+        y = b.response_ids if b is not None else []
+        if a is None or b is None or x != y:
             trajectories += 1
             tokens += sum(p != q for p, q in zip(x, y)) + abs(len(x) - len(y))
     return trajectories, tokens
 
 
 class StepRecorder(TraceRecorder):
-    """The ablation's per-step rows (generation and step time, accepted tokens per verification step,
-    identity), plus how far each method's rollouts differ from the baseline's; logs a line per step."""
+    """The ablation's per-step rows (generation and step time, accepted tokens per verification step),
+    plus how far each method's rollouts differ from the baseline's (the baseline's from the training
+    rollouts') in every step; logs a line per step, and one per exact method that differs."""
 
-    def __init__(self, config: EnvConfig, variants: list[RolloutVariant], log: Callable[[str], None] = print):
+    def __init__(self, config: EnvConfig, variants: list[RolloutVariant], exact: set[str], log: Callable[[str], None] = print):
         super().__init__(config, variants)
-        self.log = log
+        self.exact, self.log = exact, log
 
     def __call__(self, step: int, metrics: dict[str, float], runs: dict[str, list[RolloutRun]]) -> None:
         super().__call__(step, metrics, runs)
-        reference = [t for run in runs[BASELINE] for t in run.trajectories]
+        trajectories = {name: [t for run in rs for t in run.trajectories] for name, rs in runs.items()}
         rows = [r for r in self.rows[-len(runs):] if r["variant"] != TRAINER]
         for row in rows:
-            other = [t for run in runs[row["variant"]] for t in run.trajectories]
-            row["differing_trajectories"], row["differing_tokens"] = token_differences(reference, other)
-            row["trajectories"] = len(other)
+            name = row["variant"]
+            reference = trajectories[TRAINER if name == BASELINE else BASELINE]
+            row["differing_trajectories"], row["differing_tokens"] = token_differences(reference, trajectories[name])
+            row["trajectories"] = max(len(reference), len(trajectories[name]))
+            row["identical"] = 1 - row["differing_trajectories"] / row["trajectories"] if row["trajectories"] else 0.0
+            if name in self.exact and row["differing_trajectories"]:
+                self.log(f"  step {step}: MISMATCH: {name}'s rollouts differ from plain decoding's in "
+                         f"{row['differing_trajectories']} of {row['trajectories']} trajectories ({row['differing_tokens']} tokens)")
         self.log(f"  step {step}: generation s " + ", ".join(f"{r['variant']} {r['gen_s']:.1f}" for r in rows)
                  + f"; reward {metrics.get('critic/score/mean', 0.0):.2f}")
 
@@ -170,7 +182,7 @@ def run_algorithm(
 
     config = bench_env(cfg, algorithm, samples, prompts)
     variants = method_variants(methods, config)
-    recorder = StepRecorder(config, variants, log)
+    recorder = StepRecorder(config, variants, {m.name for m in methods if m.exact}, log)
     trainer = Trainer(config, out, loaded=loaded, variants=variants, on_step=recorder, console=Console(quiet=True),
                       replace_run=True)
     start = time.perf_counter()
@@ -183,27 +195,31 @@ def run_algorithm(
 
 
 def cell(rows: list[dict], method: Method) -> dict:
-    """One method's figures over a run's steps after the first (means per step; per-token and
-    per-verification ratios of sums). Step 1 stays in the rows and plots but not here: every tree starts
-    empty, and the process's first passes pay one-time costs (oneDNN builds a kernel per new shape),
-    charged to whichever engine runs first."""
+    """One method's figures: times and acceptance over a run's steps after the first (means per step;
+    per-token and per-verification ratios of sums), identity with plain decoding over every step.
+    Step 1 stays in the rows and plots but not in the times: every tree starts empty, and the process's
+    first passes pay one-time costs (oneDNN builds a kernel per new shape), charged to whichever engine
+    runs first. An exact method whose rollouts differ in any step is a `mismatch`."""
     measured = [r for r in rows if r["step"] > 1] or rows
     mine = [r for r in measured if r["variant"] == method.name]
     base = [r for r in measured if r["variant"] == BASELINE]
+    every_step = [r for r in rows if r["variant"] == method.name]
     steps = max(len(mine), 1)
     gen = sum(r["gen_s"] for r in mine)
     tokens = sum(r["model_tokens"] for r in mine)
     forwards = sum(r["forwards"] for r in mine)
-    trajectories = sum(r["trajectories"] for r in mine)
+    trajectories = sum(r["trajectories"] for r in every_step)
+    differing = sum(r["differing_trajectories"] for r in every_step)
     out = dict(
         exact=method.exact, steps=len(mine),
         gen_s=gen / steps, step_s=sum(r["step_s"] for r in mine) / steps,
         ms_per_token=1000 * gen / tokens if tokens else 0.0,
         accepted_per_step=sum(r["accepted_per_forward"] * r["forwards"] for r in mine) / forwards if forwards else 0.0,
         speedup_vs_baseline=sum(r["gen_s"] for r in base) / gen if gen else 0.0,
-        identical=sum(r["identical"] for r in mine) / steps,
-        differing_trajectory_share=sum(r["differing_trajectories"] for r in mine) / trajectories if trajectories else 0.0,
-        differing_tokens=sum(r["differing_tokens"] for r in mine),
+        identical=1 - differing / trajectories if trajectories else 0.0,
+        differing_trajectory_share=differing / trajectories if trajectories else 0.0,
+        differing_tokens=sum(r["differing_tokens"] for r in every_step),
+        mismatch=method.exact and (differing > 0 or not trajectories),
         model_tokens=tokens,
         gen_s_per_step=[r["gen_s"] for r in mine],
     )
@@ -241,7 +257,7 @@ def run_paper_bench(
         return {
             "config": dataclasses.asdict(cfg), "model": loaded.name, "threads": torch.get_num_threads(),
             "wall_s": time.perf_counter() - started, "methods": [dataclasses.asdict(m) | {"exact": m.exact} for m in methods],
-            "skipped": skipped, "runs": runs, "ablation": ablation,
+            "skipped": skipped, "runs": runs, "ablation": ablation, "mismatches": mismatches(runs, ablation),
         }
 
     for algorithm in cfg.algorithms:
@@ -258,6 +274,16 @@ def run_paper_bench(
     return result(ablation)
 
 
+def mismatches(runs: list[dict], ablation: dict | None = None) -> list[str]:
+    """Every cell of an exact method whose rollouts were not token for token plain decoding's."""
+    every = runs + ([ablation["runs"][-1]] if ablation else [])
+    return [
+        f"{run['algorithm']} n={run['samples']}: {name} differs in {c['differing_trajectory_share']:.0%} of its trajectories "
+        f"({c['differing_tokens']} tokens)"
+        for run in every for name, c in run["cells"].items() if c["mismatch"]
+    ]
+
+
 def merge_results(results: list[dict]) -> dict:
     """Results of runs made apart (e.g. one process per algorithm) as one: their runs in order, the first
     ablation found, the methods of the first, the skipped ones of all."""
@@ -268,6 +294,7 @@ def merge_results(results: list[dict]) -> dict:
     merged["ablation"] = next((r["ablation"] for r in results if r.get("ablation")), None)
     merged["skipped"] = {k: v for r in results for k, v in r["skipped"].items()}
     merged["wall_s"] = sum(r["wall_s"] for r in results)
+    merged["mismatches"] = mismatches(merged["runs"], merged["ablation"])
     return merged
 
 
@@ -315,7 +342,7 @@ def paper_table(result: dict) -> str:
                 text = fmt.format(c[key])
                 row.append(f"**{text}**" if c["exact"] and c[key] == best[(key, run["algorithm"])] else text)
         if m["exact"]:
-            row.append(" / ".join(f"{c['identical']:.0%}" for c in cells))
+            row.append(" / ".join(f"{c['identical']:.0%}" + (" MISMATCH" if c["mismatch"] else "") for c in cells))
         else:
             row.append(" / ".join(f"{1 - c['differing_trajectory_share']:.0%}" for c in cells)
                        + f" (lenience {cells[0].get('lenience', 0):.2f}: "
@@ -323,6 +350,7 @@ def paper_table(result: dict) -> str:
         row.append(" / ".join("-" if name == BASELINE else f"{c['accepted_per_step']:.2f}" for c in cells))
         lines.append("| " + " | ".join(row) + " |")
     lines += [""] + [f"- `{name}` skipped: {why}" for name, why in result["skipped"].items()]
+    lines += [f"- MISMATCH (an exact method was not plain decoding): {m}" for m in mismatches(runs, result.get("ablation"))]
     return "\n".join(lines) + "\n"
 
 
