@@ -118,7 +118,7 @@ def train(
         console.print("[yellow]interrupted before the first RL step finished: nothing to resume[/yellow]", highlight=False)
         raise typer.Exit(130)
     if report.get("interrupted"):
-        console.print(interrupted_line(report, out), highlight=False)
+        console.print(interrupted_line(report, out), highlight=False, soft_wrap=True)
         raise typer.Exit(130)
 
 
