@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
@@ -21,6 +20,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from ...engine import AsyncEngine, Engine, RequestOutput
 from ...models import load_model
+from ..turns import HeldTurns
 from .wire import from_verl_sampling, to_token_output
 
 DEFAULT_MAX_BATCH = 64
@@ -57,7 +57,7 @@ class SRTServer:
         options = dict((config.engine_kwargs or {}).get("srt") or {})
         device = options.pop("device", "auto")
         max_batch = int(options.pop("max_batch", min(config.max_num_seqs, DEFAULT_MAX_BATCH)))
-        self.max_held = int(options.pop("max_held", 4 * max_batch))
+        max_held = int(options.pop("max_held", 4 * max_batch))
         max_context = config.max_model_len or config.prompt_length + config.response_length
         loaded = load_model(model_path(model_config), dtype=config.dtype, device=device)
         self.engine = Engine(
@@ -69,7 +69,7 @@ class SRTServer:
             **options,
         )
         self.front = AsyncEngine(self.engine)
-        self.held: OrderedDict[str, list[int]] = OrderedDict()  # engine request id -> its tokens, LRU first
+        self.held = HeldTurns(max_held)  # engine request id -> its tokens
         self.global_steps: int | None = None
         self._pending_weights: dict[str, Any] = {}
 
@@ -106,28 +106,19 @@ class SRTServer:
 
     def _continued(self, prompt_ids: list[int]) -> str | None:
         """The held turn that `prompt_ids` extends (the longest), claimed for this call."""
-        best, best_len = None, 0
-        for rid, tokens in self.held.items():
-            n = len(tokens)
-            if best_len < n <= len(prompt_ids) and prompt_ids[n - 1] == tokens[-1] and prompt_ids[:n] == tokens:
-                best, best_len = rid, n
-        if best is not None:
-            del self.held[best]
-        return best
+        claimed = self.held.claim(prompt_ids)
+        return None if claimed is None else claimed[0]
 
     def _hold(self, rid: str, tokens: list[int]) -> None:
-        self.held[rid] = tokens
-        while len(self.held) > self.max_held:
-            old, _ = self.held.popitem(last=False)
+        for old in self.held.hold(rid, tokens):
             self.front.release(old)
 
     def release_held(self) -> int:
         """Release every held turn (their KV); the trees keep their tokens."""
-        count = len(self.held)
-        for rid in self.held:
+        released = self.held.release_all()
+        for rid in released:
             self.front.release(rid)
-        self.held.clear()
-        return count
+        return len(released)
 
     # ---- verl's server lifecycle ----------------------------------------------------------------
     async def wake_up(self, tags: list[str] | None = None) -> None:
