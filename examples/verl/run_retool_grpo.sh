@@ -2,6 +2,7 @@
 # ReTool-style GRPO with verl on a GPU node (or a Ray cluster: run it on the head node).
 #   bash examples/verl/run_retool_grpo.sh                    # srt-agent's engine, prompt affinity
 #   ROLLOUT=vllm_suffix bash examples/verl/run_retool_grpo.sh   # baseline: vLLM + suffix decoding
+#   ROLLOUT=vllm_srt bash examples/verl/run_retool_grpo.sh      # verl's vLLM rollout with SRT as its proposer
 # Needs: pip install 'srt-agent[verl]' (plus vllm and arctic-inference for the baseline), a SandboxFusion
 # server for the code interpreter (`srt-agent sandbox serve --port 8080` or ByteDance's Docker image),
 # and data in verl's parquet layout (prompt, data_source, reward_model.ground_truth), e.g. the DAPO-Math
