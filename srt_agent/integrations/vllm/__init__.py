@@ -69,7 +69,7 @@ def _cpu_list(cpus: list[int]) -> str:
     return ",".join(map(str, cpus))
 
 
-def cpu_env(threads: int | None = None, kv_cache_gib: float = 2, in_process: bool = True) -> dict[str, str]:
+def cpu_env(threads: int | None = None, kv_cache_gib: int = 2, in_process: bool = True) -> dict[str, str]:
     """vLLM's CPU settings: OpenMP threads bound to the first `threads` CPUs this process may use (all by
     default) with none reserved, the KV cache size, and (``in_process``) engine and worker in this process,
     which :func:`srt_proposer` needs."""
@@ -78,7 +78,7 @@ def cpu_env(threads: int | None = None, kv_cache_gib: float = 2, in_process: boo
     env = {
         "VLLM_CPU_OMP_THREADS_BIND": _cpu_list(cpus),
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-        "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}",
+        "VLLM_CPU_KVCACHE_SPACE": str(int(kv_cache_gib)),  # whole GiB
     }
     if in_process:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

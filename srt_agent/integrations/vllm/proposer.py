@@ -211,9 +211,13 @@ class SRTProposer:
         self._broken &= in_batch
 
     def end_step(self) -> None:
-        """The RL step's rollouts are over: release the held turns (their tokens stay in the trees)."""
+        """The RL step's rollouts are over (call it when nothing runs): close every request's sequence and
+        release the held turns; their tokens stay in the trees."""
         for cache_id in self.turns.release_all():
             self.cache.stop_request(self._held.pop(cache_id).cache_id)
+        for req in self._active.values():
+            self.cache.stop_request(req.cache_id)
+        self._active.clear()
 
     # ---- drafting ----------------------------------------------------------------------------------
     def cost_threshold(self, batch: int) -> float:
@@ -276,7 +280,7 @@ class SRTProposer:
         self.cache.save(path)
 
     def load(self, path: str) -> None:
-        """Replace the trees with those saved at `path`; only between steps (no running or held requests)."""
+        """Replace the trees with those saved at `path`; only between steps (after ``end_step``)."""
         if self._active or len(self.turns):
             raise RuntimeError("load the trees between steps: requests are running or held (call end_step)")
         self.cache = self._loaded(path)
