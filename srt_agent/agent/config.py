@@ -85,7 +85,20 @@ class RunAheadConfig(_Strict):
         )
 
 
+class VLLMOptions(_Strict):
+    """How the vLLM backend runs (``engine.backend: vllm``)."""
+
+    speculative_tokens: int = Field(8, ge=1, description="draft tokens per step (srt, ngram, suffix)")
+    enforce_eager: bool = Field(True, description="skip torch.compile (start-up in seconds instead of minutes)")
+    kv_cache_gib: float = Field(1.0, gt=0, description="KV cache per engine (VLLM_CPU_KVCACHE_SPACE) unless set in the environment")
+    threads: int | None = Field(None, ge=1, description="CPUs vLLM's OpenMP threads bind to (default: all this process may use)")
+
+
 class EngineConfig(_Strict):
+    backend: Literal["engine", "vllm", "auto"] = Field(
+        "engine", description="engine: ours; vllm: vLLM in this process; auto: vLLM where installed and the drafter has a vLLM counterpart"
+    )
+    vllm: VLLMOptions = Field(default_factory=VLLMOptions)
     drafter: str = "srt"
     device: str = "auto"
     max_batch: int = Field(32, ge=1)

@@ -102,34 +102,27 @@ def build_controller(
     drafter: str | None = None,
     tools: dict | None = None,
     run_ahead=None,
+    log: Callable[[str], None] | None = None,
 ) -> MultiTurnController:
-    """Load the model (`loaded`, else `model`, else the config's), start an AsyncEngine, load the tools.
+    """Load the model (`loaded`, else `model`, else the config's), start the rollout backend the config's
+    ``engine.backend`` names (see :func:`srt_agent.backends.make_backend`), load the tools.
 
     `env_class` overrides the config's ``env`` (for classes defined in a script), `drafter` the engine's
     drafter, `tools` the config's tool file (already built tools, shared between controllers),
     `run_ahead` gives the engine run-ahead options (`RunAheadOptions`; windows are opened by the
-    trainer). Close the engine with ``controller.engine.close()`` when done.
+    trainer), `log` gets a line on which backend runs and why. Close the backend with
+    ``controller.engine.close()`` when done.
     """
-    from srt_agent.engine import AsyncEngine, Engine
+    from srt_agent.backends import make_backend
     from srt_agent.models import load_model
 
     if tools is None:
         tools = load_tools(config.tools, config.interpreter) if config.tools is not None else {}
     env_class = env_class or config.env_class()
     loaded = loaded or load_model(model or config.model, device=config.engine.device)
-    engine = Engine(
-        loaded,
-        drafter=drafter or config.engine.drafter,
-        device=config.engine.device,
-        max_batch=config.engine.max_batch,
-        max_context=config.engine.max_context,
-        calibrate=config.engine.calibrate,
-        run_ahead=run_ahead,
-        prefix_sharing=config.engine.prefix_sharing,
-        prefix_cache_tokens=config.engine.prefix_cache_tokens,
-    )
+    backend = make_backend(config, loaded, drafter, run_ahead, model, log)
     return MultiTurnController(
-        engine=AsyncEngine(engine),
+        engine=backend,
         tokenizer=loaded.tokenizer,
         config=config,
         env_class=env_class,
@@ -155,10 +148,11 @@ def run_rollouts(
         controller.waits.idle_slot_s - waits_before.idle_slot_s,
     )
     summary = summarize(trajectories, waits, time.perf_counter() - start)
-    call = getattr(controller.engine, "call", None)  # a local AsyncEngine: read its prefix cache
-    if call is not None:
+    from srt_agent.engine import Engine
+
+    if isinstance(getattr(controller.engine, "engine", None), Engine):  # our engine: read its prefix cache
         try:
-            summary.prefix_blocks_in_use = call(lambda engine: engine.stats().get("prefix_blocks_in_use", 0)).result(60)
+            summary.prefix_blocks_in_use = controller.engine.call(lambda engine: engine.stats().get("prefix_blocks_in_use", 0)).result(60)
         except Exception:  # noqa: BLE001 - a closed engine: the figure is left out, not the rollouts
             pass
     return trajectories, summary

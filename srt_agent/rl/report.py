@@ -108,6 +108,8 @@ def summary_markdown(report: dict) -> str:
                 lines.append(f"\nOver all steps, `{report['drafter']}` generated at "
                              f"{totals[f'speedup_vs_{d}']:.2f}x the speed of `{d}` (its time / ours; "
                              f"share of identical trajectories: {totals.get(f'identical_vs_{d}', 'n/a')}).")
+                if totals.get(f"identical_vs_{d}_note"):
+                    lines.append(f"Identical share: {totals[f'identical_vs_{d}_note']}.")
     return "\n".join(lines) + "\n"
 
 

@@ -20,10 +20,10 @@ from ..agent.controller import MultiTurnController
 from ..agent.datasets import Task
 from ..agent.rollout import RolloutSummary, build_controller, run_rollouts
 from ..agent.trajectory import Trajectory
+from ..backends import RolloutBackend, RunAheadControl
 from ..cache import RolloutCache
 from ..engine.run_ahead import RunAheadOptions, WindowPrompt
 from ..models import LoadedModel
-from .rollout_trace import cost_table, engine_settings
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,8 @@ class PolicyRollouts:
     `variants` are `RolloutVariant`s or drafter names (a drafter without run-ahead).
     """
 
-    def __init__(self, config: EnvConfig, loaded: LoadedModel, tools: dict, variants: Sequence[str | RolloutVariant]):
+    def __init__(self, config: EnvConfig, loaded: LoadedModel, tools: dict, variants: Sequence[str | RolloutVariant],
+                 log: Callable[[str], None] | None = None):
         variants = [v if isinstance(v, RolloutVariant) else RolloutVariant(v, v) for v in variants]
         if not variants:
             raise ValueError("need at least one drafter")
@@ -71,7 +72,8 @@ class PolicyRollouts:
         self.controllers: dict[str, MultiTurnController] = {}
         try:
             for v in variants:
-                self.controllers[v.name] = build_controller(config, loaded=loaded, drafter=v.drafter, tools=tools, run_ahead=v.run_ahead)
+                self.controllers[v.name] = build_controller(config, loaded=loaded, drafter=v.drafter, tools=tools,
+                                                            run_ahead=v.run_ahead, log=log)
         except BaseException:
             self.close()
             raise
@@ -80,6 +82,10 @@ class PolicyRollouts:
     @property
     def drafters(self) -> list[str]:
         return list(self.controllers)
+
+    def backend(self, drafter: str) -> RolloutBackend:
+        """Variant `drafter`'s rollout backend."""
+        return self.controllers[drafter].engine
 
     def run(
         self,
@@ -95,8 +101,7 @@ class PolicyRollouts:
         Given `upcoming` (and run-ahead options), the variant runs ahead meanwhile: its window holds
         `tasks` (while their groups run) and `upcoming`."""
         ahead = self.variants[drafter].run_ahead is not None and upcoming is not None
-        engine = self.controllers[drafter].engine
-        cost, settings = engine.call(lambda e: (cost_table(e.cost_model), engine_settings(e))).result()
+        cost, settings = self.backend(drafter).step_costs()
         if ahead:
             before = self.run_ahead_stats(drafter)
             self.open_run_ahead(drafter, tasks, upcoming)
@@ -116,50 +121,44 @@ class PolicyRollouts:
         ahead = {t.key for t in upcoming}
         prompts = [WindowPrompt(t.key, *controller.opening(t), upcoming=False) for t in current if t.key not in ahead]
         prompts += [WindowPrompt(t.key, *controller.opening(t), upcoming=True) for t in {t.key: t for t in upcoming}.values()]
-        controller.engine.call(lambda engine: engine.run_ahead.open(prompts, phase)).result()
+        self._run_ahead(drafter).open(prompts, phase)
 
     def close_run_ahead(self, drafter: str) -> list[tuple]:
         """Close the window; returns what it wrote into the trees: (prompt key, context, tokens) per sequence."""
-
-        def close(engine) -> list[tuple]:
-            engine.run_ahead.close()
-            return engine.run_ahead.written
-
-        return self.controllers[drafter].engine.call(close).result()
+        return self._run_ahead(drafter).close()
 
     def run_ahead_stats(self, drafter: str) -> dict:
-        return self.controllers[drafter].engine.call(lambda engine: engine.run_ahead.stats.as_dict()).result()
+        return self._run_ahead(drafter).stats()
+
+    def _run_ahead(self, drafter: str) -> RunAheadControl:
+        control = self.backend(drafter).run_ahead
+        if control is None:
+            raise ValueError(f"variant {drafter!r} runs no run-ahead (its backend: {self.backend(drafter).name})")
+        return control
 
     def update_weights(self, weights: dict[str, torch.Tensor]) -> float:
-        """Load new policy weights into every engine (in memory, on each engine's thread); returns seconds."""
+        """Load new policy weights into every backend (in memory, in place); returns seconds."""
         start = time.perf_counter()
-        for controller in self.controllers.values():
-            controller.engine.call(lambda engine: engine.update_weights(weights)).result()
+        for name in self.controllers:
+            self.backend(name).update_weights(weights)
         return time.perf_counter() - start
 
     def end_step(self) -> None:
         """A policy step ended: tell every drafter (the history drafter publishes the step's rollouts)."""
-        for controller in self.controllers.values():
-            controller.engine.call(lambda engine: engine.end_step()).result()
+        for name in self.controllers:
+            self.backend(name).end_step()
 
     def caches(self) -> dict[str, RolloutCache]:
         """The drafters' rollout trees that can be saved (per drafter name)."""
-        out = {}
-        for name, controller in self.controllers.items():
-            cache = getattr(controller.engine.engine.drafter, "cache", None)
-            if isinstance(cache, RolloutCache):
-                out[name] = cache
-        return out
+        trees = {name: self.backend(name).trees() for name in self.controllers}
+        return {name: cache for name, cache in trees.items() if cache is not None}
 
     def restore_cache(self, drafter: str, cache: RolloutCache) -> None:
         """Put saved trees back into a drafter (on resume)."""
-        target = self.controllers[drafter].engine.engine.drafter
-        if not isinstance(getattr(target, "cache", None), RolloutCache):
-            raise ValueError(f"drafter {drafter!r} keeps no rollout cache")
-        self.controllers[drafter].engine.call(lambda engine: setattr(engine.drafter, "cache", cache)).result()
+        self.backend(drafter).restore_trees(cache)
 
     def engine_stats(self, drafter: str) -> dict:
-        return self.controllers[drafter].engine.call(lambda engine: engine.stats()).result()
+        return self.backend(drafter).stats()
 
     def close(self) -> None:
         for controller in self.controllers.values():

@@ -28,6 +28,7 @@ from ..agent.datasets import arithmetic_tasks
 from ..agent.rollout import summarize, write_jsonl
 from ..agent.toolconfig import load_tools
 from ..agent.trajectory import Trajectory
+from ..backends.vllm import VLLM_IDENTICAL_NOTE
 from ..cache import DRAFTERS, LENIENT_DRAFTERS, RolloutCache
 from ..models import LoadedModel, load_model
 from . import algorithms
@@ -146,6 +147,7 @@ class Trainer:
         self.replace_run = replace_run
         self.variants = list(variants) if variants is not None else self._variants()
         self.on_step = on_step
+        self.backend = self.config.engine.backend  # the one that runs, once the run starts
         self._step_runs: dict[str, list[RolloutRun]] = {}
 
     @property
@@ -177,7 +179,8 @@ class Trainer:
         tasks = cfg.dataset.tasks()
         if not tasks:
             raise ConfigError("dataset: no tasks")
-        rollouts = PolicyRollouts(cfg, self.loaded, tools, self.variants)
+        rollouts = PolicyRollouts(cfg, self.loaded, tools, self.variants, log=self._log)
+        self.backend = rollouts.backend(rollouts.main).name
         trackers: list[Tracker] = []
         try:
             others = rollouts.drafters[1:]
@@ -419,6 +422,8 @@ class Trainer:
             if share < 1.0:
                 lenient = next(v.drafter for v in self.variants if v.name == name) in LENIENT_DRAFTERS
                 why = "it accepts drafts leniently: not exactly on-policy" if lenient else "float32 near-ties can flip between batch shapes"
+                if self.backend == "vllm":
+                    why = VLLM_IDENTICAL_NOTE
                 self._log(
                     f"[yellow]step {metrics['step']:.0f}: {name}'s rollouts match {share:.0%} of {self.config.engine.drafter}'s "
                     f"token for token ({why})[/yellow]"
@@ -544,12 +549,15 @@ class Trainer:
                 totals[f"speedup_vs_{name}"] = other / gen
             shares = [m.get(f"compare/{name}/identical", 0.0) for m in self.history]
             totals[f"identical_vs_{name}"] = sum(shares) / len(shares) if shares else None
+            if self.backend == "vllm":
+                totals[f"identical_vs_{name}_note"] = VLLM_IDENTICAL_NOTE
         totals["gen_s"] = gen
         totals["update_s"] = sum(m.get("timing_s/update_actor", 0.0) for m in self.history)
         return {
             "name": cfg.name,
             "algorithm": train.algorithm,
             "drafter": self.variants[0].name,
+            "backend": self.backend,
             "compare": self.compared,
             "model": self.loaded.name if self.loaded else cfg.model,
             "interrupted": self.interrupted,

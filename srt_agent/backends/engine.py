@@ -1,0 +1,88 @@
+"""Our engine as a rollout backend: the AsyncEngine front plus the trainer's calls, each run on the
+engine thread between steps (the exact reference: lossless token for token)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from ..cache import RolloutCache
+from ..engine import AsyncEngine, Engine
+from ..engine.run_ahead import WindowPrompt
+
+
+class EngineRunAhead:
+    """Run-ahead windows of an engine, opened and closed on its thread."""
+
+    def __init__(self, front: AsyncEngine):
+        self.front = front
+
+    def open(self, prompts: Sequence[WindowPrompt], phase: str = "rollout") -> None:
+        self.front.call(lambda engine: engine.run_ahead.open(prompts, phase)).result()
+
+    def close(self) -> list[tuple]:
+        def close(engine: Engine) -> list[tuple]:
+            engine.run_ahead.close()
+            return engine.run_ahead.written
+
+        return self.front.call(close).result()
+
+    def stats(self) -> dict:
+        return self.front.call(lambda engine: engine.run_ahead.stats.as_dict()).result()
+
+
+class EngineBackend(AsyncEngine):
+    """:class:`~srt_agent.engine.AsyncEngine` over our :class:`~srt_agent.engine.Engine`, with the
+    backend calls (`update_weights`, `end_step`, trees, stats) besides `generate`; `call` and `engine`
+    stay available for whatever reaches the engine itself."""
+
+    name = "engine"
+
+    def __init__(self, engine: Engine):
+        super().__init__(engine)
+        self.drafter_name = getattr(engine.drafter, "name", "none") if engine.drafter is not None else "none"
+        self.run_ahead = EngineRunAhead(self) if engine.run_ahead is not None else None
+
+    def update_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        self.call(lambda engine: engine.update_weights(dict(weights))).result()
+
+    def end_step(self) -> None:
+        self.call(lambda engine: engine.end_step()).result()
+
+    def stats(self) -> dict:
+        return self.call(lambda engine: engine.stats()).result()
+
+    def trees(self) -> RolloutCache | None:
+        cache = getattr(self.engine.drafter, "cache", None)
+        return cache if isinstance(cache, RolloutCache) else None
+
+    def restore_trees(self, cache: RolloutCache) -> None:
+        if self.trees() is None:
+            raise ValueError(f"drafter {self.drafter_name!r} keeps no rollout cache")
+        self.call(lambda engine: setattr(engine.drafter, "cache", cache)).result()
+
+    def step_costs(self) -> tuple[dict, dict]:
+        from ..rl.rollout_trace import cost_table, engine_settings
+
+        return self.call(lambda engine: (cost_table(engine.cost_model), engine_settings(engine))).result()
+
+    def describe(self) -> str:
+        return f"our engine on {self.engine.device}"
+
+
+def engine_backend(config, loaded, drafter: str | None = None, run_ahead=None) -> EngineBackend:
+    """Our engine for env config `config` (its ``engine:`` section) on `loaded`'s model."""
+    e = config.engine
+    engine = Engine(
+        loaded,
+        drafter=drafter or e.drafter,
+        device=e.device,
+        max_batch=e.max_batch,
+        max_context=e.max_context,
+        calibrate=e.calibrate,
+        run_ahead=run_ahead,
+        prefix_sharing=e.prefix_sharing,
+        prefix_cache_tokens=e.prefix_cache_tokens,
+    )
+    return EngineBackend(engine)

