@@ -65,6 +65,7 @@ def rollout(
     n: Optional[int] = typer.Option(None, "--n", min=1, help="Samples per task (default: the config's n_samples)."),
     limit: Optional[int] = typer.Option(None, min=1, help="Use at most this many tasks."),
     drafter: Optional[str] = typer.Option(None, help="Override the engine's drafter (none, srt, ngram, suffix, ...)."),
+    backend: Optional[str] = typer.Option(None, help="Rollout backend: engine (ours), vllm, or auto (default: the config's engine.backend)."),
     out: Path = typer.Option(Path("rollouts.jsonl"), help="Where to write one JSON line per trajectory."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the summary as JSON here."),
 ):
@@ -76,7 +77,7 @@ def rollout(
     from .tools import SandboxUnavailable
 
     try:
-        summary = rollout_env_file(env_file, console, model=model, n_samples=n, limit=limit, drafter=drafter, out=out)
+        summary = rollout_env_file(env_file, console, model=model, n_samples=n, limit=limit, drafter=drafter, out=out, backend=backend)
     except (ConfigError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2)
@@ -94,6 +95,7 @@ def train(
     model: Optional[str] = typer.Option(None, help="Override the config's model: smollm2, tiny-llama, an HF dir, a .gguf."),
     cold_start: Optional[bool] = typer.Option(None, "--cold-start/--no-cold-start", help="Run (or skip) the SFT cold start."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set train.lr=1e-5 (repeatable)."),
+    backend: Optional[str] = typer.Option(None, help="Rollout backend: engine (ours), vllm, or auto (default: the config's engine.backend)."),
 ):
     """RL training: ReTool cold start, then GRPO / DAPO / PPO with SRT rollouts (the main job)."""
     from .agent.config import ConfigError, load_env_config
@@ -103,7 +105,7 @@ def train(
 
     from .rl.checkpoint import run_folder
 
-    overrides = list(set_) + ([f"train.algorithm={algorithm}"] if algorithm else [])
+    overrides = list(set_) + ([f"train.algorithm={algorithm}"] if algorithm else []) + ([f"engine.backend={backend}"] if backend else [])
     try:
         config = load_env_config(env_file, overrides)
         names = [c.strip() for c in compare.split(",") if c.strip()] if compare is not None else None

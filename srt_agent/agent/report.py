@@ -79,16 +79,19 @@ def rollout_env_file(
     limit: int | None = None,
     drafter: str | None = None,
     out: Path | None = None,
+    backend: str | None = None,
 ) -> RolloutSummary:
     """Load an env config, run its rollouts with a progress bar, write JSONL to `out`, print the summary."""
     config = load_env_config(env_file)
     if drafter is not None:
         config.engine = validate_config(EngineConfig, {**config.engine.model_dump(), "drafter": drafter}, "--drafter")
+    if backend is not None:
+        config.engine = validate_config(EngineConfig, {**config.engine.model_dump(), "backend": backend}, "--backend")
     tasks = config.dataset.tasks(limit)
     if not tasks:
         raise ConfigError(f"{env_file}: dataset: no tasks")
     n_samples = n_samples or config.n_samples
-    controller = build_controller(config, model=model)
+    controller = build_controller(config, model=model, log=lambda line: console.print(f"[dim]{line}[/dim]", highlight=False))
     try:
         trajectories, summary = run_with_progress(controller, tasks, n_samples, console)
     finally:

@@ -46,7 +46,7 @@ VLLM_IDENTICAL_NOTE = (
 )
 
 
-class VLLMUnavailable(RuntimeError):
+class VLLMUnavailable(ValueError):
     """vLLM cannot be imported here; the message says how to install it."""
 
 
