@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import base64
+from dataclasses import asdict, dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 SandboxStatus = Literal["ok", "error", "timeout", "memory", "output_limit", "killed", "sandbox_error"]
@@ -30,6 +31,7 @@ class SandboxResult:
 
     `exit_code` is the program's exit status, -N after a death by signal N, and None when the
     sandbox stopped it (timeout, output cap) or never ran it. `truncated`: output was cut.
+    `files`: the files asked back from the run (name -> content) that it left behind.
     """
 
     status: SandboxStatus
@@ -38,13 +40,15 @@ class SandboxResult:
     exit_code: int | None = None
     wall_s: float = 0.0
     truncated: bool = False
+    files: dict[str, bytes] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """A JSON-ready dict (file contents in base64)."""
+        return {**asdict(self), "files": {name: base64.b64encode(data).decode() for name, data in self.files.items()}}
 
 
 def is_memory_error(stderr: str) -> bool:

@@ -15,6 +15,10 @@ Run by root, the sandbox drops to a fresh unprivileged host uid per run: root ig
 and a uid of its own gives every run its own process budget (one fork bomb cannot starve the
 others). Such a uid cannot read a root-only interpreter prefix (e.g. pyenv under /root), so the
 interpreter is then `/usr/bin/python3` unless another world-readable one is given.
+
+The interpreter is the sandbox runtime (runtime.py: a virtual environment with numpy, sympy, scipy…)
+when it is built, else the host's. `localhost` resolves to the sandbox's own loopback. A run may be
+given files and have files fetched back (files.py); `bash` programs run like Python ones.
 """
 
 from __future__ import annotations
@@ -36,12 +40,19 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from collections.abc import Mapping, Sequence
+
 from .base import SandboxResult, SandboxUnavailable, is_memory_error
 from .cgroup import CgroupLimiter
+from .files import COLLECTOR, SCRATCH, SCRATCH_IN_WORKDIR, WORKDIR, check_names, read_collected, sandbox_path, workdir_relative
 from .process import ProcessOutcome, run_capped
+from .runtime import runtime_python, venv_of
 from .seccomp import seccomp_program
 
-PROGRAM_PATH = "/sandbox/main.py"
+LANGUAGES = ("python", "bash")
+_PROGRAM_NAMES = {"python": "main.py", "bash": "main.sh"}
+_RUNNERS = {"python": None, "bash": "/bin/bash"}  # None: the sandbox's Python
+_HOSTS = b"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 _ETC_FILES = (
     "ld.so.cache",
     "ld.so.conf",
@@ -69,22 +80,25 @@ for name, value in zip(names, map(int, sys.argv[1:5])):
         hard = value + 1 if name == "RLIMIT_CPU" else value
         resource.setrlimit(getattr(resource, name), (value, hard))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-os.execv(sys.executable, [sys.executable, sys.argv[5]])
+os.execv(sys.argv[5], sys.argv[5:])
 """
 
 
-def limited_argv(python: Path, program: str, limits: list[int], prlimit: str | None = PRLIMIT) -> list[str]:
+def limited_argv(
+    python: Path, program: str, limits: list[int], prlimit: str | None = PRLIMIT, runner: str | None = None
+) -> list[str]:
     """The command that lowers the rlimits (cpu s, address space, processes, file size; -1 = leave
-    alone; no core dumps) and then runs `program`. Inside the sandbox this runs in the new user
-    namespace, so RLIMIT_NPROC counts only the sandbox's processes."""
+    alone; no core dumps) and then runs `program` with `runner` (default: `python`). Inside the
+    sandbox this runs in the new user namespace, so RLIMIT_NPROC counts only the sandbox's processes."""
+    command = [runner or str(python), program]
     if prlimit is not None and os.path.exists(prlimit):
         options = [
             f"--{name}={value}:{value + 1 if name == 'cpu' else value}"
             for name, value in zip(_LIMIT_NAMES, limits)
             if value >= 0
         ]
-        return [prlimit, *options, "--core=0:0", "--", str(python), program]
-    return [str(python), "-I", "-S", "-c", _LAUNCHER, *map(str, limits), program]
+        return [prlimit, *options, "--core=0:0", "--", *command]
+    return [str(python), "-I", "-S", "-c", _LAUNCHER, *map(str, limits), *command]
 
 
 def bwrap_path() -> str | None:
@@ -103,6 +117,12 @@ def _world_readable(path: Path) -> bool:
         if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH:
             return False
     return bool(path.stat().st_mode & stat.S_IROTH)
+
+
+def _readable_by_others(python: Path) -> bool:
+    """Whether an unrelated uid can run `python`: the interpreter and, for a venv, the venv itself."""
+    venv = venv_of(python)
+    return _world_readable(python) and (venv is None or _world_readable(venv / "pyvenv.cfg"))
 
 
 @functools.cache
@@ -140,9 +160,10 @@ class LocalSandbox:
 
     `memory_mb` caps each process's address space and, with cgroups (`use_cgroups`, on where the
     host allows), the RAM of the whole run plus its /tmp. `cpu_s` defaults to the timeout plus one
-    second. `python` picks the interpreter inside (default: the host's, or `/usr/bin/python3` when
-    the per-run uid cannot read the host's); `pythonpath` lists extra host directories (e.g. a
-    site-packages) bound read-only and put on PYTHONPATH. `allow_unsandboxed=True` runs without
+    second. `python` picks the interpreter inside, an executable or a virtual environment's folder
+    (default: the sandbox runtime when built, else the host's, or `/usr/bin/python3` when the per-run
+    uid cannot read the host's); `pythonpath` lists extra host directories (e.g. a site-packages)
+    bound read-only and put on PYTHONPATH. Files fetched back are capped at `max_file_mb` together. `allow_unsandboxed=True` runs without
     bubblewrap when it is missing: rlimits and timeouts only, no isolation at all (a program can
     even kill the calling process).
     """
@@ -217,13 +238,25 @@ class LocalSandbox:
     def _pick_python(self) -> Path:
         if self.python is not None:
             chosen = Path(self.python)
+            if chosen.is_dir():
+                chosen = chosen / "bin" / "python"
             if not chosen.is_file():
                 raise SandboxUnavailable(f"LocalSandbox(python={self.python!r}): no such interpreter")
-            if self._drops_root and not _world_readable(chosen):
+            if self._drops_root and not _readable_by_others(chosen):
                 raise SandboxUnavailable(
                     f"LocalSandbox(python={self.python!r}): the sandbox runs as an unprivileged uid that cannot read it"
                 )
             return chosen
+        runtime = runtime_python()
+        if runtime is not None:
+            if not self._drops_root or _readable_by_others(runtime):
+                return runtime
+            warnings.warn(
+                f"the sandbox runtime {runtime} is not readable by the sandbox's unprivileged uid (every folder "
+                "above it needs o+rx); programs run without its libraries",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         host = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
         if not host.is_file():
             host = Path(sys.executable).resolve()
@@ -239,29 +272,50 @@ class LocalSandbox:
 
     # -- running ---------------------------------------------------------------------------------
 
-    def run(self, code: str, *, stdin: str = "", timeout_s: float | None = None) -> SandboxResult:
-        """Run `code` as a Python program; never raises for anything the program does."""
+    def run(
+        self,
+        code: str,
+        *,
+        stdin: str = "",
+        timeout_s: float | None = None,
+        files: Mapping[str, bytes] | None = None,
+        fetch_files: Sequence[str] = (),
+        language: str = "python",
+    ) -> SandboxResult:
+        """Run `code` (Python, or `language="bash"`); never raises for anything the program does.
+
+        `files` (name -> content) are written into the run's working directory first; `fetch_files`
+        come back in the result's `files` when the program ends by itself (see files.py for names).
+        Bad names, inputs over `tmp_mb` or an unknown language raise ValueError.
+        """
         timeout = self.timeout_s if timeout_s is None else timeout_s
         if timeout <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout!r}")
+        if language not in LANGUAGES:
+            raise ValueError(f"language {language!r} is not one of {LANGUAGES}")
+        files = dict(files or {})
+        fetch_files = check_names(fetch_files)
+        check_names(files)
+        if sum(map(len, files.values())) > self.tmp_mb << 20:
+            raise ValueError(f"the files given to a run take over its {self.tmp_mb} MB working directory")
         cpu = self.cpu_s if self.cpu_s is not None else timeout + 1.0
         nproc = self.max_processes if self.sandboxed else -1  # unsandboxed it would count all the user's processes
         limits = [max(1, math.ceil(cpu)), self.memory_mb << 20, nproc, self.max_file_mb << 20]
+        run = _Run(code, stdin, timeout, limits, language, files, fetch_files)
         try:
             if self.sandboxed:
-                outcome, started, oom_killed = self._run_bwrap(code, stdin, timeout, limits)
+                outcome, started, oom_killed, fetched = self._run_bwrap(run)
             else:
-                outcome, started, oom_killed = self._run_unsandboxed(code, stdin, timeout, limits), True, False
+                (outcome, fetched), started, oom_killed = self._run_unsandboxed(run), True, False
         except OSError as exc:
             return SandboxResult(status="sandbox_error", stderr=f"could not run the sandbox: {exc}")
         result = classify(outcome, started=started, signal_offset=128 if self.sandboxed else None)
         if oom_killed and result.status in ("error", "killed"):
             result.status = "memory"
+        result.files = fetched
         return result
 
-    def _bwrap_argv(
-        self, code_fd: int, status_fd: int, block_fd: int, filter_fd: int | None, limits: list[int]
-    ) -> list[str]:
+    def _bwrap_argv(self, run: "_Run", fds: "_RunFds") -> list[str]:
         argv = [
             self._bwrap,
             "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
@@ -277,6 +331,7 @@ class LocalSandbox:
                 argv += ["--ro-bind", lib, lib]
         for name in _ETC_FILES:
             argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        argv += ["--ro-bind-data", str(fds.hosts), "/etc/hosts"]
         prefix = str(_interpreter_prefix(self._python))
         if not prefix.startswith("/usr/") and prefix != "/usr":
             argv += ["--ro-bind", prefix, prefix]
@@ -298,23 +353,38 @@ class LocalSandbox:
             argv += ["--setenv", key, value]
         argv += [
             "--proc", "/proc", "--dev", "/dev",
-            "--size", str(self.tmp_mb << 20), "--tmpfs", "/tmp",
-            "--ro-bind-data", str(code_fd), PROGRAM_PATH,
+            "--size", str(self.tmp_mb << 20), "--tmpfs", WORKDIR,
+            "--ro-bind-data", str(fds.code), run.program,
         ]  # fmt: skip
-        for path in self.pythonpath:  # after /tmp's tmpfs, which would hide a folder under /tmp
+        if run.uses_scratch:
+            scratch = f"{WORKDIR}/{SCRATCH_IN_WORKDIR}"
+            argv += ["--dir", scratch, "--symlink", scratch, SCRATCH]
+        for name, fd in fds.inputs.items():
+            argv += ["--file", str(fd), sandbox_path(name)]
+        venv = venv_of(self._python)
+        for path in (*self.pythonpath, *([str(venv)] if venv else [])):  # after /tmp's tmpfs, which would hide them
             argv += ["--ro-bind", path, path]
         argv += [
             "--remount-ro", "/",
-            "--chdir", "/tmp",
-            "--json-status-fd", str(status_fd),
-            "--block-fd", str(block_fd),
+            "--chdir", WORKDIR,
+            "--json-status-fd", str(fds.status),
+            "--block-fd", str(fds.block),
         ]  # fmt: skip
-        if filter_fd is not None:
-            argv += ["--seccomp", str(filter_fd)]
-        return argv + limited_argv(self._python, PROGRAM_PATH, limits)
+        if fds.seccomp is not None:
+            argv += ["--seccomp", str(fds.seccomp)]
+        command = limited_argv(self._python, run.program, run.limits, runner=_RUNNERS[run.language])
+        if run.fetch_files:
+            names = json.dumps([[name, sandbox_path(name)] for name in run.fetch_files])
+            command = [str(self._python), "-I", "-S", "-c", COLLECTOR, str(fds.fetched), str(self._fetch_limit), names, *command]
+        return argv + command
 
-    def _run_bwrap(self, code: str, stdin: str, timeout: float, limits: list[int]) -> tuple[ProcessOutcome, bool, bool]:
-        """Run under bwrap; returns (outcome, whether the program started, whether it was OOM-killed).
+    @property
+    def _fetch_limit(self) -> int:
+        return self.max_file_mb << 20
+
+    def _run_bwrap(self, run: "_Run") -> tuple[ProcessOutcome, bool, bool, dict[str, bytes]]:
+        """Run under bwrap; returns (outcome, whether the program started, whether it was OOM-killed,
+        the files fetched).
 
         bwrap holds the program back (--block-fd) until the sandbox's first process, named on the
         status fd, is in the run's cgroup, so every process it ever forks is counted there too.
@@ -330,7 +400,7 @@ class LocalSandbox:
         def release(_: object) -> None:
             close(status_w)
             close(block_r)
-            pid = _read_child_pid(status_r, status, timeout_s=max(timeout, 10.0))
+            pid = _read_child_pid(status_r, status, timeout_s=max(run.timeout, 10.0))
             if pid is not None and cgroup is not None:
                 cgroup.add(pid)
             try:
@@ -340,20 +410,27 @@ class LocalSandbox:
             close(block_w)
 
         try:
-            code_fd = _memfd_with("srt-sandbox-program", code.encode(), open_fds)
-            filter_fd = _memfd_with("srt-sandbox-seccomp", self._seccomp, open_fds) if self._seccomp else None
             status_r, status_w = os.pipe()
             block_r, block_w = os.pipe()
             open_fds |= {status_r, status_w, block_r, block_w}
+            fds = _RunFds(
+                code=_memfd_with("srt-sandbox-program", run.code.encode(), open_fds),
+                hosts=_memfd_with("srt-sandbox-hosts", _HOSTS, open_fds),
+                status=status_w,
+                block=block_r,
+                seccomp=_memfd_with("srt-sandbox-seccomp", self._seccomp, open_fds) if self._seccomp else None,
+                fetched=_memfd_with("srt-sandbox-fetched", b"", open_fds) if run.fetch_files else None,
+                inputs={name: _memfd_with("srt-sandbox-file", data, open_fds) for name, data in run.files.items()},
+            )
             if self._cgroups is not None:
                 cgroup = self._cgroups.create((self.memory_mb + self.tmp_mb) << 20, self.max_processes + 2)
             user = _FIRST_HOST_UID + secrets.randbelow(_FIRST_HOST_UID) if self._drops_root else None
             outcome = run_capped(
-                self._bwrap_argv(code_fd, status_w, block_r, filter_fd, limits),
-                stdin=stdin.encode(),
-                timeout_s=timeout,
+                self._bwrap_argv(run, fds),
+                stdin=run.stdin.encode(),
+                timeout_s=run.timeout,
                 max_output_bytes=self.max_output_bytes,
-                pass_fds=tuple(fd for fd in (code_fd, status_w, block_r, filter_fd) if fd is not None),
+                pass_fds=tuple(fd for fd in open_fds if fd not in (status_r, block_w)),
                 user=user,
                 cwd="/",
                 on_spawn=release,
@@ -364,31 +441,78 @@ class LocalSandbox:
                     status += chunk
             except BlockingIOError:
                 pass
-            return outcome, b"child-pid" in status, cgroup is not None and cgroup.oom_killed()
+            fetched = read_collected(fds.fetched, self._fetch_limit) if fds.fetched is not None else {}
+            return outcome, b"child-pid" in status, cgroup is not None and cgroup.oom_killed(), fetched
         finally:
             for fd in list(open_fds):
                 close(fd)
             if cgroup is not None:
                 cgroup.remove()
 
-    def _run_unsandboxed(self, code: str, stdin: str, timeout: float, limits: list[int]) -> ProcessOutcome:
+    def _run_unsandboxed(self, run: "_Run") -> tuple[ProcessOutcome, dict[str, bytes]]:
         with tempfile.TemporaryDirectory(prefix="srt-unsandboxed-") as workdir:
-            program = Path(workdir) / "main.py"
-            program.write_text(code)
+            program = Path(workdir) / Path(run.program).name
+            program.write_text(run.code)
+            for name, data in run.files.items():
+                target = Path(workdir, workdir_relative(name))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
             env = {
                 "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                 "HOME": workdir,
                 "PYTHONUNBUFFERED": "1",
                 "LANG": "C.UTF-8",
             }
-            return run_capped(
-                limited_argv(self._python, str(program), limits),
-                stdin=stdin.encode(),
-                timeout_s=timeout,
+            outcome = run_capped(
+                limited_argv(self._python, str(program), run.limits, runner=_RUNNERS[run.language]),
+                stdin=run.stdin.encode(),
+                timeout_s=run.timeout,
                 max_output_bytes=self.max_output_bytes,
                 cwd=workdir,
                 env=env,
             )
+            fetched, total = {}, 0
+            for name in run.fetch_files if not (outcome.timed_out or outcome.output_limited) else ():
+                path = Path(workdir, workdir_relative(name))
+                if path.is_file() and total + path.stat().st_size <= self._fetch_limit:
+                    fetched[name] = path.read_bytes()
+                    total += len(fetched[name])
+            return outcome, fetched
+
+
+@dataclass
+class _Run:
+    """One run's request, checked."""
+
+    code: str
+    stdin: str
+    timeout: float
+    limits: list[int]
+    language: str
+    files: dict[str, bytes]
+    fetch_files: list[str]
+
+    @property
+    def program(self) -> str:
+        return f"/sandbox/{_PROGRAM_NAMES[self.language]}"
+
+    @property
+    def uses_scratch(self) -> bool:
+        """Whether the run's files or fetched files name /mnt (only then does the sandbox have it)."""
+        return any(workdir_relative(name).startswith(f"{SCRATCH_IN_WORKDIR}/") for name in (*self.files, *self.fetch_files))
+
+
+@dataclass
+class _RunFds:
+    """The descriptors bubblewrap reads a run's setup from (and the collector writes fetched files to)."""
+
+    code: int
+    hosts: int
+    status: int
+    block: int
+    seccomp: int | None
+    fetched: int | None
+    inputs: dict[str, int]
 
 
 def _memfd_with(name: str, data: bytes, owned: set[int]) -> int:

@@ -7,13 +7,17 @@ client's request model has no `memory_limit_MB`.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import httpx
 
 from .base import SANDBOX_STATUSES, SandboxResult, SandboxStatus, is_memory_error
+from .files import encode_files
 
 DEFAULT_ENDPOINT = "http://localhost:8080"
 
@@ -50,9 +54,16 @@ def result_from_response(body: dict, wall_s: float) -> SandboxResult:
         status = "error"
     if body.get("srt_status") in SANDBOX_STATUSES:  # srt-agent's server reports its exact status
         status = body["srt_status"]
+    if status == "output_limit":
+        code = None  # the server stopped it (SandboxFusion clients are shown SIGKILL's code)
+    files = body.get("files") or {}
+    try:
+        fetched = {str(name): base64.b64decode(data) for name, data in files.items()}
+    except (AttributeError, TypeError, binascii.Error) as exc:
+        raise ValueError(f"files is not a map of names to base64: {exc}") from exc
     truncated = bool(body.get("truncated", False))
     return SandboxResult(
-        status=status, stdout=stdout, stderr=stderr, exit_code=code, wall_s=wall_s, truncated=truncated
+        status=status, stdout=stdout, stderr=stderr, exit_code=code, wall_s=wall_s, truncated=truncated, files=fetched
     )
 
 
@@ -83,8 +94,20 @@ class SandboxFusionSandbox:
     def close(self) -> None:
         self._client.close()
 
-    def run(self, code: str, *, stdin: str = "", timeout_s: float | None = None) -> SandboxResult:
-        """Run `code` on the server; never raises for the program or the network."""
+    def run(
+        self,
+        code: str,
+        *,
+        stdin: str = "",
+        timeout_s: float | None = None,
+        files: Mapping[str, bytes | None] | None = None,
+        fetch_files: Sequence[str] = (),
+    ) -> SandboxResult:
+        """Run `code` on the server; never raises for the program or the network.
+
+        `files` (name -> content; None entries are sent as null, which servers skip) are written into
+        the run's working directory; `fetch_files` come back in the result's `files`.
+        """
         timeout = self.timeout_s if timeout_s is None else timeout_s
         payload = {
             "code": code,
@@ -93,6 +116,10 @@ class SandboxFusionSandbox:
             "memory_limit_MB": self.memory_mb,
             "stdin": stdin,
         }
+        if files:
+            payload["files"] = {name: None if data is None else encode_files({name: data})[name] for name, data in files.items()}
+        if fetch_files:
+            payload["fetch_files"] = list(fetch_files)
         start = time.monotonic()
         problem = ""
         for attempt in range(self.retries):

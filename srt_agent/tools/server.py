@@ -1,8 +1,10 @@
 """A SandboxFusion-compatible HTTP server on top of the local sandbox: `srt-agent sandbox serve`.
 
 Speaks SandboxFusion's `POST /run_code` and `GET /v1/ping`, so verl's SandboxFusion tool and the
-`sandbox-fusion` client work on a machine without Docker. Python only. Requests run concurrently in
-a thread pool (each run is its own sandboxed process). Responses carry two extra fields SandboxFusion
+`sandbox-fusion` client work on a machine without Docker. Runs `python` (alias `python3`) and `bash`,
+with SandboxFusion's `files` and `fetch_files`; its other languages get `Failed`, a request outside its
+schema 422. `GET /v1/runtime` reports the sandbox's Python and packages. Requests run concurrently in a
+thread pool (each run is its own sandboxed process). Responses carry two extra fields SandboxFusion
 clients ignore, `srt_status` and `truncated`, so SandboxFusionSandbox gets our exact status back.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import signal
 import socket
 import threading
 import time
@@ -18,26 +21,40 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from typing import Iterator, Literal, Optional
 
-from fastapi import FastAPI
-from pydantic import BaseModel, Field
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel, Field, field_validator
 
 from .base import SandboxResult, SandboxStatus
+from .files import check_names, decode_files, encode_files
 from .local import LocalSandbox
+from .runtime import DESCRIBE_PROGRAM
 
-PYTHON_LANGUAGES = ("python", "python3")
+# SandboxFusion's languages (its server's and its PyPI client's lists), plus our alias `python3`.
+SANDBOX_FUSION_LANGUAGES = (
+    "python", "python2", "cpp", "nodejs", "go", "go_test", "java", "php", "csharp", "bash", "typescript", "sql",
+    "rust", "cuda", "lua", "R", "perl", "D_ut", "ruby", "scala", "julia", "pytest", "junit", "kotlin_script",
+    "jest", "verilog", "python_gpu", "lean", "swift", "racket", "gtest", "react",
+)  # fmt: skip
+RUNNABLE = {"python": "python", "python3": "python", "bash": "bash"}  # request language -> LocalSandbox's
 
 
 class RunCodeRequest(BaseModel):
-    """SandboxFusion's `/run_code` request: all its fields are accepted; only Python runs, without files."""
+    """SandboxFusion's `/run_code` request. `files` maps names in the run's working directory to base64
+    (null entries skipped); `fetch_files` names files to send back. Bad names or base64 get 422."""
 
     code: str
-    language: str = "python"
+    language: Literal[SANDBOX_FUSION_LANGUAGES + ("python3",)]  # type: ignore[valid-type]
     compile_timeout: float = 10
     run_timeout: Optional[float] = None  # None: the server's default
     memory_limit_MB: int = -1
     stdin: Optional[str] = None
     files: dict[str, Optional[str]] = Field(default_factory=dict)
     fetch_files: list[str] = Field(default_factory=list)
+
+    @field_validator("fetch_files")
+    @classmethod
+    def _fetch_names(cls, names: list[str]) -> list[str]:
+        return check_names(names)
 
 
 class CommandRunResult(BaseModel):
@@ -59,21 +76,35 @@ class RunCodeResponse(BaseModel):
     truncated: bool = False
 
 
-def response_from_result(result: SandboxResult) -> RunCodeResponse:
-    """Map a SandboxResult onto SandboxFusion's response (the inverse of `result_from_response`)."""
+OUTPUT_CUT = "the program's output passed this server's cap and it was stopped: stdout and stderr are cut"
+
+
+def response_from_result(result: SandboxResult, fetch_files: tuple[str, ...] = ()) -> RunCodeResponse:
+    """Map a SandboxResult onto SandboxFusion's response (the inverse of `result_from_response`).
+
+    A run stopped at the output cap reads as SandboxFusion clients expect of a killed program
+    (`Finished`, return code -9, `Failed`), with `message` and `srt_status` saying the output was cut.
+    """
     if result.status == "sandbox_error":
         run = CommandRunResult(status="Error", execution_time=result.wall_s, stdout=result.stdout, stderr=result.stderr)
         return RunCodeResponse(status="SandboxError", message=result.stderr, run_result=run, srt_status=result.status)
+    cut = result.status == "output_limit"
     run = CommandRunResult(
         status="TimeLimitExceeded" if result.status == "timeout" else "Finished",
         execution_time=result.wall_s,
-        return_code=result.exit_code,
+        return_code=-signal.SIGKILL if cut else result.exit_code,
         stdout=result.stdout,
         stderr=result.stderr,
     )
+    missing = [name for name in fetch_files if name not in result.files]
+    message = OUTPUT_CUT if cut else ""
+    if missing:
+        message = "; ".join(filter(None, [message, f"not fetched (missing, not a file, or over the size cap): {missing}"]))
     return RunCodeResponse(
         status="Success" if result.status == "ok" else "Failed",
+        message=message,
         run_result=run,
+        files=encode_files(result.files),
         srt_status=result.status,
         truncated=result.truncated,
     )
@@ -81,6 +112,12 @@ def response_from_result(result: SandboxResult) -> RunCodeResponse:
 
 def _rejected(message: str) -> RunCodeResponse:
     return RunCodeResponse(status="SandboxError", message=message, srt_status="sandbox_error")
+
+
+def _timed_out_at_once() -> RunCodeResponse:
+    """SandboxFusion's answer to a run timeout of zero or less: the run is over before it starts."""
+    run = CommandRunResult(status="TimeLimitExceeded", execution_time=0.0, stdout="", stderr="")
+    return RunCodeResponse(status="Failed", run_result=run, srt_status="timeout")
 
 
 @dataclasses.dataclass
@@ -112,30 +149,65 @@ def create_app(config: ServerConfig) -> FastAPI:
     app = FastAPI(title="srt-agent sandbox (SandboxFusion-compatible)", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
 
+    runtime: dict = {}
+
     @app.get("/v1/ping")
     async def ping() -> str:
         return "pong"
 
+    @app.get("/v1/runtime")
+    async def describe_runtime() -> dict:
+        """What programs run with: languages, the sandbox's Python and its packages (as seen inside), limits."""
+        if not runtime:
+            result = await asyncio.get_running_loop().run_in_executor(pool, config.sandbox.run, DESCRIBE_PROGRAM)
+            python = json.loads(result.stdout) if result.ok else {"error": (result.stderr or result.status)[-2000:]}
+            runtime.update(
+                languages=sorted(RUNNABLE),
+                python=python,
+                sandboxed=config.sandbox.sandboxed,
+                limits={
+                    "default_timeout_s": config.sandbox.timeout_s, "max_timeout_s": config.max_timeout_s,
+                    "default_memory_mb": config.sandbox.memory_mb, "max_memory_mb": config.max_memory_mb,
+                    "max_output_bytes": config.sandbox.max_output_bytes, "workdir_mb": config.sandbox.tmp_mb,
+                    "max_fetch_bytes": config.sandbox.max_file_mb << 20, "max_request_bytes": config.max_request_bytes,
+                },
+            )  # fmt: skip
+        return runtime
+
     @app.post("/run_code", response_model=RunCodeResponse)
     async def run_code(request: RunCodeRequest) -> RunCodeResponse:
-        if request.language not in PYTHON_LANGUAGES:
-            return _rejected(f"language {request.language!r} is not supported by this server (python only)")
-        if request.files or request.fetch_files:
-            return _rejected("files and fetch_files are not supported by this server")
+        if request.language not in RUNNABLE:
+            message = f"language {request.language!r} is not supported by this server (it runs {', '.join(RUNNABLE)})"
+            return RunCodeResponse(status="Failed", message=message)
         if request.run_timeout is not None and request.run_timeout <= 0:
-            return _rejected(f"run_timeout must be positive, got {request.run_timeout}")
+            return _timed_out_at_once()
+        try:
+            files = decode_files(request.files)
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from exc
+        if sum(map(len, files.values())) > config.sandbox.tmp_mb << 20:
+            raise HTTPException(413, f"the files take over the run's {config.sandbox.tmp_mb} MB working directory")
         sandbox = config.sandbox
         if request.memory_limit_MB > 0 and request.memory_limit_MB != sandbox.memory_mb:
             sandbox = dataclasses.replace(sandbox, memory_mb=min(request.memory_limit_MB, config.max_memory_mb))
         timeout = min(request.run_timeout or sandbox.timeout_s, config.max_timeout_s)
+        fetch = tuple(dict.fromkeys(request.fetch_files))
         loop = asyncio.get_running_loop()
         try:
             result = await loop.run_in_executor(
-                pool, lambda: sandbox.run(request.code, stdin=request.stdin or "", timeout_s=timeout)
+                pool,
+                lambda: sandbox.run(
+                    request.code,
+                    stdin=request.stdin or "",
+                    timeout_s=timeout,
+                    files=files,
+                    fetch_files=fetch,
+                    language=RUNNABLE[request.language],
+                ),
             )
         except Exception as exc:  # noqa: BLE001 - the sandbox failed for this request only
             return _rejected(f"the sandbox failed: {type(exc).__name__}: {exc}")
-        return response_from_result(result)
+        return response_from_result(result, fetch)
 
     return app
 

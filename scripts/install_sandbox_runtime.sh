@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create (idempotently) the sandbox runtime: a Python virtual environment for model-written code,
+# with the pinned libraries of srt_agent/tools/sandbox_runtime.txt and nothing of the project's.
+# Where: $SRT_SANDBOX_RUNTIME, else .sandbox-venv in the repository (git-ignored). It is built on
+# /usr/bin/python3 when present: a sandbox started by root runs as an unprivileged uid that must be
+# able to read the interpreter, which a pyenv or home-directory Python is not.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REQUIREMENTS=srt_agent/tools/sandbox_runtime.txt
+RUNTIME=${SRT_SANDBOX_RUNTIME:-.sandbox-venv}
+BASE=${SANDBOX_BASE_PYTHON:-$(command -v /usr/bin/python3 || command -v python3)}
+STAMP="$RUNTIME/srt-requirements.txt"
+if [ -x "$RUNTIME/bin/python" ] && cmp -s "$REQUIREMENTS" "$STAMP"; then
+  exit 0  # already built from these pins
+fi
+[ -x "$RUNTIME/bin/python" ] || "$BASE" -m venv --without-pip "$RUNTIME"
+# pip stays outside the runtime (a lean start-up for every sandboxed program): the project's, else the base's.
+PIP_PYTHON=$([ -x .venv/bin/python ] && echo .venv/bin/python || echo "$BASE")
+PIP_DISABLE_PIP_VERSION_CHECK=1 "$PIP_PYTHON" -m pip --python "$RUNTIME/bin/python" install -q \
+  --only-binary=:all: -r "$REQUIREMENTS"
+cp "$REQUIREMENTS" "$STAMP"
+chmod -R a+rX "$RUNTIME"
+echo "sandbox runtime ready: $RUNTIME/bin/python"
