@@ -5,6 +5,7 @@ router, weight updates through the server adapter, and trees moving between repl
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 from types import SimpleNamespace
@@ -29,10 +30,12 @@ from srt_agent.agent import Env, StepResult  # noqa: E402
 from srt_agent.agent.datasets import Task  # noqa: E402
 from srt_agent.agent.retool import interpreter_block  # noqa: E402
 from srt_agent.cache import RolloutCache  # noqa: E402
+from srt_agent.engine import Engine  # noqa: E402
 from srt_agent.integrations.verl.adapter import SRTServerAdapter  # noqa: E402
 from srt_agent.integrations.verl.affinity import ConsistentHashRing, PromptAffinityRouter  # noqa: E402
 from srt_agent.integrations.verl.agent_loop import prompt_digest  # noqa: E402
 from srt_agent.integrations.verl.replica import SRTReplica  # noqa: E402
+from srt_agent.integrations.verl.wire import from_verl_sampling  # noqa: E402
 from srt_agent.models import tiny_random_model  # noqa: E402
 from srt_agent.tools.local import bwrap_path  # noqa: E402
 
@@ -221,21 +224,87 @@ def test_affinity_keeps_grpo_siblings_on_the_replica_that_owns_their_prompt(clus
     assert len(set(seen.values())) == 2  # both replicas own prompts
 
 
-def test_a_weight_update_reaches_both_replicas(cluster):
-    new_state = {name: tensor + 0.01 for name, tensor in cluster.model.model.state_dict().items()}
-    expected = float(sum(t.double().sum() for t in new_state.values()))
+CERTAIN_TOKEN = 39  # "7": no special token, no stop string
 
+
+def one_token_weights(state: dict[str, torch.Tensor], token: int) -> dict[str, torch.Tensor]:
+    """Weights under which every position samples `token`: the layers add nothing to the residual (their
+    output projections are zero), every token embeds to the same vector of ones, and only `token`'s output
+    row points along it (a logit of 640 against 0 for every other token)."""
+    out = {}
+    for name, tensor in state.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            tensor = torch.zeros_like(tensor)
+        elif name in ("model.embed_tokens.weight", "model.norm.weight"):
+            tensor = torch.ones_like(tensor)
+        elif name == "lm_head.weight":
+            tensor = torch.zeros_like(tensor)
+            tensor[token] = 10.0
+        out[name] = tensor
+    return out
+
+
+def update_both(cluster, state: dict[str, torch.Tensor], global_steps: int) -> None:
     async def update():
         for replica in cluster.replicas:
             adapter = SRTServerAdapter(cluster.config.actor_rollout_ref.rollout, None, replica_rank=replica.replica_rank)
-            assert await adapter.update_weights(iter(new_state.items()), global_steps=7) == len(new_state)
+            assert await adapter.update_weights(iter(state.items()), global_steps=global_steps) == len(state)
 
     asyncio.run(update())
-    for handle in cluster.servers.values():
-        assert ray.get(handle.state_checksum.remote()) == pytest.approx(expected, rel=1e-9)
-        assert ray.get(handle.stats.remote())["held"] == 0  # stale KV is dropped
-    out = asyncio.run(cluster.worker.generate_sequences(batch(["After the update."], 1, "srt_retool")))
-    assert out.non_tensor_batch["srt_finish_reason"][0] in ("done", "max_turns")
+
+
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "seed": 11, "max_tokens": 12, "ignore_eos": True}  # verl's sampling dict
+
+
+def sample_on_both(cluster, prompt_ids: list[int], request_id: str) -> dict:
+    """What each replica samples for `prompt_ids` with SAMPLING: its tokens and log-probs. The calls go
+    through the router under prompt keys weights-0, weights-1, … until both replicas served one (so the
+    router knows every tree, and trees stay with their owners)."""
+    outs: dict[str, object] = {}
+    for i in itertools.count():
+        key = f"weights-{i}"
+        address, handle = ray.get(cluster.router.acquire_server.remote(f"{request_id}-{i}", prompt_ids, key))
+        out = ray.get(handle.generate.remote(prompt_ids=prompt_ids, sampling_params=SAMPLING, request_id=request_id, prompt_key=key))
+        ray.get(cluster.router.release_server.remote(address, f"{request_id}-{i}"))
+        outs.setdefault(address, out)
+        if len(outs) == len(cluster.servers):
+            return outs
+
+
+def test_generation_follows_a_weight_update(cluster):
+    """After an update both replicas sample what a local engine with the new weights samples (same prompt,
+    seed and parameters), not what they sampled before; weights that make one token certain make every
+    replica, and verl's agent loop on top, emit only that token."""
+    # long enough for full prefix-cache blocks (16 tokens): KV computed before the update must not serve after it
+    prompt_ids = cluster.model.tokenizer("The weights decide what comes next. " * 6).input_ids
+    before = sample_on_both(cluster, prompt_ids, "before")
+    target = tiny_random_model("llama", dtype=torch.float32, tokenizer=cluster.model.tokenizer, seed=5)
+    new_state = target.model.state_dict()
+    local = Engine(target, drafter=None, device="cpu", max_batch=8, max_context=512 + RESPONSE_LENGTH, calibrate=False)
+    (want,) = local.generate([prompt_ids], from_verl_sampling(SAMPLING, RESPONSE_LENGTH))
+    try:
+        update_both(cluster, new_state, global_steps=7)
+        expected = float(sum(t.double().sum() for t in new_state.values()))
+        for handle in cluster.servers.values():
+            assert ray.get(handle.state_checksum.remote()) == pytest.approx(expected, rel=1e-9)
+            assert ray.get(handle.stats.remote())["held"] == 0  # stale KV is dropped
+        after = sample_on_both(cluster, prompt_ids, "after")
+        for address, out in after.items():
+            assert out.token_ids == want.token_ids and out.token_ids != before[address].token_ids, address
+            assert out.log_probs == pytest.approx(want.logprobs, abs=1e-4)
+
+        update_both(cluster, one_token_weights(new_state, CERTAIN_TOKEN), global_steps=8)
+        assert {tuple(out.token_ids) for out in sample_on_both(cluster, prompt_ids, "certain").values()} == {(CERTAIN_TOKEN,) * SAMPLING["max_tokens"]}
+        prompts = [f"Say anything ({a})." for a in range(6)]
+        out = asyncio.run(cluster.worker.generate_sequences(batch(prompts, 1, "srt_retool")))
+        prompt_len = out.batch["prompts"].shape[1]
+        for i in range(len(prompts)):
+            length = int(out.batch["attention_mask"][i, prompt_len:].sum())
+            mask = out.batch["response_mask"][i, :length] == 1
+            sampled = out.batch["responses"][i, :length][mask].tolist()
+            assert sampled and set(sampled) == {CERTAIN_TOKEN}
+    finally:
+        update_both(cluster, cluster.model.model.state_dict(), global_steps=9)  # the next tests see the first weights
 
 
 def test_trees_move_when_a_replica_leaves(cluster):
