@@ -1,0 +1,68 @@
+"""SRT inside vLLM changes speed, never outputs: greedy outputs are token-identical to vLLM without
+speculation, and at temperature 1 the joint distribution of the first three sampled tokens matches it
+(Pearson's chi-square), with a warm tree so drafts are really accepted and rejected. Without the plugin's
+temperature fix (``SRT_VLLM_TEMPERATURE_FIX=0``) the sampling test fails: vLLM's CPU rejection sampler then
+divides logits by uninitialised memory."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from vllm_engines import engine, generate, srt_engine, tokens
+
+pytestmark = pytest.mark.slow  # starting a vLLM engine takes ~10 s here
+
+SAMPLES = 1200
+MIN_CELL = 10  # outcomes rarer than this (both runs together) are pooled into one cell
+
+
+def chi_square_p(a: Counter, b: Counter) -> float:
+    """p-value of Pearson's chi-square test that two samples come from one distribution."""
+    common = [k for k in set(a) | set(b) if a[k] + b[k] >= MIN_CELL]
+    rows = [[a[k] for k in common], [b[k] for k in common]]
+    rows[0].append(sum(a.values()) - sum(rows[0]))
+    rows[1].append(sum(b.values()) - sum(rows[1]))
+    table = torch.tensor(rows, dtype=torch.float64)
+    table = table[:, table.sum(0) > 0]
+    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
+    stat = ((table - expected) ** 2 / expected).sum()
+    dof = table.shape[1] - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat / 2))
+
+
+def test_greedy_outputs_match_vllm_without_speculation_and_drafts_are_accepted():
+    llm, p = srt_engine()
+    prompts = [tokens(t) for t in ("Greedy one:", "Greedy two, longer prompt here:", "3", "Four and more")]
+    batch = [q for q in prompts for _ in range(4)]
+    expected = generate(engine(), batch, max_tokens=32)
+    assert generate(llm, batch, max_tokens=32) == expected
+    p.end_step()
+    accepted = p.stats()["accepted"]
+    assert generate(llm, batch, max_tokens=32) == expected  # now drafting from a warm tree
+    assert p.stats()["accepted"] > accepted
+    p.end_step()
+
+
+def test_sampling_at_temperature_one_matches_vllm_without_speculation():
+    llm, p = srt_engine()
+    prompt = tokens("Question: 2+2=")  # top outcome ~36 % of 38: concentrated, not degenerate
+    generate(llm, [prompt] * 300, max_tokens=3, temperature=1.0)  # warm the tree
+    p.end_step()
+    before = p.stats()
+    spec = generate(llm, [prompt] * SAMPLES, max_tokens=3, temperature=1.0)
+    p.end_step()
+    drafted = p.stats()["drafted"] - before["drafted"]
+    accepted = p.stats()["accepted"] - before["accepted"]
+    assert 0 < accepted < drafted  # drafts were accepted and rejected
+    plain = generate(engine(), [prompt] * SAMPLES, max_tokens=3, temperature=1.0)
+    spec_counts, plain_counts = Counter(map(tuple, spec)), Counter(map(tuple, plain))
+    assert plain_counts.most_common(1)[0][1] > SAMPLES / 10  # concentrated enough for the test to have power
+    assert chi_square_p(spec_counts, plain_counts) > 1e-3
+
+
+def test_the_chi_square_test_rejects_a_shifted_distribution():
+    a = Counter({(1,): 600, (2,): 300, (3,): 300})
+    assert chi_square_p(a, Counter({(1,): 600, (2,): 310, (3,): 290})) > 0.5
+    assert chi_square_p(a, Counter({(1,): 700, (2,): 250, (3,): 250})) < 1e-3
