@@ -1,9 +1,13 @@
-"""How a policy uses the interpreter: tool-call rate, clean-run rate and accuracy over trajectories."""
+"""How a policy uses the interpreter: tool-call rate, clean-run rate, accuracy and mean reward over
+trajectories, each with a 95% interval (Wilson for shares, bootstrap for the mean reward) so that a
+change between two evaluations can be told from noise."""
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from ..agent.parsing import CODE_TOOL_NAME
 from ..agent.rewards import RewardConfig, score_response
@@ -20,9 +24,41 @@ class ToolUseReport:
     accuracy: float
     mean_tool_calls: float
     mean_response_tokens: float
+    mean_reward: float = 0.0
+    intervals: dict[str, list[float]] = field(default_factory=dict)  # 95% interval per figure
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def interval(self, name: str) -> str:
+        return interval_text(name, getattr(self, name), self.intervals.get(name))
+
+
+def interval_text(name: str, value: float, bounds: Sequence[float] | None) -> str:
+    """A figure and its interval as text, e.g. ``42% [19%, 68%]`` (a share) or ``+0.25 [-0.10, +0.60]``."""
+    fmt = "{:+.2f}" if name == "mean_reward" else "{:.0%}"
+    return fmt.format(value) + (f" [{fmt.format(bounds[0])}, {fmt.format(bounds[1])}]" if bounds else "")
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> list[float]:
+    """The Wilson score interval of a binomial share (95% for z = 1.96); [0, 1] when n is 0."""
+    if n == 0:
+        return [0.0, 1.0]
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [max(0.0, centre - half), min(1.0, centre + half)]
+
+
+def bootstrap_interval(values: Sequence[float], draws: int = 2000, level: float = 0.95, seed: int = 0) -> list[float]:
+    """A percentile bootstrap interval of the mean of `values` (seeded: the same values give the same interval)."""
+    if not values:
+        return [0.0, 0.0]
+    rng = random.Random(seed)
+    n = len(values)
+    means = sorted(sum(rng.choice(values) for _ in range(n)) / n for _ in range(draws))
+    tail = (1 - level) / 2
+    return [means[int(tail * (draws - 1))], means[int((1 - tail) * (draws - 1))]]
 
 
 def _assistant_text(traj: Trajectory) -> str:
@@ -40,11 +76,19 @@ def tool_use_report(trajectories: Sequence[Trajectory]) -> ToolUseReport:
     if n == 0:
         return ToolUseReport(0, 0.0, 0.0, 0.0, 0.0, 0.0)
     ran = [[c for c in t.tool_calls if c.name == CODE_TOOL_NAME and c.status != "parse_error"] for t in trajectories]
+    counts = {
+        "tool_call_rate": sum(1 for calls in ran if calls),
+        "code_ok_rate": sum(1 for calls in ran if calls and all(c.status == "ok" for c in calls)),
+        "accuracy": sum(1 for t in trajectories if is_correct(t)),
+    }
+    rewards = [t.reward for t in trajectories]
+    intervals = {name: wilson_interval(k, n) for name, k in counts.items()}
+    intervals["mean_reward"] = bootstrap_interval(rewards)
     return ToolUseReport(
         trajectories=n,
-        tool_call_rate=sum(1 for calls in ran if calls) / n,
-        code_ok_rate=sum(1 for calls in ran if calls and all(c.status == "ok" for c in calls)) / n,
-        accuracy=sum(1 for t in trajectories if is_correct(t)) / n,
+        **{name: k / n for name, k in counts.items()},
         mean_tool_calls=sum(len(calls) for calls in ran) / n,
         mean_response_tokens=sum(len(t.response_ids) for t in trajectories) / n,
+        mean_reward=sum(rewards) / n,
+        intervals=intervals,
     )

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from rich.table import Table
 
+from .evaluate import interval_text
+
 # (header, metric, format); missing metrics show as "-".
 STEP_COLUMNS = (
     ("step", "step", "{:.0f}"),
@@ -45,8 +47,11 @@ PLOTS = (
 )
 
 
-def plot_history(history: Sequence[dict[str, float]], compare: Sequence[str], main: str, path: Path) -> Path:
-    """Draw the run's series over steps as one PNG."""
+def plot_history(
+    history: Sequence[dict[str, float]], compare: Sequence[str], main: str, path: Path, held_out: dict | None = None
+) -> Path:
+    """Draw the run's series over steps as one PNG; `held_out` reports ("before RL" at the first step's left,
+    "after RL" at the last step) add held-out accuracy with its 95% interval to the first panel."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,6 +69,8 @@ def plot_history(history: Sequence[dict[str, float]], compare: Sequence[str], ma
             values = [m.get(key) for m in history]
             if any(v is not None for v in values):
                 ax.plot(steps, [float("nan") if v is None else v for v in values], marker="o", label=label)
+        if ax is axes.flat[0] and held_out:
+            _plot_held_out(ax, held_out, steps)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -76,6 +83,39 @@ def plot_history(history: Sequence[dict[str, float]], compare: Sequence[str], ma
     return path
 
 
+def _plot_held_out(ax, held_out: dict, steps: Sequence[float]) -> None:
+    at = {"before RL": steps[0] - 1, "after RL": steps[-1]}
+    points = [(at[label], r) for label, r in held_out.items() if label in at]
+    if not points:
+        return
+    xs = [x for x, _ in points]
+    ys = [r["accuracy"] for _, r in points]
+    low = [r["accuracy"] - r.get("intervals", {}).get("accuracy", [r["accuracy"]] * 2)[0] for _, r in points]
+    high = [r.get("intervals", {}).get("accuracy", [r["accuracy"]] * 2)[1] - r["accuracy"] for _, r in points]
+    ax.errorbar(xs, ys, yerr=[low, high], fmt="s--", capsize=4, color="black", label="held-out accuracy (95% CI)")
+
+
+def held_out_lines(report: dict) -> list[str]:
+    """A Markdown table of every held-out evaluation of the run, with 95% intervals."""
+    rows = []
+    cold = report.get("cold_start") or {}
+    for label, key in (("before cold start", "before"), ("after cold start", "after")):
+        if cold.get(key):
+            rows.append((label, cold[key]))
+    rows += [(label, r) for label, r in (report.get("held_out") or {}).items()]
+    if not rows:
+        return []
+    lines = ["| held-out | tasks | tool calls | code ran cleanly | accuracy | mean reward |", "|---|---:|---:|---:|---:|---:|"]
+    for label, r in rows:
+        cells = [_with_interval(r, k) for k in ("tool_call_rate", "code_ok_rate", "accuracy", "mean_reward")]
+        lines.append(f"| {label} | {r['trajectories']} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _with_interval(r: dict, key: str) -> str:
+    return interval_text(key, r.get(key, 0.0), r.get("intervals", {}).get(key))
+
+
 def summary_markdown(report: dict) -> str:
     """A short Markdown summary of a run (cold start, RL steps, speedups)."""
     lines = [f"# {report['name']}: {report['algorithm']} with `{report['drafter']}` rollouts", ""]
@@ -83,12 +123,8 @@ def summary_markdown(report: dict) -> str:
     if cold:
         lines.append(f"Cold start: {cold['traces']} traces, {cold['trained_tokens']} trained tokens"
                      f"{' (cached)' if cold.get('cached') else ''}.")
-        if cold.get("before") and cold.get("after"):
-            lines += ["", "| held-out | tool calls | code ran cleanly | accuracy |", "|---|---:|---:|---:|"]
-            for label in ("before", "after"):
-                r = cold[label]
-                lines.append(f"| {label} | {r['tool_call_rate']:.0%} | {r['code_ok_rate']:.0%} | {r['accuracy']:.0%} |")
         lines.append("")
+    lines += held_out_lines(report)
     steps = report.get("steps", [])
     if steps:
         compare = report.get("compare", [])
@@ -120,5 +156,6 @@ def write_report(out_dir: Path, report: dict) -> dict[str, Path]:
     paths["report"].write_text(json.dumps(report, indent=2, default=float))
     paths["summary"].write_text(summary_markdown(report))
     if report.get("steps"):
-        paths["plots"] = plot_history(report["steps"], report.get("compare", []), report["drafter"], out_dir / "plots.png")
+        paths["plots"] = plot_history(report["steps"], report.get("compare", []), report["drafter"], out_dir / "plots.png",
+                                      report.get("held_out"))
     return paths

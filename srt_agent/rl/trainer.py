@@ -143,6 +143,7 @@ class Trainer:
         self.history: list[dict[str, float]] = []
         self.cold: ColdStartResult | None = None
         self.interrupted = False
+        self.held_out: dict[str, ToolUseReport] = {}  # "before RL", "after RL"
         self.checkpoint: Path | None = None  # the newest checkpoint when the run was interrupted
         self.replace_run = replace_run
         self.variants = list(variants) if variants is not None else self._variants()
@@ -192,12 +193,17 @@ class Trainer:
                 + (f", compared with {', '.join(others)}" if others else "")
             )
             state, saved_caches = load_checkpoint(self.resume) if self.resume is not None else (None, {})
+            evaluate = self._evaluator(rollouts) if cfg.cold_start.eval_tasks else None
             if state is None:
-                self._cold_start(rollouts, tools)
+                self._cold_start(rollouts, tools, evaluate)
             parts = RunParts(*self._build_policy(), PromptSampler(tasks, seed=train.seed), rollouts)
             first = self._restore(state, saved_caches, parts) if state is not None else 0
             trackers = make_trackers(train.loggers, self.out_dir, cfg.model_dump(mode="json"), cfg.name)
+            if evaluate is not None and "before RL" not in self.held_out:
+                self._held_out("before RL", evaluate, trackers, first)
             self._loop(first, parts, trackers)
+            if evaluate is not None and not self.interrupted and self.history:
+                self._held_out("after RL", evaluate, trackers, int(self.history[-1]["step"]))
         finally:
             for tracker in trackers:
                 tracker.close()
@@ -431,7 +437,7 @@ class Trainer:
 
     # ----- set-up, checkpoints, report --------------------------------------------------------------
 
-    def _cold_start(self, rollouts: PolicyRollouts, tools: dict) -> None:
+    def _cold_start(self, rollouts: PolicyRollouts, tools: dict, evaluate: Callable[[str], ToolUseReport] | None) -> None:
         cfg = self.config
         if not cfg.cold_start.enabled:
             return
@@ -440,7 +446,6 @@ class Trainer:
             tokenizer=controller.tokenizer, config=cfg, env_class=controller.env_class, tools=tools,
             eos_token_ids=controller.eos_token_ids,
         )
-        evaluate = self._evaluator(rollouts) if cfg.cold_start.eval_tasks else None
         with Progress(TextColumn("[bold]cold start SFT[/bold]"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(),
                       console=self.console, transient=True) as progress:
@@ -453,6 +458,14 @@ class Trainer:
         rollouts.update_weights(self.cold.weights)
         finish_report(self.cold, evaluate)
         self._log(cold_start_line(self.cold))
+
+    def _held_out(self, label: str, evaluate: Callable[[str], ToolUseReport], trackers: list[Tracker], step: int) -> None:
+        """The held-out report `label` (the cold start's "after" serves as "before RL"), logged as ``val/…``."""
+        report = self.cold.after if label == "before RL" and self.cold and self.cold.after else evaluate(label)
+        self.held_out[label] = report
+        for tracker in trackers:
+            tracker.log({f"val/{k}": getattr(report, k) for k in HELD_OUT_FIGURES}, step)
+        self._log(f"held-out {label}: " + ", ".join(f"{k.replace('_', ' ')} {report.interval(k)}" for k in HELD_OUT_FIGURES))
 
     def _evaluator(self, rollouts: PolicyRollouts) -> Callable[[str], ToolUseReport]:
         cs, cfg = self.config.cold_start, self.config
@@ -507,6 +520,7 @@ class Trainer:
             "sampler": parts.sampler.state_dict(),
             "history": self.history,
             "cold_start": self.cold.report() if self.cold else None,
+            "held_out": {label: r.as_dict() for label, r in self.held_out.items()},
             "config": self.config.model_dump(mode="json"),
         }
         caches = parts.rollouts.caches() if caches is None else caches
@@ -532,6 +546,7 @@ class Trainer:
                                         ToolUseReport(**c["before"]) if c.get("before") else None,
                                         ToolUseReport(**c["after"]) if c.get("after") else None,
                                         c["seconds"], c["cached"], c["key"])
+        self.held_out = {label: ToolUseReport(**r) for label, r in state.get("held_out", {}).items()}
         for name, path in caches.items():
             if name in parts.rollouts.controllers:
                 parts.rollouts.restore_cache(name, RolloutCache.load(path))
@@ -563,6 +578,7 @@ class Trainer:
             "interrupted": self.interrupted,
             "checkpoint": str(self.checkpoint) if self.checkpoint else None,
             "cold_start": self.cold.report() if self.cold else None,
+            "held_out": {label: r.as_dict() for label, r in self.held_out.items()},
             "steps": self.history,
             "totals": totals,
             "config": cfg.model_dump(mode="json"),
@@ -570,6 +586,9 @@ class Trainer:
 
     def _log(self, message: str) -> None:
         self.console.print(message, highlight=False)
+
+
+HELD_OUT_FIGURES = ("accuracy", "tool_call_rate", "code_ok_rate", "mean_reward")
 
 
 def compute_advantages(samples: Sequence[Sample], train) -> None:
