@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import socket
 import subprocess
 import sys
@@ -21,8 +23,10 @@ from test_sandbox_security import (
     run_battery,
 )
 
-from srt_agent.tools import SandboxFusionSandbox
+from srt_agent.tools import LocalSandbox, SandboxFusionSandbox
 from srt_agent.tools.local import bwrap_path
+from srt_agent.tools.runtime import runtime_python
+from srt_agent.tools.server import ServerConfig, running_server
 
 pytestmark = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed")
 __all__ = ["listener"]  # the battery's host listener fixture, shared with test_sandbox_security
@@ -83,26 +87,87 @@ def sf():
     return pytest.importorskip("sandbox_fusion", reason="an optional client: pip install 'srt-agent[sandbox-fusion]'")
 
 
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+LOOPBACK_SERVER = """\
+import http.server, threading, requests
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'special string')
+server = http.server.HTTPServer(('', 0), Handler)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+print(requests.get(f'http://localhost:{server.server_port}', timeout=5).text)
+"""
+
+# The representative requests a SandboxFusion user sends: (request fields, summary mapping's answer, checks).
+REPRESENTATIVE = {
+    "print": ({"code": "print(123)"}, "Success", lambda r: r.run_result.stdout == "123\n"),
+    "stdin": ({"code": "print(input()[::-1])", "stdin": "abc"}, "Success", lambda r: r.run_result.stdout == "cba\n"),
+    "exit_code": ({"code": "raise SystemExit(4)"}, "RunFailed", lambda r: r.run_result.return_code == 4),
+    "exception": (
+        {"code": "assert 1 == 2"},
+        "RunFailed",
+        lambda r: "AssertionError" in r.run_result.stderr and r.run_result.status == "Finished",
+    ),
+    "syntax_error": ({"code": "int a = 1"}, "RunFailed", lambda r: "SyntaxError" in r.run_result.stderr),
+    "timeout": (
+        {"code": "import time\nprint('started')\ntime.sleep(30)", "run_timeout": 1},
+        "RunTimeout",
+        lambda r: r.run_result.status == "TimeLimitExceeded" and r.run_result.stdout == "started\n",
+    ),
+    "unicode": ({"code": "print('héllo ✓ 你好')"}, "Success", lambda r: r.run_result.stdout == "héllo ✓ 你好\n"),
+    "files": (
+        {"code": "print(open('dir1/dir2/flag').read())", "files": {"dir1/dir2/flag": b64("hello, a test")}},
+        "Success",
+        lambda r: r.run_result.stdout == "hello, a test\n",
+    ),
+    "fetch_files": (
+        {"code": "open('a.txt', 'w').write('secret'); open('/mnt/b', 'w').write('sauce')", "fetch_files": ["a.txt", "/mnt/b"]},
+        "Success",
+        lambda r: r.files == {"a.txt": b64("secret"), "/mnt/b": b64("sauce")},
+    ),
+    "null_files": (
+        {"code": "import os\nprint(sorted(os.listdir('.')))", "files": {"kept": b64("x"), "skipped": None}},
+        "Success",
+        lambda r: r.run_result.stdout == "['kept']\n",
+    ),
+    "output_cap": (
+        {"code": f"print('x' * {2 * MAX_OUTPUT})"},
+        "RunFailed",
+        lambda r: r.run_result.return_code == -9 and "output" in r.message and len(r.run_result.stdout) <= MAX_OUTPUT,
+    ),
+    "localhost_server": ({"code": LOOPBACK_SERVER}, "Success", lambda r: r.run_result.stdout == "special string\n"),
+}
+
+
 class TestSandboxFusionClient:
+    """ByteDance's PyPI client (sync and async) on the representative requests, and its summariser."""
+
     def test_ping(self, endpoint):
         assert httpx.get(f"{endpoint}/v1/ping").json() == "pong"
 
-    def test_success(self, endpoint, sf):
-        response = sf.run_code(sf.RunCodeRequest(code="print(input()[::-1])", stdin="abc", language="python"), endpoint=endpoint)
-        assert response.status == sf.RunStatus.Success
-        assert response.run_result.stdout == "cba\n" and response.run_result.return_code == 0
-        assert sf.summary_run_code_result(response, sf.SummaryMapping()) == "Success"
+    @pytest.mark.parametrize("name", REPRESENTATIVE)
+    def test_representative_request(self, endpoint, sf, name):
+        fields, summary, check = REPRESENTATIVE[name]
+        if name == "localhost_server" and runtime_python() is None:
+            pytest.skip("the program imports requests: the sandbox runtime is not built")
+        request = sf.RunCodeRequest(language="python", **fields)
+        response = sf.run_code(request, endpoint=endpoint, max_attempts=1)
+        mapping = sf.SummaryMapping(Success="Success", RunFailed="RunFailed", RunTimeout="RunTimeout")
+        assert sf.summary_run_code_result(response, mapping) == summary, response
+        assert check(response), response
 
-    def test_failure(self, endpoint, sf):
-        response = sf.run_code(sf.RunCodeRequest(code="raise SystemExit(4)", language="python"), endpoint=endpoint)
-        assert response.status == sf.RunStatus.Failed and response.run_result.return_code == 4
-        assert sf.summary_run_code_result(response, sf.SummaryMapping(RunFailed="wrong")) == "wrong"
+    def test_async_client(self, endpoint, sf):
+        async def many():
+            requests = [sf.RunCodeRequest(code=f"print({i} * {i})", language="python") for i in range(4)]
+            return await asyncio.gather(*(sf.run_code_async(r, endpoint=endpoint, max_attempts=1) for r in requests))
 
-    def test_time_limit(self, endpoint, sf):
-        request = sf.RunCodeRequest(code="import time\ntime.sleep(30)", language="python", run_timeout=1)
-        response = sf.run_code(request, endpoint=endpoint)
-        assert response.status == sf.RunStatus.Failed and response.run_result.status == "TimeLimitExceeded"
-        assert sf.summary_run_code_result(response, sf.SummaryMapping(RunTimeout="tle")) == "tle"
+        responses = asyncio.run(many())
+        assert [r.run_result.stdout for r in responses] == [f"{i * i}\n" for i in range(4)]
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +187,7 @@ class TestVerlRequestPath:
         body, error = call_sandbox_api(f"{endpoint}/run_code", "print(input() * 2)", "ab", 5, 5, 256, "python")
         assert error is None and body["status"] == "Success" and body["run_result"]["stdout"] == "abab\n"
         body, error = call_sandbox_api(f"{endpoint}/run_code", "print(1)", None, 5, 5, 256, "cpp")
-        assert error is None and body["status"] == "SandboxError" and "python only" in body["message"]
+        assert error is None and body["status"] == "Failed" and "not supported" in body["message"]
 
     def test_compute_score_runs_test_cases(self, endpoint, verl_sandbox_fusion):
         completion = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
@@ -169,20 +234,65 @@ class TestRawHttp:
         assert body["run_result"]["status"] == "TimeLimitExceeded"
         assert body["run_result"]["execution_time"] < MAX_TIMEOUT_S + 10
 
+    def test_a_known_language_it_does_not_run_fails(self, endpoint):
+        body = post(endpoint, code="int main() {}", language="cpp")
+        assert (body["status"], body["run_result"]) == ("Failed", None) and "not supported" in body["message"]
+
+    @pytest.mark.parametrize("timeout", [0, -1])
+    def test_a_run_timeout_of_zero_is_a_time_limit(self, endpoint, timeout):
+        body = post(endpoint, code="print(1)", run_timeout=timeout)
+        assert (body["status"], body["run_result"]["status"], body["srt_status"]) == ("Failed", "TimeLimitExceeded", "timeout")
+
+    def test_bash_runs(self, endpoint):
+        body = post(endpoint, code="read x\necho $((x * 2))\ncat f", language="bash", stdin="21\n", files={"f": b64("file")})
+        assert (body["status"], body["run_result"]["stdout"]) == ("Success", "42\nfile"), body
+
     @pytest.mark.parametrize(
-        "extra, message",
+        "body, detail",
         [
-            ({"language": "cpp"}, "not supported"),
-            ({"files": {"data.txt": "aGk="}}, "files and fetch_files"),
-            ({"run_timeout": 0}, "run_timeout must be positive"),
+            ({"code": "print(1)"}, "language"),
+            ({"code": "print(1)", "language": "cobol"}, "language"),
+            ({"language": "python"}, "code"),
+            ({"code": "print(1)", "language": "python", "files": {"../up": "aGk="}}, "leaves the run's working directory"),
+            ({"code": "print(1)", "language": "python", "files": {"/etc/x": "aGk="}}, "outside the run's working directory"),
+            ({"code": "print(1)", "language": "python", "fetch_files": ["../../etc/passwd"]}, "leaves the run's working directory"),
+            ({"code": "print(1)", "language": "python", "files": {"a": "a"}}, "not base64"),
         ],
     )
-    def test_unsupported_requests_are_sandbox_errors(self, endpoint, extra, message):
-        body = post(endpoint, code="print(1)", **extra)
-        assert body["status"] == "SandboxError" and message in body["message"]
+    def test_schema_errors_are_422_saying_why(self, endpoint, body, detail):
+        response = httpx.post(f"{endpoint}/run_code", json=body)
+        assert response.status_code == 422 and detail in response.text, response.text
 
-    def test_malformed_request_is_rejected(self, endpoint):
-        assert httpx.post(f"{endpoint}/run_code", json={"language": "python"}).status_code == 422
+    def test_files_over_the_working_directory_are_refused(self):
+        big = base64.b64encode(bytes(2 << 20)).decode()
+        with running_server(ServerConfig(LocalSandbox(timeout_s=5, tmp_mb=1))) as url:  # a 1 MB working directory
+            response = httpx.post(f"{url}/run_code", json={"code": "", "language": "python", "files": {"a": big}}, timeout=30)
+        assert response.status_code == 413 and "1 MB working directory" in response.text
+
+    def test_missing_fetch_files_are_named(self, endpoint):
+        body = post(endpoint, code="open('here', 'w').write('x')", fetch_files=["here", "gone"])
+        assert body["status"] == "Success" and body["files"] == {"here": b64("x")} and "['gone']" in body["message"]
+
+    def test_output_cap_keeps_our_status(self, endpoint):
+        body = post(endpoint, code="while True:\n    print('spam')")
+        run = body["run_result"]
+        assert (body["status"], run["status"], run["return_code"]) == ("Failed", "Finished", -9)
+        assert (body["srt_status"], body["truncated"]) == ("output_limit", True)
+
+    def test_runtime_is_reported(self, endpoint):
+        report = httpx.get(f"{endpoint}/v1/runtime", timeout=30).json()
+        assert report["languages"] == ["bash", "python", "python3"] and report["sandboxed"] is True
+        assert report["python"]["version"].count(".") == 2 and report["limits"]["max_timeout_s"] == MAX_TIMEOUT_S
+        if runtime_python() is not None:
+            assert report["python"]["executable"] == str(runtime_python()) and "sympy" in report["python"]["packages"]
+
+    def test_our_client_sends_and_fetches_files(self, endpoint):
+        client = SandboxFusionSandbox(endpoint, timeout_s=10)
+        code = "open('out.bin', 'wb').write(open('in.bin', 'rb').read()[::-1])"
+        result = client.run(code, files={"in.bin": b"\x00\x01\x02", "skipped": None}, fetch_files=["out.bin"])
+        assert (result.status, result.files) == ("ok", {"out.bin": b"\x02\x01\x00"}), result
+        capped = client.run("print('x' * 10**6)")
+        assert (capped.status, capped.exit_code, capped.truncated) == ("output_limit", None, True)
 
     def test_requests_run_concurrently(self, endpoint):
         code = "import time\nstart = time.time()\ntime.sleep(1)\nprint(start, time.time())"

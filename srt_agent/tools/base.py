@@ -52,9 +52,10 @@ class SandboxResult:
 
 
 def is_memory_error(stderr: str) -> bool:
-    """Whether a failed Python program's stderr ends in a MemoryError (its address-space limit)."""
+    """Whether a failed Python program's stderr ends in a MemoryError, or an extension module that could
+    not be mapped (both: its address-space limit)."""
     lines = stderr.strip().splitlines()
-    return bool(lines) and lines[-1].startswith("MemoryError")
+    return bool(lines) and (lines[-1].startswith("MemoryError") or "failed to map segment from shared object" in lines[-1])
 
 
 @runtime_checkable
