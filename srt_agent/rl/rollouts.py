@@ -28,11 +28,13 @@ from ..models import LoadedModel
 
 @dataclass(frozen=True)
 class RolloutVariant:
-    """An engine configuration that generates rollouts: a name, a drafter, run-ahead options or None."""
+    """An engine configuration that generates rollouts: a name, a drafter, run-ahead options or None, and
+    the rollout backend (None: the env config's ``engine.backend``)."""
 
     name: str
     drafter: str
     run_ahead: RunAheadOptions | None = None
+    backend: str | None = None
 
 
 @dataclass
@@ -72,7 +74,9 @@ class PolicyRollouts:
         self.controllers: dict[str, MultiTurnController] = {}
         try:
             for v in variants:
-                self.controllers[v.name] = build_controller(config, loaded=loaded, drafter=v.drafter, tools=tools,
+                cfg = config if v.backend is None else config.model_copy(
+                    update={"engine": config.engine.model_copy(update={"backend": v.backend})})
+                self.controllers[v.name] = build_controller(cfg, loaded=loaded, drafter=v.drafter, tools=tools,
                                                             run_ahead=v.run_ahead, log=log)
         except BaseException:
             self.close()
