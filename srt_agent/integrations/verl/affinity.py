@@ -82,7 +82,8 @@ class PromptAffinityRouter:
 
     The prompt key of a request is the ``prompt_key`` its agent loop sends (srt-agent's ``srt_retool``
     does on the ``srt`` backend), else a hash of its first turn's ``prompt_ids`` (what GRPO siblings share).
-    A prompt keeps the replica it was first placed on (where its tree is) until replicas change.
+    A prompt keeps the replica it was first placed on (where its tree is) until that replica leaves or a
+    joining one becomes its owner.
     Options (the router YAML): ``virtual_nodes``; ``load_factor`` (off by default): when set, a new prompt
     whose owner already has more than ``load_factor`` × the mean in-flight load is placed on the next
     replica on the ring (consistent hashing with bounded loads); ``migrate_trees`` (default true).
@@ -133,9 +134,10 @@ class PromptAffinityRouter:
 
     def add_servers(self, servers: dict[str, Any]) -> None:
         before = dict(self._known)
+        joined = set(servers) - set(self._servers)
         for sid, handle in servers.items():
             self._add(sid, handle)
-        self._migrate(before)
+        self._migrate(before, joined=joined)
 
     def remove_servers(self, server_ids: list[str]) -> None:
         before = dict(self._known)
@@ -190,12 +192,17 @@ class PromptAffinityRouter:
         self._inflight.setdefault(sid, 0)
         self.ring.add(sid)
 
-    def _migrate(self, before: dict[Hashable, str], handles: dict[str, Any] | None = None) -> None:
-        """Move the trees of known prompts whose owner changed: the old replica exports, the new imports."""
+    def _migrate(self, before: dict[Hashable, str], handles: dict[str, Any] | None = None, joined: set[str] = frozenset()) -> None:
+        """Move the known prompts that change replica, and their trees (the old replica exports, the new
+        imports): those whose replica left get a new home, those a `joined` replica now owns go to it.
+        Every other prompt stays, also one that bounded loads placed off its owner."""
+        if not self._servers:
+            return
         handles = handles or self._servers
         for key, old in before.items():
-            new = self.ring.owner(key) if self._servers else None
-            if new is None or new == old:
+            owner = self.ring.owner(key)
+            new = self._place(key) if old not in self._servers else owner if owner in joined else old
+            if new == old:
                 continue
             self._known[key] = new
             self.migrations.append((key, old, new))
