@@ -23,7 +23,7 @@ import platform
 import random
 import time
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -91,15 +91,6 @@ class VLLMStats:
         return out
 
 
-@dataclass
-class _Call:
-    """One vLLM request: a turn of one of our requests."""
-
-    seq: Sequence
-    max_tokens: int
-    started: float = field(default_factory=time.perf_counter)
-
-
 class VLLMEngine:
     """vLLM's LLMEngine behind the stepping interface of our Engine (`add_request`, `step`, `release`,
     `has_work`, `idle_capacity`), so :class:`~srt_agent.engine.AsyncEngine` can drive it."""
@@ -158,7 +149,7 @@ class VLLMEngine:
             torch.set_num_threads = set_num_threads
         self.startup_s = time.perf_counter() - started
         self.device = torch.device(self.llm.vllm_config.device_config.device_type)
-        self.calls: dict[str, _Call] = {}  # running vLLM requests by our request id
+        self.calls: dict[str, Sequence] = {}  # the running turns (one vLLM request each) by our request id
         self.held: dict[str, list[int]] = {}  # finished requests' tokens (a next turn's forced tokens)
         self.totals = VLLMStats()
 
@@ -199,7 +190,7 @@ class VLLMEngine:
             output_kind=RequestOutputKind.DELTA,
         )
         self.llm.add_request(request_id, {"prompt_token_ids": prompt}, vparams)
-        self.calls[request_id] = _Call(seq, max_tokens)
+        self.calls[request_id] = seq
         self.totals.requests += 1
         return request_id
 
@@ -231,22 +222,22 @@ class VLLMEngine:
         self._count_drafts()
         finished = []
         for out in self.llm.step():
-            call = self.calls.get(out.request_id)
-            if call is None:
+            seq = self.calls.get(out.request_id)
+            if seq is None:
                 continue
-            done = self._feed(call, out.outputs[0].token_ids, out.outputs[0].logprobs)
+            done = self._feed(seq, out.outputs[0].token_ids, out.outputs[0].logprobs)
             if out.num_cached_tokens:
-                call.seq.metrics.prefill_reused = out.num_cached_tokens
+                seq.metrics.prefill_reused = out.num_cached_tokens
             if not done and out.finished:
                 reason = out.outputs[0].finish_reason
                 if reason == "abort" or reason is None:
-                    call.seq.finish("error", error="vLLM aborted the request")
+                    seq.finish("error", error="vLLM aborted the request")
                 else:  # vLLM stopped where our rule did not (not expected): keep its reason
-                    call.seq.finish("length" if reason == "length" else "stop", out.outputs[0].stop_reason)
-            if call.seq.finish_reason is not None:
+                    seq.finish("length" if reason == "length" else "stop", out.outputs[0].stop_reason)
+            if seq.finish_reason is not None:
                 if not out.finished:
                     self.llm.abort_request([out.request_id])
-                finished.append(self._finish(call))
+                finished.append(self._finish(seq))
         return finished
 
     def _count_drafts(self) -> None:
@@ -257,12 +248,11 @@ class VLLMEngine:
         by_external = {}
         for request in scheduler.requests.values():
             by_external[request.request_id.rsplit("-", 1)[0]] = len(request.spec_token_ids or ())  # "<ours>-<suffix>"
-        for request_id, call in self.calls.items():
-            call.seq.metrics.draft_proposed += by_external.get(request_id, 0)
+        for request_id, seq in self.calls.items():
+            seq.metrics.draft_proposed += by_external.get(request_id, 0)
 
-    def _feed(self, call: _Call, token_ids, logprobs) -> bool:
+    def _feed(self, seq: Sequence, token_ids, logprobs) -> bool:
         """Append a delta token by token; True once our stop rule ended the turn."""
-        seq = call.seq
         if token_ids:
             seq.metrics.forwards += 1
         for i, token in enumerate(token_ids):
@@ -276,13 +266,12 @@ class VLLMEngine:
                 seq.finish(*hit)
         return seq.finish_reason is not None
 
-    def _finish(self, call: _Call) -> RequestOutput:
-        seq = self.calls.pop(seq_id := call.seq.request_id).seq
+    def _finish(self, seq: Sequence) -> RequestOutput:
+        del self.calls[seq.request_id]
         m = seq.metrics
         m.tokens = seq.num_generated
         m.draft_accepted = max(0, m.tokens - m.forwards)
         m.prefill_tokens = max(0, len(seq.tokens) - seq.num_generated - m.prefill_reused)
-        m.forward_s = time.perf_counter() - call.started
         t = self.totals
         t.tokens += m.tokens
         t.forwards += m.forwards
@@ -290,7 +279,7 @@ class VLLMEngine:
         t.draft_accepted += m.draft_accepted
         t.prefill_tokens += m.prefill_tokens
         t.prefill_reused += m.prefill_reused
-        self.held[seq_id] = seq.tokens
+        self.held[seq.request_id] = seq.tokens
         try:
             text = self.stops.output_text(seq)
         except Exception as exc:  # noqa: BLE001 - the tokens stand; the text is a convenience
