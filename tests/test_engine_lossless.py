@@ -208,7 +208,10 @@ def test_random_trees_are_lossless(tiny_llama):
 
 @pytest.mark.slow
 def test_smollm2_speculative_matches_plain(smollm2):
-    """Real model in float32: speculative decoding emits token for token what plain decoding emits.
+    """Real model in float32: whatever is drafted, speculative decoding emits plain decoding's tokens, and
+    their log-probs up to float32 rounding. Drafts come from cold trees (a group's siblings only), warm
+    trees (a second pass over the same seeds), and a scripted drafter whose trees put a wrong sibling
+    beside every right token or propose only wrong tokens, so the policy rejects drafts on every path.
 
     A verified row's logits differ from the plain step's by float32 rounding (other matrix shapes); on
     this workload that flips no sample, so the identity is exact (in bf16 it is not: see README)."""
@@ -221,8 +224,28 @@ def test_smollm2_speculative_matches_plain(smollm2):
     prompts = [tok.encode(p) for p in prompts for _ in range(2)]
     params = [SamplingParams(temperature=1.0, top_p=0.95, max_tokens=40, seed=i) for i in range(len(prompts))]
     plain = Engine(smollm2, drafter=None, max_batch=8, max_context=256).generate(prompts, params)
+
+    def same_as_plain(outputs) -> None:
+        assert [o.token_ids for o in outputs] == [o.token_ids for o in plain]
+        for a, b in zip(plain, outputs):
+            assert b.logprobs == pytest.approx(a.logprobs, abs=2e-4)
+            assert a.finish_reason == b.finish_reason
+
     engine = Engine(smollm2, drafter="srt", max_batch=8, max_context=256, adaptive_drafts=False, max_draft_tokens=8)
-    engine.generate(prompts, params)  # fills the trees: the second pass drafts whole continuations
-    spec = engine.generate(prompts, params)
-    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
-    assert engine.stats()["draft_accepted"] > 0 and engine.stats()["draft_verified"] > 0
+    same_as_plain(engine.generate(prompts, params))  # cold trees: siblings draft for each other
+    cold = engine.stats()
+    assert cold["draft_verified"] > cold["draft_accepted"] > 0
+    same_as_plain(engine.generate(prompts, params))  # warm trees: whole continuations are drafted
+    warm = engine.stats()
+    assert warm["draft_accepted"] - cold["draft_accepted"] > 0.5 * (warm["tokens"] - cold["tokens"])
+
+    continuations = [p + o.token_ids for p, o in zip(prompts, plain)]
+    vocab = smollm2.model.config.vocab_size
+    for mode in ("tree", "wrong"):
+        drafter = ScriptedDrafter(continuations, mode, vocab)
+        engine = Engine(smollm2, drafter=drafter, max_batch=8, max_context=256, adaptive_drafts=False, max_draft_tokens=4)
+        same_as_plain(engine.generate(prompts, params))
+        stats = engine.stats()
+        rejected = stats["draft_verified"] - stats["draft_accepted"]
+        assert rejected >= (stats["draft_verified"] // 2 if mode == "tree" else stats["draft_verified"]) > 0
+        assert (stats["draft_accepted"] > 0) == (mode == "tree")

@@ -77,14 +77,79 @@ def test_run_ahead_feeds_the_hybrid_drafter_s_trees(tiny_llama):
     assert ahead.stats()["model_drafted"] > 0 and ahead.stats()["drafter_errors"] == 0
 
 
-def test_slack_bounds_the_rows_that_ride_along(tiny_llama):
-    none = engine(tiny_llama, RunAheadOptions(slack=0.0))
-    rollouts(none, steps=1)
+class DraftLog:
+    """Every draft a real request gets, with the nodes only run-ahead content supports (no real sequence
+    in the trees holds the matched context followed by the node's path), and what each request emitted."""
+
+    def __init__(self, e: Engine):
+        cache, draft, generate = e.drafter.cache, e.drafter.draft, e.generate
+        self.drafts: list = []
+        self.emitted: dict = {}  # request id -> prompt + output tokens
+
+        def recording_draft(request_id, context, budget):
+            d = draft(request_id, context, budget)
+            real = [s for key in cache.prompt_keys() for s in cache.sequences(key, run_ahead=False)]
+            head = list(context[len(context) - d.match_len :])
+            only_run_ahead = [not any(contains(s, head + d.path_to(i)) for s in real) for i in range(len(d))]
+            self.drafts.append((request_id, len(context), d, only_run_ahead))
+            return d
+
+        def recording_generate(prompts, params=None, prompt_keys=None, progress=False):
+            outputs = generate(prompts, params, prompt_keys, progress)
+            self.emitted.update({o.request_id: p + o.token_ids for p, o in zip(prompts, outputs)})
+            return outputs
+
+        e.drafter.draft, e.generate = recording_draft, recording_generate
+
+    def accepted_from_run_ahead(self) -> int:
+        """Run-ahead-only draft nodes whose path the request went on to emit: accepted by real work."""
+        count = 0
+        for request_id, at, d, only_run_ahead in self.drafts:
+            tokens = self.emitted[request_id]
+            for i, flag in enumerate(only_run_ahead):
+                path = d.path_to(i)
+                count += flag and tokens[at : at + len(path)] == path
+        return count
+
+
+def contains(sequence: list[int], part: list[int]) -> bool:
+    return any(sequence[i : i + len(part)] == part for i in range(len(sequence) - len(part) + 1))
+
+
+def look_ahead_then_serve(e: Engine, temperature: float) -> list:
+    """Step 1: the current prompts' groups, with the next step's prompts in the run-ahead window.
+    Step 2: the next step's prompts are served (two samples each). Every request's output, in order."""
+    params = SamplingParams(temperature=temperature, max_tokens=24, seed=0)
+    e.run_ahead.open(window(params))
+    ps = [SamplingParams(temperature=temperature, max_tokens=6 + 5 * i, seed=i) for i in range(6)]
+    first = e.generate([PROMPTS[i % 3] for i in range(6)], ps, prompt_keys=[f"p{i % 3}" for i in range(6)])
+    e.run_ahead.close()
+    e.end_step()
+    ps = [SamplingParams(temperature=temperature, max_tokens=16, seed=10 + i) for i in range(4)]
+    second = e.generate([UPCOMING[i % 2] for i in range(4)], ps, prompt_keys=[f"u{i % 2}" for i in range(4)])
+    return [(o.token_ids, o.logprobs, o.finish_reason) for o in first + second]
+
+
+def test_slack_bounds_the_rows_that_ride_along_and_real_requests_accept_their_tokens(tiny_llama):
+    """Slack 0 runs nothing ahead. With slack, step 1's idle rows fill the next prompts' trees; in step 2
+    their real requests accept draft tokens that only run-ahead content put there, while what the
+    requests emit (the training data) is token for token what they emit without run-ahead."""
+    # Drafts are all verified (no adaptive pruning), so a logged draft node is accepted iff emitted.
+    none = engine(tiny_llama, RunAheadOptions(slack=0.0), adaptive_drafts=False)
+    plain = look_ahead_then_serve(none, temperature=0.3)
     assert none.run_ahead.stats.tokens == 0
     # 10 ms per sequence-step, 1 ms per extra row: 5% of a 1-sequence step is half a row, 30% is three.
-    few = engine(tiny_llama, RunAheadOptions(slack=0.3))
-    rollouts(few, steps=1)
-    assert 0 < few.run_ahead.stats.tokens
+    few = engine(tiny_llama, RunAheadOptions(slack=0.3), adaptive_drafts=False)
+    log = DraftLog(few)
+    served = look_ahead_then_serve(few, temperature=0.3)
+    assert few.run_ahead.stats.tokens_upcoming > 0
+    assert log.accepted_from_run_ahead() > 0
+    assert few.stats()["draft_accepted"] > none.stats()["draft_accepted"]
+    # Run-ahead tokens never become output: the same tokens, ends, log-probs and token counts.
+    assert [(t, f) for t, _, f in served] == [(t, f) for t, _, f in plain]
+    for (_, a, _), (_, b, _) in zip(served, plain):
+        assert a == pytest.approx(b, abs=1e-9)
+    assert few.stats()["tokens"] == none.stats()["tokens"] == sum(len(t) for t, _, _ in served)
 
 
 def test_a_real_request_takes_the_slot_at_the_next_step(tiny_llama):
