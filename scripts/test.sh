@@ -3,8 +3,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# Snowflake's arctic-inference (the C++ SuffixDecoding drafter) builds from source in ~20 s; its tests
-# skip when it is missing, so a failed build costs coverage, not the run.
+. scripts/missing.sh
+# Snowflake's arctic-inference (the C++ SuffixDecoding drafter) builds from source in ~20 s.
 has_arctic() { .venv/bin/python -c "import arctic_inference.suffix_decoding" 2>/dev/null; }
-has_arctic || bash scripts/install_arctic.sh >/dev/null 2>&1 || echo "note: arctic-inference did not build; its tests will skip" >&2
+if ! has_arctic; then
+  log=$(mktemp)
+  bash scripts/install_arctic.sh >"$log" 2>&1 || { tail -n 30 "$log" >&2; missing "arctic-inference did not build (scripts/install_arctic.sh)"; }
+  rm -f "$log"
+fi
 exec .venv/bin/python -m pytest -n "${PYTEST_WORKERS:-auto}" --timeout 600 "$@"

@@ -7,6 +7,8 @@ import torch
 
 from srt_agent.models import load_model, load_tokenizer, tiny_random_model
 
+from require_all import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 - SRT_REQUIRE_ALL=1
+
 
 @pytest.fixture(scope="session")
 def smollm2():

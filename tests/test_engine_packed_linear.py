@@ -12,7 +12,7 @@ from srt_agent.engine import Engine, SamplingParams
 from srt_agent.engine.packed_linear import PackedLinear, linear_bytes, pack_model_linears, set_packing
 from srt_agent.models import tiny_random_model
 
-pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn)")
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="hardware: needs oneDNN (mkldnn)")
 
 
 def test_packed_model_matches_and_keeps_its_state_dict():

@@ -10,7 +10,7 @@ import pytest
 from srt_agent.tools.cgroup import CgroupLimiter
 
 LIMITER = CgroupLimiter.detect()
-pytestmark = pytest.mark.skipif(LIMITER is None, reason="no writable cgroup memory/pids controllers here")
+pytestmark = pytest.mark.skipif(LIMITER is None, reason="machine: no writable cgroup memory/pids controllers here")
 
 
 def test_group_gets_limits_and_processes_and_is_removed():

@@ -122,7 +122,7 @@ class TestSandboxed:
         assert LocalSandbox(timeout_s=5, memory_mb=200).run(code).status == "memory"
         assert LocalSandbox(timeout_s=5, memory_mb=600).run(code).stdout == "fits\n"
 
-    @pytest.mark.skipif(CgroupLimiter.detect() is None, reason="no writable cgroup memory/pids controllers here")
+    @pytest.mark.skipif(CgroupLimiter.detect() is None, reason="machine: no writable cgroup memory/pids controllers here")
     def test_memory_of_all_processes_together_is_capped(self):
         code = (
             "import os, sys, time\nkids = []\nfor _ in range(4):\n    pid = os.fork()\n    if pid == 0:\n"
