@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from srt_agent.agent.config import ConfigError, load_env_config
+from srt_agent.agent.controller import MultiTurnController
 from srt_agent.models import load_tokenizer, tiny_random_model
 from srt_agent.rl.checkpoint import find_checkpoint, load_checkpoint
+from srt_agent.rl.data import PromptSampler
 from srt_agent.rl.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +42,26 @@ def rollouts(out: Path, step: int) -> list[dict]:
     return [json.loads(line) for line in (out / "rollouts" / f"step-{step:06d}.jsonl").read_text().splitlines()]
 
 
-def test_grpo_run_trains_and_compares(tmp_path, tiny):
+def one_success_per_group(monkeypatch, never: set[str] = frozenset()) -> None:
+    """Determined rewards in place of ParityToolEnv's: sample 0 of each task scores 1 and the others 0
+    (a group of three scores {1, 0, 0}); tasks whose prompt is in `never` always score 0."""
+    run_episode = MultiTurnController.run_episode
+
+    async def episode(self, task, task_index=0, sample_index=0, seed=None):
+        traj = await run_episode(self, task, task_index, sample_index, seed)
+        traj.reward = float(sample_index == 0 and task.prompt[-1]["content"] not in never)
+        return traj
+
+    monkeypatch.setattr(MultiTurnController, "run_episode", episode)
+
+
+# GRPO's advantages of a group scoring {1, 0, 0}: (score - 1/3) / (std + 1e-6), std = sqrt(1/3).
+SUCCESS_ADVANTAGE = (2 / 3) / (3**-0.5 + 1e-6)
+FAILURE_ADVANTAGE = -(1 / 3) / (3**-0.5 + 1e-6)
+
+
+def test_grpo_run_trains_and_compares(tmp_path, tiny, monkeypatch):
+    one_success_per_group(monkeypatch)
     out = tmp_path / "run"
     before = {k: v.clone() for k, v in tiny.model.state_dict().items()}
     report = Trainer.from_env_file(env_file(tmp_path, kl_coef=0.01), out, loaded=tiny, compare=["none"]).run()
@@ -55,8 +76,12 @@ def test_grpo_run_trains_and_compares(tmp_path, tiny):
         assert m["srt/prefill_reused"] > 0  # siblings copy their group's prompt KV instead of computing it
         assert m["training/rollout_logprob_diff_mean"] < 1e-4
         assert m["perf/trained_tokens"] == m["srt/model_tokens"]
-        assert m["actor/kl_loss"] >= 0.0  # a KL loss to the frozen starting policy
-    assert any(m["critic/advantages/max"] > 0 for m in steps)
+        assert m["critic/score/mean"] == pytest.approx(1 / 3)
+        assert m["critic/advantages/max"] == pytest.approx(SUCCESS_ADVANTAGE)
+        assert m["critic/advantages/min"] == pytest.approx(FAILURE_ADVANTAGE)
+    # The KL loss to the frozen starting policy: nothing at step 1 (the policy is the reference), then positive.
+    assert steps[0]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-12)
+    assert steps[1]["actor/kl_loss"] > 1e-9
     # The engine got the new weights in memory: its model differs from the random start.
     assert any(not torch.equal(before[k], v) for k, v in tiny.model.state_dict().items())
     for name in ("report.json", "summary.md", "plots.png"):
@@ -91,13 +116,40 @@ def test_resumed_run_matches_an_uninterrupted_one(tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_dapo_filters_groups_without_signal_and_refills(tmp_path, tiny):
-    report = Trainer.from_env_file(env_file(tmp_path, algorithm="dapo", steps=1, max_sampling_rounds=2), tmp_path / "run", loaded=tiny).run()
+def test_dapo_filters_groups_without_signal_and_refills(tmp_path, tiny, monkeypatch):
+    """The first prompt of the step always scores 0: its group is dropped and a second round refills the
+    batch with the next prompt; only groups with unequal rewards are trained on."""
+    config = env_file(tmp_path, algorithm="dapo", steps=1, overlong_buffer=0)  # rewards are the scores
+    first = PromptSampler(load_env_config(config).dataset.tasks(), seed=0).next_batch(1)[0]
+    one_success_per_group(monkeypatch, never={first.prompt[-1]["content"]})
+    trained = []
+    samples = Trainer._samples
+
+    def spy(self, gen):
+        kept, filtered = samples(self, gen)
+        trained.extend(kept)
+        return kept, filtered
+
+    monkeypatch.setattr(Trainer, "_samples", spy)
+    out = tmp_path / "run"
+    report = Trainer.from_env_file(config, out, loaded=tiny).run()
     m = report["steps"][0]
     assert report["config"]["train"]["clip_ratio_high"] == 0.28
-    assert 1 <= m["training/sampling_rounds"] <= 2
-    kept = m["perf/trained_tokens"] > 0
-    assert kept or m["training/skipped_updates"] == 1.0
+    assert m["training/sampling_rounds"] == 2 and m["training/filtered_groups"] == 1
+    rows = rollouts(out, 1)
+    assert len(rows) == 9  # 2 prompts x 3 samples, then 1 refill prompt x 3
+    groups: dict = {}
+    for k, row in enumerate(rows):
+        groups.setdefault((int(k >= 6), row["task_index"]), []).append(row["reward"])
+    dropped = {g for g, rewards in groups.items() if len(set(rewards)) == 1}
+    assert [groups[g] for g in dropped] == [[0.0, 0.0, 0.0]]
+    kept: dict = {}
+    for s in trained:
+        kept.setdefault(s.group, []).append(s.reward)
+    assert kept.keys() == groups.keys() - dropped and len(kept) == 2
+    assert any(g[0] == 1 for g in kept)  # the refill round's group is trained on
+    assert all(sorted(rewards) == [0.0, 0.0, 1.0] for rewards in kept.values())
+    assert m["perf/trained_tokens"] == sum(s.trained_tokens for s in trained)
 
 
 def test_dapo_step_where_every_group_is_filtered_is_skipped(tmp_path, tiny, monkeypatch):
@@ -110,11 +162,25 @@ def test_dapo_step_where_every_group_is_filtered_is_skipped(tmp_path, tiny, monk
     assert m["training/sampling_rounds"] == 3
 
 
-def test_ppo_trains_a_value_head(tmp_path, tiny):
-    report = Trainer.from_env_file(env_file(tmp_path, algorithm="ppo", steps=1, mini_batches=2), tmp_path / "run", loaded=tiny).run()
+def test_ppo_trains_a_value_head(tmp_path, tiny, monkeypatch):
+    one_success_per_group(monkeypatch)
+    out = tmp_path / "run"
+    report = Trainer.from_env_file(env_file(tmp_path, algorithm="ppo", steps=1, mini_batches=2), out, loaded=tiny).run()
     m = report["steps"][0]
-    assert {"critic/vf_loss", "critic/returns/mean", "critic/values/mean", "actor/pg_clipfrac"} <= m.keys()
-    assert "value_head.weight" in load_checkpoint(tmp_path / "run")[0]["policy"]
+    rows = rollouts(out, 1)
+    tokens = [sum(r["response_mask"]) for r in rows]
+    success_share = sum(r["reward"] * n for r, n in zip(rows, tokens)) / sum(tokens)
+    # γ = λ = 1: every trained token returns its trajectory's reward; the zero-initialised head values 0.
+    assert m["critic/returns/mean"] == pytest.approx(success_share)
+    assert (m["critic/returns/min"], m["critic/returns/max"]) == (0.0, 1.0)
+    assert m["critic/values/mean"] == 0.0 and m["critic/values/max"] == 0.0 and m["critic/values/min"] == 0.0
+    assert m["critic/advantages/mean"] == pytest.approx(0.0, abs=1e-6)  # whitened
+    # 0.5 (V - R)^2 with V = 0 on the first mini-batch; the second starts one small AdamW step away.
+    assert m["critic/vf_loss"] == pytest.approx(0.5 * success_share, rel=0.05)
+    assert m["critic/vf_loss"] != 0.5 * success_share and m["critic/vpred_mean"] != 0.0
+    head = load_checkpoint(out)[0]["policy"]
+    assert head["value_head.bias"].item() > 0  # pulled up toward the positive returns
+    assert head["value_head.weight"].abs().sum() > 0
 
 
 def test_nan_loss_skips_the_optimizer_step(tmp_path, tiny, monkeypatch):
