@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -279,8 +281,10 @@ def verl_group_filter(monkeypatch):
     """verl's DAPO group filter (its V1 replay buffer's ``_dapo_filtered_keys``, metric "reward").
 
     The replay buffer stores trajectories in TransferQueue, a distributed store that is not installed
-    here: a stand-in module answers the one read the filter makes (each trajectory's reward tensor).
+    here: a stand-in module answers the one read the filter makes (each trajectory's reward tensor). The
+    buffer's source file is loaded on its own, so no other module ever sees the stand-in.
     """
+    import importlib.util
     import sys
     import types
 
@@ -288,16 +292,15 @@ def verl_group_filter(monkeypatch):
     tq = types.ModuleType("transfer_queue")
     tq.KVBatchMeta = type("KVBatchMeta", (), {})
     tq.kv_batch_get = lambda keys, partition_id, select_fields: {"rm_scores": [store[k] for k in keys]}
-    monkeypatch.setitem(sys.modules, "transfer_queue", tq)
-    for name in [m for m in sys.modules if m.startswith("verl.trainer.ppo.v1")]:
-        monkeypatch.delitem(sys.modules, name)
-    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
-
-    for name in [m for m in sys.modules if m.startswith("verl.trainer.ppo.v1")]:
-        monkeypatch.setitem(sys.modules, name, sys.modules[name])  # removed again after the test
+    path = Path(importlib.util.find_spec("verl").submodule_search_locations[0]) / "trainer" / "ppo" / "v1" / "replay_buffer.py"
+    spec = importlib.util.spec_from_file_location("verl_replay_buffer", path)
+    replay_buffer = importlib.util.module_from_spec(spec)
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "transfer_queue", tq)
+        spec.loader.exec_module(replay_buffer)
 
     def kept(rewards, groups) -> set:
-        buffer = ReplayBuffer("sync", {}, None, "drop", {}, refill_fn=lambda n: None, filter_groups_metric="reward")
+        buffer = replay_buffer.ReplayBuffer("sync", {}, None, "drop", {}, refill_fn=lambda n: None, filter_groups_metric="reward")
         store.clear()
         for i, (r, g) in enumerate(zip(rewards, groups)):
             key = f"{g}_{i}_0"
