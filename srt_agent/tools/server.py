@@ -192,18 +192,12 @@ def create_app(config: ServerConfig) -> FastAPI:
             sandbox = dataclasses.replace(sandbox, memory_mb=min(request.memory_limit_MB, config.max_memory_mb))
         timeout = min(request.run_timeout or sandbox.timeout_s, config.max_timeout_s)
         fetch = tuple(dict.fromkeys(request.fetch_files))
+        extra = {"files": files, "fetch_files": fetch, "language": RUNNABLE[request.language]}
+        extra = {key: value for key, value in extra.items() if value and value != "python"}  # plain runs: run(code, …)
         loop = asyncio.get_running_loop()
         try:
             result = await loop.run_in_executor(
-                pool,
-                lambda: sandbox.run(
-                    request.code,
-                    stdin=request.stdin or "",
-                    timeout_s=timeout,
-                    files=files,
-                    fetch_files=fetch,
-                    language=RUNNABLE[request.language],
-                ),
+                pool, lambda: sandbox.run(request.code, stdin=request.stdin or "", timeout_s=timeout, **extra)
             )
         except Exception as exc:  # noqa: BLE001 - the sandbox failed for this request only
             return _rejected(f"the sandbox failed: {type(exc).__name__}: {exc}")
@@ -263,14 +257,17 @@ async def _plain_error(send, status: int, message: str) -> None:
 
 @contextmanager
 def running_server(config: ServerConfig, *, host: str = "127.0.0.1", port: int | None = None) -> Iterator[str]:
-    """Serve in a background thread (on a free port unless given); yields the base URL."""
+    """Serve in a background thread (on a free port unless given); yields the base URL.
+
+    The thread runs asyncio's own event loop, which gives back all it opened when it stops (uvloop
+    keeps a pipe for the rest of the caller's process)."""
     import uvicorn
 
     if port is None:
         with socket.socket() as probe:
             probe.bind((host, 0))
             port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(config), host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(config), host=host, port=port, log_level="warning", loop="asyncio"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
