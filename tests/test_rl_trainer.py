@@ -99,23 +99,6 @@ def test_grpo_run_trains_and_compares(tmp_path, tiny, monkeypatch):
     assert state["step"] == 2 and "srt" in caches and state["reference"] is not None
 
 
-def test_resumed_run_matches_an_uninterrupted_one(tmp_path):
-    tokenizer = load_tokenizer("smollm2")
-    whole, part = tmp_path / "whole", tmp_path / "part"
-    config = env_file(tmp_path, steps=3)
-    Trainer.from_env_file(config, whole, loaded=tiny_random_model("llama", seed=0, tokenizer=tokenizer)).run()
-    Trainer.from_env_file(config, part, steps=2, loaded=tiny_random_model("llama", seed=0, tokenizer=tokenizer)).run()
-    resumed = Trainer.from_env_file(config, part, resume=part, loaded=tiny_random_model("llama", seed=0, tokenizer=tokenizer))
-    report = resumed.run()
-    assert [m["step"] for m in report["steps"]] == [1.0, 2.0, 3.0]
-    assert [r["response_ids"] for r in rollouts(whole, 3)] == [r["response_ids"] for r in rollouts(part, 3)]
-    a, b = (json.loads((d / "report.json").read_text())["steps"][2] for d in (whole, part))
-    for key in ("actor/pg_loss", "actor/grad_norm", "critic/advantages/max", "critic/score/mean"):
-        assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), key
-    wa, wb = (load_checkpoint(d)[0]["policy"] for d in (whole, part))
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
-
-
 def test_dapo_filters_groups_without_signal_and_refills(tmp_path, tiny, monkeypatch):
     """The first prompt of the step always scores 0: its group is dropped and a second round refills the
     batch with the next prompt; only groups with unequal rewards are trained on."""
@@ -212,26 +195,6 @@ def test_bad_input_is_a_clear_error(tmp_path, tiny):
         Trainer.from_env_file(env_file(tmp_path), blocked / "run", loaded=tiny).run()
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         find_checkpoint(tmp_path)
-
-
-def test_ctrl_c_during_generation_saves_the_last_finished_step(tmp_path, tiny, monkeypatch):
-    from srt_agent.rl.rollouts import PolicyRollouts
-
-    run = PolicyRollouts.run
-    calls = []
-
-    def interrupted(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:  # step 2's rollouts
-            raise KeyboardInterrupt
-        return run(self, *args, **kwargs)
-
-    monkeypatch.setattr(PolicyRollouts, "run", interrupted)
-    out = tmp_path / "run"
-    report = Trainer.from_env_file(env_file(tmp_path, steps=3, checkpoint_every=5), out, loaded=tiny).run()
-    assert report["interrupted"] and [m["step"] for m in report["steps"]] == [1.0]
-    state, _ = load_checkpoint(out)
-    assert state["step"] == 1 and state["sampler"]["index"] == 2  # step 2's prompts were not consumed
 
 
 def test_run_ahead_leaves_every_trajectory_and_training_figure_unchanged(tmp_path):
