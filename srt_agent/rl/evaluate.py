@@ -27,6 +27,11 @@ class ToolUseReport:
     mean_reward: float = 0.0
     intervals: dict[str, list[float]] = field(default_factory=dict)  # 95% interval per figure
 
+    def __post_init__(self) -> None:
+        if not self.intervals and self.trajectories:  # a report saved before intervals existed
+            self.intervals = {k: wilson_interval(round(getattr(self, k) * self.trajectories), self.trajectories)
+                              for k in ("tool_call_rate", "code_ok_rate", "accuracy")}
+
     def as_dict(self) -> dict:
         return asdict(self)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ..agent.config import ConfigError, EnvConfig, load_env_config
 from ..agent.datasets import arithmetic_tasks
@@ -309,7 +309,8 @@ class Trainer:
 
     def _run_with_progress(self, rollouts, drafter, tasks, seed, label, n: int | None = None, upcoming=None) -> RolloutRun:
         n = n or self.config.n_samples
-        columns = (TextColumn(f"[bold]{label}[/bold] ({drafter})"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        columns = (TextColumn(f"[bold]{label}[/bold] ({drafter})"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("eta"), TimeRemainingColumn())
         with Progress(*columns, console=self.console, transient=True) as progress:
             bar = progress.add_task("", total=len(tasks) * n)
             return rollouts.run(drafter, tasks, n, seed, on_done=lambda _: progress.advance(bar), upcoming=upcoming)
@@ -447,7 +448,7 @@ class Trainer:
             eos_token_ids=controller.eos_token_ids,
         )
         with Progress(TextColumn("[bold]cold start SFT[/bold]"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(),
+                      TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
                       console=self.console, transient=True) as progress:
             bar = progress.add_task("", total=None, loss=float("nan"))
 
