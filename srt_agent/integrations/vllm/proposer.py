@@ -20,8 +20,9 @@ What stays SRT:
 * every step's new tokens go into the tree at once, so running siblings draft from each other;
 * the trees outlive requests, steps and weight reloads, within the cache's byte budget; ``save``/``load``.
 
-vLLM 0.31 verifies token trees only in EAGLE's tree attention on GPU backends (``TreeAttentionBackend``);
-every CPU-capable proposer returns linear drafts, so this one proposes the tree's most frequent path.
+vLLM 0.31 verifies linear drafts only: it has no tree-attention backend and no ``speculative_token_tree``
+option left (earlier releases had both, for EAGLE on GPU), and every proposer returns a list of token ids
+per request. So this one proposes the tree's most frequent path (``chain=True``).
 
 Drafts are sized to the batch: a drafted token pays when its chance of acceptance exceeds what it costs to
 verify relative to the time a plain step spends per token, ``draft_token_ms * B / (step_fixed_ms +
