@@ -187,6 +187,14 @@ class TestWithoutBubblewrap:
         killed = sandbox.run("import os\nos.kill(os.getpid(), 9)")
         assert (killed.status, killed.exit_code) == ("killed", -9)
 
+    def test_unsandboxed_runs_get_and_give_back_files(self, no_bwrap_on_path):
+        with pytest.warns(RuntimeWarning, match="WITHOUT a sandbox"):
+            sandbox = LocalSandbox(timeout_s=5, allow_unsandboxed=True)
+        result = sandbox.run("open('out', 'w').write(open('d/in').read() * 2)", files={"d/in": b"ab"}, fetch_files=["out", "gone"])
+        assert (result.status, result.files) == ("ok", {"out": b"abab"}), result
+        bash = sandbox.run("printf %s \"$(<d/in)\"", files={"d/in": b"sh"}, language="bash")  # PATH: no cat
+        assert (bash.status, bash.stdout) == ("ok", "sh")
+
 
 def test_a_host_that_forbids_namespaces_fails_at_construction(monkeypatch):
     """A `bwrap` that cannot create namespaces (as where user namespaces are disabled) is caught up front."""

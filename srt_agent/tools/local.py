@@ -37,10 +37,9 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from collections.abc import Mapping, Sequence
 
 from .base import SandboxResult, SandboxUnavailable, is_memory_error
 from .cgroup import CgroupLimiter
@@ -163,9 +162,9 @@ class LocalSandbox:
     second. `python` picks the interpreter inside, an executable or a virtual environment's folder
     (default: the sandbox runtime when built, else the host's, or `/usr/bin/python3` when the per-run
     uid cannot read the host's); `pythonpath` lists extra host directories (e.g. a site-packages)
-    bound read-only and put on PYTHONPATH. Files fetched back are capped at `max_file_mb` together. `allow_unsandboxed=True` runs without
-    bubblewrap when it is missing: rlimits and timeouts only, no isolation at all (a program can
-    even kill the calling process).
+    bound read-only and put on PYTHONPATH. Files fetched back are capped at `max_file_mb` together.
+    `allow_unsandboxed=True` runs without bubblewrap when it is missing: rlimits and timeouts only, no
+    isolation at all (a program can even kill the calling process).
     """
 
     timeout_s: float = 10.0
