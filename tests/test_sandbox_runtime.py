@@ -48,6 +48,21 @@ def test_the_runtime_is_the_default_interpreter(sandbox, described):
     assert described["prefix"] == str(runtime_dir())
 
 
+def test_rollouts_and_training_use_it(tmp_path):
+    """`srt-agent rollout` and `train` build their interpreter from the env's tool config: the shipped
+    one runs on the runtime, and a config's `python:` picks another."""
+    from srt_agent.agent.toolconfig import load_tools
+
+    shipped = load_tools(REPOSITORY / "tools" / "code_interpreter.yaml")["code_interpreter"]
+    assert shipped.interpreter.sandbox.interpreter == runtime_python()
+    if not Path("/usr/bin/python3").is_file():
+        pytest.skip("no /usr/bin/python3 to choose instead")
+    config = (REPOSITORY / "tools" / "code_interpreter.yaml").read_text().replace("sandbox: local", "sandbox: local\n      python: /usr/bin/python3")
+    (tmp_path / "tools.yaml").write_text(config)
+    chosen = load_tools(tmp_path / "tools.yaml")["code_interpreter"]
+    assert chosen.interpreter.sandbox.interpreter == Path("/usr/bin/python3")
+
+
 def test_a_venv_folder_or_another_interpreter_can_be_chosen(monkeypatch):
     assert LocalSandbox(python=str(runtime_dir())).interpreter == runtime_dir() / "bin" / "python"
     monkeypatch.setenv(RUNTIME_ENV, "/nonexistent/runtime")
