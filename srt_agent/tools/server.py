@@ -158,12 +158,14 @@ def create_app(config: ServerConfig) -> FastAPI:
     @app.get("/v1/runtime")
     async def describe_runtime() -> dict:
         """What programs run with: languages, the sandbox's Python and its packages (as seen inside), limits."""
-        if not runtime:
-            result = await asyncio.get_running_loop().run_in_executor(pool, config.sandbox.run, DESCRIBE_PROGRAM)
-            python = json.loads(result.stdout) if result.ok else {"error": (result.stderr or result.status)[-2000:]}
+        if "python" not in runtime:  # asked inside the sandbox once, kept once it answered
+            run = lambda: config.sandbox.run(DESCRIBE_PROGRAM, timeout_s=max(config.sandbox.timeout_s, 30.0))  # noqa: E731
+            result = await asyncio.get_running_loop().run_in_executor(pool, run)
+            if not result.ok:
+                raise HTTPException(503, f"the sandbox could not report its runtime ({result.status}): {result.stderr[-2000:]}")
             runtime.update(
                 languages=sorted(RUNNABLE),
-                python=python,
+                python=json.loads(result.stdout),
                 sandboxed=config.sandbox.sandboxed,
                 limits={
                     "default_timeout_s": config.sandbox.timeout_s, "max_timeout_s": config.max_timeout_s,
