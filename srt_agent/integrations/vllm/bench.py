@@ -146,7 +146,8 @@ def workload(model: str = "smollm2", methods: tuple[str, ...] = ("none", "ngram"
 
     All methods' engines live in this process together, and each epoch runs every method once, in a rotating
     order, so load drift on the machine falls on all of them alike; the epochs repeat the same requests, as RL
-    steps do (srt calls ``end_step`` after each).
+    steps do (srt calls ``end_step`` after each). With ngram among the methods, call it once per process:
+    vLLM 0.31 cannot build another engine in a process after an ngram one (see below).
     """
     from . import srt_proposer
 
