@@ -69,6 +69,11 @@ class TestFiles:
         result = sandbox.run(code, fetch_files=["a.txt", "/mnt/b", "never_written", "folder"])
         assert result.files == {"a.txt": b"secret", "/mnt/b": b"sauce"}, result
 
+    def test_fetching_a_fifo_or_a_device_skips_it(self, sandbox):
+        code = "import os\nos.mkfifo('pipe')\nos.symlink('/dev/zero', 'zeros')\nopen('ok', 'w').write('ok')"
+        result = sandbox.run(code, fetch_files=["pipe", "zeros", "ok"])
+        assert (result.status, result.files) == ("ok", {"ok": b"ok"}), result
+
     def test_fetch_keeps_the_programs_exit_code(self, sandbox):
         result = sandbox.run("open('out', 'w').write('partial')\nraise SystemExit(3)", fetch_files=["out"])
         assert (result.status, result.exit_code, result.files) == ("error", 3, {"out": b"partial"})

@@ -37,13 +37,22 @@ if pid == 0:
 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 found, total = {}, 0
 for name, path in names:
+    chunks, want = [], limit - total + 1
     try:
-        with open(path, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                continue
-            data = handle.read(limit - total + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO left in place must not block
     except OSError:
         continue
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            continue
+        while want > 0 and (chunk := os.read(fd, min(want, 1 << 20))):
+            chunks.append(chunk)
+            want -= len(chunk)
+    except OSError:
+        continue
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
     if total + len(data) <= limit:
         total += len(data)
         found[name] = base64.b64encode(data).decode()
