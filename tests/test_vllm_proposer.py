@@ -181,3 +181,35 @@ def test_the_temperature_fix_writes_expanded_floats():
     cpu_triton_utils._expand_kernel_impl(ints, *args)
     expand_reference(reference, *args)
     assert ints.tolist() == reference.tolist() == [7, 9, 9, 9]
+
+
+def test_speculative_configs_and_the_proposers_options_travel_in_the_environment(monkeypatch):
+    from srt_agent.integrations.vllm import PROPOSER_CLASS, speculative_config
+
+    monkeypatch.delenv("SRT_VLLM_PROPOSER", raising=False)
+    assert speculative_config("none", 4) is None
+    assert speculative_config("ngram", 4)["prompt_lookup_max"] == 4
+    assert speculative_config("srt", 5, policy="always", max_held=7) == {
+        "method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": 5}
+    assert ProposerOptions.from_env() == ProposerOptions(policy="always", max_held=7)
+    with pytest.raises(ValueError, match="policy"):
+        speculative_config("srt", 4, policy="sometimes")
+    with pytest.raises(ValueError, match="unknown speculative method"):
+        speculative_config("eagle", 4)
+
+
+def test_cpu_and_preload_environments():
+    import os
+    import sys
+    from pathlib import Path
+
+    from srt_agent.integrations.vllm import PRELOAD_LIBS, cpu_env, preload_env
+
+    first = min(os.sched_getaffinity(0))
+    assert cpu_env(threads=1, kv_cache_gib=3) == {
+        "VLLM_CPU_OMP_THREADS_BIND": str(first), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    libs = [p for p in (str(Path(sys.prefix) / "lib" / PRELOAD_LIBS[0]), PRELOAD_LIBS[1]) if Path(p).exists()]
+    env = preload_env({"PATH": "/bin"})
+    assert (env is None) == (not libs) and (env is None or env["LD_PRELOAD"] == ":".join(libs))
+    assert preload_env({"LD_PRELOAD": ":".join(libs)}) is None
