@@ -8,8 +8,10 @@ import base64
 import socket
 import subprocess
 import sys
+from pathlib import Path
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -46,10 +48,17 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def endpoint():
     """The server, started through the CLI on a free loopback port."""
+    options = ["--workers", str(WORKERS), "--max-timeout-s", str(MAX_TIMEOUT_S), "--timeout-s", str(DEFAULT_TIMEOUT_S)]
+    options += ["--max-output-bytes", str(MAX_OUTPUT), "--memory-mb", "256", "--max-memory-mb", str(MAX_MEMORY_MB)]
+    with cli_server(options) as url:
+        yield url
+
+
+@contextmanager
+def cli_server(options: list[str]):
+    """`srt-agent sandbox serve` with `options` on a free loopback port; yields its URL."""
     port = free_port()
-    argv = [sys.executable, "-m", "srt_agent.cli", "sandbox", "serve", "--port", str(port), "--workers", str(WORKERS)]
-    argv += ["--max-timeout-s", str(MAX_TIMEOUT_S), "--timeout-s", str(DEFAULT_TIMEOUT_S)]
-    argv += ["--max-output-bytes", str(MAX_OUTPUT), "--memory-mb", "256", "--max-memory-mb", str(MAX_MEMORY_MB)]
+    argv = [sys.executable, "-m", "srt_agent.cli", "sandbox", "serve", "--port", str(port), *options]
     server = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -285,6 +294,13 @@ class TestRawHttp:
         assert report["python"]["version"].count(".") == 2 and report["limits"]["max_timeout_s"] == MAX_TIMEOUT_S
         if runtime_python() is not None:
             assert report["python"]["executable"] == str(runtime_python()) and "sympy" in report["python"]["packages"]
+
+    @pytest.mark.skipif(not Path("/usr/bin/python3").is_file(), reason="no /usr/bin/python3 to choose")
+    def test_serve_python_picks_the_interpreter(self):
+        with cli_server(["--python", "/usr/bin/python3"]) as url:
+            report = httpx.get(f"{url}/v1/runtime", timeout=30).json()
+            body = post(url, code="import sys\nprint(sys.executable)")
+        assert report["python"]["executable"] == body["run_result"]["stdout"].strip() == "/usr/bin/python3"
 
     def test_our_client_sends_and_fetches_files(self, endpoint):
         client = SandboxFusionSandbox(endpoint, timeout_s=10)
