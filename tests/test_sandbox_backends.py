@@ -158,7 +158,16 @@ class TestSandboxFusionResponses:
     def test_srt_status_is_taken_when_present(self):
         body = {**finished("x" * 10, code=-9, status="Failed"), "srt_status": "output_limit", "truncated": True}
         result = result_from_response(body, 0.1)
-        assert (result.status, result.truncated) == ("output_limit", True)
+        assert (result.status, result.truncated, result.exit_code) == ("output_limit", True, None)
+
+    def test_fetched_files_are_decoded(self):
+        body = {**finished(""), "files": {"out.bin": "AAH/", "a.txt": ""}}
+        assert result_from_response(body, 0.1).files == {"out.bin": b"\x00\x01\xff", "a.txt": b""}
+
+    @pytest.mark.parametrize("files", [["a"], {"a": 1}, {"a": "a"}])
+    def test_files_that_are_not_base64_are_not_a_response(self, files):
+        with pytest.raises(ValueError, match="files"):
+            result_from_response({**finished(""), "files": files}, 0.1)
 
 
 class TestDocker:
