@@ -89,6 +89,15 @@ class TestFiles:
         result = sandbox.run("open('a', 'w').write('x')\nimport time\ntime.sleep(30)", fetch_files=["a"], timeout_s=1)
         assert (result.status, result.files) == ("timeout", {})
 
+    def test_hostile_programs_that_fetch_stay_contained(self, sandbox):
+        """With fetch_files the program runs under a collector; killing it or flooding only hurts the run."""
+        kill = sandbox.run("import os\nopen('a', 'w').write('x')\nos.kill(os.getppid(), 9)", fetch_files=["a"])
+        bomb = sandbox.run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", fetch_files=["a"], timeout_s=2)
+        flood = sandbox.run("while True:\n    print('spam')", fetch_files=["a"])
+        assert (kill.status, kill.exit_code, kill.files) == ("killed", -9, {}), kill
+        assert (bomb.status, bomb.files) == ("timeout", {}) and (flood.status, flood.files) == ("output_limit", {})
+        assert sandbox.run("print('next')").stdout == "next\n"
+
     def test_files_are_private_to_their_run(self, sandbox):
         sandbox.run("print(1)", files={"mine": b"x"})
         assert sandbox.run("import os\nprint(os.listdir('.'))").stdout == "[]\n"
