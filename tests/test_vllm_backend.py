@@ -211,8 +211,11 @@ def test_training_with_vllm_reaches_the_engines_and_compares_with_none(tmp_path,
         "train: {steps: 2, prompts_per_step: 2, lr: 1.0e-3, micro_batch_tokens: 256}\n"
     )
     loaded = load_model(str(model_dir), dtype=torch.float32, device="cpu")
+    start = {k: v.clone() for k, v in loaded.model.state_dict().items()}
     report = Trainer(load_env_config(path), tmp_path / "run", loaded=loaded, compare=["none"]).run()
     assert report["backend"] == "vllm"
+    # The inference copy holds the served policy too (a cold start's Policy is built from it).
+    assert any(not torch.equal(start[k], v) for k, v in loaded.model.state_dict().items())
     for m in report["steps"]:
         assert m["training/rollout_logprob_diff_max"] < 1e-3
         assert 0 <= m["compare/none/identical"] <= 1 and m["compare/none/gen_s"] > 0

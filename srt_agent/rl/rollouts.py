@@ -141,10 +141,16 @@ class PolicyRollouts:
         return control
 
     def update_weights(self, weights: dict[str, torch.Tensor]) -> float:
-        """Load new policy weights into every backend (in memory, in place); returns seconds."""
+        """Load new policy weights into every backend (in memory, in place); returns seconds.
+
+        `loaded`'s module gets them too: our engine runs on it, and a new `Policy` starts from it (after
+        the cold start), so it must hold the rollout policy whichever backend serves the rollouts."""
         start = time.perf_counter()
         for name in self.controllers:
             self.backend(name).update_weights(weights)
+        if all(self.backend(name).name != "engine" for name in self.controllers):
+            with torch.no_grad():
+                self.loaded.model.load_state_dict(weights, strict=True)
         return time.perf_counter() - start
 
     def end_step(self) -> None:
