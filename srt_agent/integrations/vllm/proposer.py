@@ -27,8 +27,9 @@ per request. So this one proposes the tree's most frequent path (``chain=True``)
 Drafts are sized to the batch: a drafted token pays when its chance of acceptance exceeds what it costs to
 verify relative to the time a plain step spends per token, ``draft_token_ms * B / (step_fixed_ms +
 step_row_ms * B)`` at batch B (the cost model measured by :func:`~.bench.verification_cost`). The chance is
-the token's path frequency in the tree times a calibration factor, the ratio of tokens accepted to tokens
-expected so far. At batch 1 that bar is low; at a large batch it is high enough that nothing is drafted.
+the token's path frequency in the tree times a calibration factor for its depth in the draft, the ratio of
+tokens accepted to tokens expected at that depth so far (a tree that holds one rollout scores every depth
+1.0, while real acceptance decays with depth). At batch 1 that bar is low; at a large batch it is high enough that nothing is drafted.
 
 A failure inside the proposer never reaches vLLM: the request it happened for gets no draft (and no more
 tree inserts), the fault is counted in ``stats()["faults"]``, and every other request goes on.
@@ -40,7 +41,7 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -68,7 +69,7 @@ class ProposerOptions:
     step_fixed_ms: float = 30.0  # cost model of a decode step: fixed part,
     step_row_ms: float = 2.5  # per sequence in the batch,
     draft_token_ms: float = 2.5  # per drafted token verified
-    calibration_prior: float = 16.0  # expected tokens of prior belief that the tree's frequencies are right
+    calibration_prior: float = 16.0  # tokens of prior belief, per draft depth, that the tree's frequencies are right
     trees: str | None = None  # a saved cache to start from
 
     def __post_init__(self) -> None:
@@ -94,8 +95,7 @@ class _Request:
     cache_id: int  # the sequence's id in the RolloutCache (kept across a trajectory's turns)
     key: str
     tokens: list[int]  # everything stored so far: prompt, responses, tool outputs
-    drafted: int = 0  # the last draft's length and expected acceptance, settled at the next step
-    expected: float = 0.0
+    scores: list[float] = field(default_factory=list)  # the last draft's path frequencies, settled next step
 
 
 def check_seam() -> None:
@@ -143,6 +143,8 @@ class SRTProposer:
         self._stats = dict(steps=0, requests=0, continuations=0, drafted=0, accepted=0, expected=0.0,
                            rows=0, rows_drafted=0, faults=0)
         self.threshold = 0.0
+        self._depth_accepted = [0] * self.k  # per draft depth: tokens accepted, and the tree's expectation
+        self._depth_expected = [0.0] * self.k
 
     # ---- vLLM's interface ------------------------------------------------------------------------
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -228,10 +230,10 @@ class SRTProposer:
         o = self.options
         return o.draft_token_ms * batch / (o.step_fixed_ms + o.step_row_ms * batch)
 
-    def calibration(self) -> float:
-        """Tokens accepted per token expected from the tree's frequencies (prior: 1)."""
+    def calibration(self) -> list[float]:
+        """Per draft depth: tokens accepted per token expected from the tree's frequencies (prior: 1)."""
         prior = self.options.calibration_prior
-        return (self._stats["accepted"] + prior) / (self._stats["expected"] + prior)
+        return [(a + prior) / (e + prior) for a, e in zip(self._depth_accepted, self._depth_expected)]
 
     def _draft(self, req: _Request, row: int, n: int, token_ids: np.ndarray) -> list[int]:
         budget = min(self.k, self.max_model_len - n - 1)
@@ -241,20 +243,22 @@ class SRTProposer:
         draft = self.cache.draft_request(req.cache_id, context, budget, chain=True, min_prob=self.options.min_prob)
         scale = self.calibration()
         keep = 0
-        while keep < len(draft) and draft.scores[keep] * scale >= self.threshold:
+        while keep < len(draft) and draft.scores[keep] * scale[keep] >= self.threshold:
             keep += 1
-        req.drafted, req.expected = keep, float(sum(draft.scores[:keep]))
+        req.scores = draft.scores[:keep]
         self._stats["rows"] += 1
         self._stats["rows_drafted"] += keep > 0
         return draft.token_ids[:keep]
 
     def _settle(self, req: _Request, accepted: int) -> None:
         """Count how much of the request's last draft was accepted."""
-        if req.drafted:
-            self._stats["drafted"] += req.drafted
-            self._stats["accepted"] += max(0, min(accepted, req.drafted))
-            self._stats["expected"] += req.expected
-            req.drafted, req.expected = 0, 0.0
+        for depth, score in enumerate(req.scores):
+            self._depth_expected[depth] += score
+            self._depth_accepted[depth] += depth < accepted
+        self._stats["drafted"] += len(req.scores)
+        self._stats["accepted"] += max(0, min(accepted, len(req.scores)))
+        self._stats["expected"] += sum(req.scores)
+        req.scores = []
 
     def _fault(self, rid: str | None, row: int | None) -> None:
         self._stats["faults"] += 1
