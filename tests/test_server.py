@@ -37,6 +37,7 @@ WORKERS = 6
 MAX_TIMEOUT_S = 6.0
 DEFAULT_TIMEOUT_S = 1.5
 MAX_MEMORY_MB = 384
+MEMORY_TIMEOUT_S = 120.0
 
 
 def free_port() -> int:
@@ -78,16 +79,24 @@ def cli_server(options: list[str]):
         server.wait(timeout=10)
 
 
-def post(endpoint: str, **body) -> dict:
-    response = httpx.post(f"{endpoint}/run_code", json={"language": "python", **body}, timeout=30)
+def post(endpoint: str, http_timeout_s: float = 30, **body) -> dict:
+    response = httpx.post(f"{endpoint}/run_code", json={"language": "python", **body}, timeout=http_timeout_s)
     assert response.status_code == 200, response.text
     return response.json()
 
 
+@pytest.fixture(scope="module")
+def memory_endpoint():
+    """A server for the memory-limit tests, whose runs may take up to MEMORY_TIMEOUT_S: what they check must not
+    hinge on the wall clock (writing a 250 MB array took 0.2 s idle, over the 1.5 s default with both cores busy,
+    up to 4 s at a load average of 15)."""
+    options = ["--memory-mb", "256", "--max-memory-mb", str(MAX_MEMORY_MB), "--max-timeout-s", str(MEMORY_TIMEOUT_S)]
+    with cli_server(options) as url:
+        yield url
+
+
 def run_for_memory(endpoint: str, code: str, **body) -> dict:
-    """Run `code` with the server's longest run time: what a memory test checks must not hinge on the
-    wall clock (writing a 250 MB array took 0.2 s idle and over DEFAULT_TIMEOUT_S on a loaded machine)."""
-    return post(endpoint, code=code, run_timeout=MAX_TIMEOUT_S, **body)
+    return post(endpoint, MEMORY_TIMEOUT_S + 30, code=code, run_timeout=MEMORY_TIMEOUT_S, **body)
 
 
 @pytest.fixture(scope="module")
@@ -217,19 +226,19 @@ class TestRawHttp:
         assert (run["status"], run["return_code"], run["stdout"], run["stderr"]) == ("Finished", 0, "out\n", "err\n")
         assert run["execution_time"] > 0 and body["srt_status"] == "ok"
 
-    def test_memory_limit_per_request(self, endpoint):
+    def test_memory_limit_per_request(self, memory_endpoint):
         code = "x = bytearray(250 << 20)\nprint('fits')"
-        small = run_for_memory(endpoint, code, memory_limit_MB=128)
-        large = run_for_memory(endpoint, code, memory_limit_MB=MAX_MEMORY_MB)
-        default = run_for_memory(endpoint, code)  # the server's --memory-mb 256: no room beside a 250 MB array
+        small = run_for_memory(memory_endpoint, code, memory_limit_MB=128)
+        large = run_for_memory(memory_endpoint, code, memory_limit_MB=MAX_MEMORY_MB)
+        default = run_for_memory(memory_endpoint, code)  # the server's --memory-mb 256: no room beside a 250 MB array
         assert small["srt_status"] == "memory" and "MemoryError" in small["run_result"]["stderr"], small
         assert large["srt_status"] == "ok" and large["run_result"]["stdout"] == "fits\n", large
         assert default["srt_status"] == "memory", default
 
-    def test_memory_limit_is_capped_by_the_server(self, endpoint):
+    def test_memory_limit_is_capped_by_the_server(self, memory_endpoint):
         """A request asking for 64 GB runs under --max-memory-mb; just below the cap still fits."""
-        above = run_for_memory(endpoint, f"x = bytearray({MAX_MEMORY_MB + 64} << 20)\nprint('fits')", memory_limit_MB=65536)
-        below = run_for_memory(endpoint, f"x = bytearray({MAX_MEMORY_MB - 160} << 20)\nprint('fits')", memory_limit_MB=65536)
+        above = run_for_memory(memory_endpoint, f"x = bytearray({MAX_MEMORY_MB + 64} << 20)\nprint('fits')", memory_limit_MB=65536)
+        below = run_for_memory(memory_endpoint, f"x = bytearray({MAX_MEMORY_MB - 160} << 20)\nprint('fits')", memory_limit_MB=65536)
         assert above["srt_status"] == "memory" and "MemoryError" in above["run_result"]["stderr"], above
         assert below["srt_status"] == "ok" and below["run_result"]["stdout"] == "fits\n", below
 
