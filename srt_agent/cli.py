@@ -516,6 +516,43 @@ def bench_paper(
             console.print(f"wrote {path}")
 
 
+@bench_app.command("vllm")
+def bench_vllm(
+    env_file: Path = typer.Option(Path("envs/retool_train.yaml"), "--env", help="Env config (YAML) whose RL steps are measured."),
+    batch: list[int] = typer.Option([16, 1], "--batch", min=1, help="Sequences each engine runs at once (one RL run per value)."),
+    method: list[str] = typer.Option([], "--method", help="Methods (default: all): vllm:none, vllm:ngram, vllm:suffix, vllm:srt, engine:none, engine:srt."),
+    steps: int = typer.Option(4, min=1, help="RL steps per run."),
+    prompts: int = typer.Option(4, min=1, help="Prompts per step."),
+    samples: int = typer.Option(4, min=1, help="Samples per prompt (a GRPO group)."),
+    dataset_n: int = typer.Option(8, min=1, help="Distinct prompts (fewer than steps × prompts: prompts come back)."),
+    model: Optional[str] = typer.Option(None, help="Override the config's model."),
+    out: Path = typer.Option(Path("runs/bench-vllm"), help="Run folders, one per batch size."),
+    set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set max_turns=2 (repeatable)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here (also after every run)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of generation time per step here."),
+):
+    """vLLM (none, ngram, suffix, SRT as its proposer) and our engine (none, SRT) in the same RL steps."""
+    from .agent.config import ConfigError
+    from .bench.vllm import METHODS, VLLMBenchConfig, plot_vllm, run_vllm_bench, vllm_table
+    from .tools import SandboxUnavailable
+
+    config = VLLMBenchConfig(
+        env=str(env_file), batches=tuple(batch), methods=tuple(method) if method else tuple(m.name for m in METHODS),
+        steps=steps, prompts_per_step=prompts, samples=samples, dataset_n=dataset_n, model=model, out=str(out),
+        overrides=list(set_),
+    )
+    try:
+        result = run_vllm_bench(config, log=lambda line: console.print(line, highlight=False),
+                                on_batch=lambda partial: write_json(partial, json_path))
+    except (ConfigError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2)
+    console.print(vllm_table(result), markup=False, highlight=False, soft_wrap=True)
+    write_json(result, json_path)
+    if plot is not None:
+        console.print(f"wrote {plot_vllm(result, plot)}")
+
+
 @bench_app.command("replay")
 def bench_replay(
     trace: Path = typer.Argument(..., help="A rollout trace (bench ablation writes them under OUT/traces/)."),

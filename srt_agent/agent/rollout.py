@@ -120,7 +120,7 @@ def build_controller(
         tools = load_tools(config.tools, config.interpreter) if config.tools is not None else {}
     env_class = env_class or config.env_class()
     loaded = loaded or load_model(model or config.model, device=config.engine.device)
-    backend = make_backend(config, loaded, drafter, run_ahead, model, log)
+    backend = make_backend(config, loaded, drafter, run_ahead, log)
     return MultiTurnController(
         engine=backend,
         tokenizer=loaded.tokenizer,

@@ -41,7 +41,7 @@ def choose_backend(requested: str, drafter: str, run_ahead: bool = False) -> tup
     return "vllm", "engine.backend: auto, and vLLM is installed"
 
 
-def make_backend(config, loaded, drafter: str | None = None, run_ahead=None, model: str | None = None,
+def make_backend(config, loaded, drafter: str | None = None, run_ahead=None,
                  log: Callable[[str], None] | None = None) -> RolloutBackend:
     """The backend the env config asks for, serving `loaded` with `drafter` (default: the config's);
     `log` gets one line saying which backend runs and why."""
@@ -52,7 +52,7 @@ def make_backend(config, loaded, drafter: str | None = None, run_ahead=None, mod
     else:
         from .vllm import vllm_backend
 
-        made = vllm_backend(config, loaded, drafter, model)
+        made = vllm_backend(config, loaded, drafter)
     if log is not None:
         log(f"backend for {drafter}: {made.describe()} ({why})")
     return made

@@ -377,16 +377,16 @@ def _vllm_version() -> str:
     return getattr(vllm, "__version__", "?")
 
 
-def vllm_backend(config, loaded, drafter: str | None = None, model: str | None = None) -> VLLMBackend:
+def vllm_backend(config, loaded, drafter: str | None = None) -> VLLMBackend:
     """vLLM for env config `config` (``engine:`` and ``engine.vllm:``) serving `loaded`'s model: the
-    directory it was loaded from, else the model directory of `model` (default: the config's)."""
-    from ..integrations.vllm import vllm_model_dir
+    directory it was loaded from, else a directory saved from `loaded` itself."""
+    from ..integrations.vllm.models import loaded_model_dir
 
     e = config.engine
     drafter = drafter or e.drafter
     check_vllm_drafter(drafter)
     source = str(getattr(loaded, "source", "")).partition(":")[2]
-    model_dir = Path(source) if source and (Path(source) / "config.json").exists() else vllm_model_dir(model or config.model)
+    model_dir = Path(source) if source and (Path(source) / "config.json").exists() else loaded_model_dir(loaded)
     engine = VLLMEngine(
         model_dir, loaded.tokenizer, loaded.eos_token_ids, drafter=drafter, max_batch=e.max_batch,
         max_context=e.max_context, speculative_tokens=e.vllm.speculative_tokens, enforce_eager=e.vllm.enforce_eager,

@@ -48,11 +48,16 @@ def tiny_model_dir(
     )
     with torch.no_grad():
         loaded.model.get_output_embeddings().weight.mul_(logit_scale)
+    return _saved(loaded, target)
+
+
+def _saved(loaded, target: Path) -> Path:
+    """Save `loaded`'s model and tokenizer as an HF directory at `target`, atomically (once)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=".model-", dir=target.parent))
     try:
         loaded.model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        loaded.tokenizer.save_pretrained(tmp)
         try:
             os.replace(tmp, target)
         except OSError:  # another process saved it first
@@ -61,3 +66,25 @@ def tiny_model_dir(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+
+
+def loaded_model_dir(loaded) -> Path:
+    """An HF directory holding exactly `loaded`'s weights (saved once per content, under the user cache),
+    for a model that was not loaded from one (e.g. ``tiny-<arch>``): vLLM must serve the policy the
+    trainer trains, not another random model of the same name."""
+    config = loaded.model.config
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head not in VLLM_CPU_HEAD_SIZES:
+        raise ValueError(f"vLLM's CPU attention runs head sizes {VLLM_CPU_HEAD_SIZES}; {loaded.name} has {head} "
+                         "(use a model directory, e.g. srt_agent.integrations.vllm.tiny_model_dir())")
+    digest = hashlib.sha256()
+    for name, tensor in sorted(loaded.model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().float().cpu().numpy().tobytes())
+    target = cache_root() / "vllm-models" / f"{loaded.name}-{digest.hexdigest()[:12]}"
+    if (target / "config.json").exists():
+        return target
+    return _saved(loaded, target)
