@@ -5,9 +5,9 @@
 # /usr/bin/python3 when present: a sandbox started by root runs as an unprivileged uid that must be
 # able to read the interpreter, which a pyenv or home-directory Python is not.
 set -euo pipefail
+RUNTIME=$(realpath -m "${SRT_SANDBOX_RUNTIME:-$(dirname "$0")/../.sandbox-venv}")  # relative: to where it is run from
 cd "$(dirname "$0")/.."
 REQUIREMENTS=srt_agent/tools/sandbox_runtime.txt
-RUNTIME=${SRT_SANDBOX_RUNTIME:-.sandbox-venv}
 BASE=${SANDBOX_BASE_PYTHON:-$(command -v /usr/bin/python3 || command -v python3)}
 STAMP="$RUNTIME/srt-requirements.txt"
 if [ -x "$RUNTIME/bin/python" ] && cmp -s "$REQUIREMENTS" "$STAMP"; then
