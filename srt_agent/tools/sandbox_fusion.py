@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import httpx
 
 from .base import SANDBOX_STATUSES, SandboxResult, SandboxStatus, is_memory_error
-from .files import encode_files
 
 DEFAULT_ENDPOINT = "http://localhost:8080"
 
@@ -117,7 +116,7 @@ class SandboxFusionSandbox:
             "stdin": stdin,
         }
         if files:
-            payload["files"] = {name: None if data is None else encode_files({name: data})[name] for name, data in files.items()}
+            payload["files"] = {name: None if data is None else base64.b64encode(data).decode() for name, data in files.items()}
         if fetch_files:
             payload["fetch_files"] = list(fetch_files)
         start = time.monotonic()
