@@ -56,7 +56,7 @@ def test_rollouts_and_training_use_it(tmp_path):
     shipped = load_tools(REPOSITORY / "tools" / "code_interpreter.yaml")["code_interpreter"]
     assert shipped.interpreter.sandbox.interpreter == runtime_python()
     if not Path("/usr/bin/python3").is_file():
-        pytest.skip("no /usr/bin/python3 to choose instead")
+        pytest.skip("machine: no /usr/bin/python3 to choose instead")
     config = (REPOSITORY / "tools" / "code_interpreter.yaml").read_text().replace("sandbox: local", "sandbox: local\n      python: /usr/bin/python3")
     (tmp_path / "tools.yaml").write_text(config)
     chosen = load_tools(tmp_path / "tools.yaml")["code_interpreter"]

@@ -304,7 +304,7 @@ class TestRawHttp:
         if runtime_python() is not None:
             assert report["python"]["executable"] == str(runtime_python()) and "sympy" in report["python"]["packages"]
 
-    @pytest.mark.skipif(not Path("/usr/bin/python3").is_file(), reason="no /usr/bin/python3 to choose")
+    @pytest.mark.skipif(not Path("/usr/bin/python3").is_file(), reason="machine: no /usr/bin/python3 to choose")
     def test_serve_python_picks_the_interpreter(self):
         with cli_server(["--python", "/usr/bin/python3"]) as url:
             report = httpx.get(f"{url}/v1/runtime", timeout=30).json()
