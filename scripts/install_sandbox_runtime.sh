@@ -20,4 +20,9 @@ PIP_DISABLE_PIP_VERSION_CHECK=1 "$PIP_PYTHON" -m pip --python "$RUNTIME/bin/pyth
   --only-binary=:all: -r "$REQUIREMENTS"
 cp "$REQUIREMENTS" "$STAMP"
 chmod -R a+rX "$RUNTIME"
+if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null 2>&1 \
+  && ! setpriv --reuid=65534 --regid=65534 --clear-groups test -r "$RUNTIME/pyvenv.cfg"; then
+  echo "note: other users cannot reach $RUNTIME (a folder above it lacks o+x): sandboxes started by root run" \
+    "each program as its own uid and will not use it; build it elsewhere with SRT_SANDBOX_RUNTIME=<path>" >&2
+fi
 echo "sandbox runtime ready: $RUNTIME/bin/python"
