@@ -8,7 +8,12 @@ varies on.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from srt_agent.agent.retool import ReToolEnv
+
+ROOT = Path(__file__).resolve().parents[1]
 
 FORCED_CALL = "<code>\n```python\nprint(6 * 7)\n```\n</code>"
 
@@ -21,3 +26,18 @@ class ParityToolEnv(ReToolEnv):
 
     def score(self) -> float:
         return float(sum(map(ord, self.model_text)) % 2 == 0)
+
+
+def tiny_env_file(tmp_path: Path, file_name: str = "tiny.yaml", **train) -> Path:
+    """An env config for the trainer tests: ParityToolEnv on the tiny Llama, 4 prompts, 3 samples, short
+    turns; `train` is its ``train:`` section."""
+    path = tmp_path / file_name
+    path.write_text(
+        "name: tiny\nenv: rl_envs.ParityToolEnv\nmodel: tiny-llama\n"
+        f"tools: {ROOT / 'tools' / 'code_interpreter.yaml'}\n"
+        "dataset: {n: 4, seed: 1}\nn_samples: 3\nmax_turns: 2\nmax_tokens_per_turn: 6\nmax_response_tokens: 80\n"
+        "sampling: {temperature: 1.0, seed: 3}\nengine: {max_batch: 8, max_context: 512, calibrate: false}\n"
+        "cold_start: {enabled: false, eval_tasks: 0}\n"
+        f"train: {json.dumps(train)}\n"
+    )
+    return path

@@ -37,7 +37,7 @@ def test_a_run_reports_held_out_figures_before_and_after_rl(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     config = env_file(tmp_path, "grpo")
-    text = config.read_text().replace("cold_start: {enabled: false}", "cold_start: {enabled: false, eval_tasks: 4}")
+    text = config.read_text().replace("eval_tasks: 0", "eval_tasks: 4")
     config.write_text(text.replace('"steps": 3', '"steps": 1'))
     out = tmp_path / "run"
     report = Trainer.from_env_file(config, out, loaded=tiny()).run()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rl_envs import tiny_env_file
 
 from srt_agent.cache import RolloutCache
 from srt_agent.models import load_tokenizer, tiny_random_model
@@ -30,16 +31,7 @@ LOSSES = ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/lr", "crit
 
 
 def env_file(tmp_path: Path, algorithm: str) -> Path:
-    path = tmp_path / f"tiny-{algorithm}.yaml"
-    path.write_text(
-        "name: tiny\nenv: rl_envs.ParityToolEnv\nmodel: tiny-llama\n"
-        f"tools: {ROOT / 'tools' / 'code_interpreter.yaml'}\n"
-        "dataset: {n: 4, seed: 1}\nn_samples: 3\nmax_turns: 2\nmax_tokens_per_turn: 6\nmax_response_tokens: 80\n"
-        "sampling: {temperature: 1.0, seed: 3}\nengine: {max_batch: 8, max_context: 512, calibrate: false}\n"
-        "cold_start: {enabled: false}\n"
-        f"train: {json.dumps({**TRAIN, 'algorithm': algorithm})}\n"
-    )
-    return path
+    return tiny_env_file(tmp_path, f"tiny-{algorithm}.yaml", **TRAIN, algorithm=algorithm)
 
 
 def train(args: list[str], cwd: Path, **kwargs) -> subprocess.Popen:

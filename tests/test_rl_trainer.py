@@ -1,4 +1,4 @@
-"""The trainer end to end on tiny random models: GRPO, DAPO and PPO steps, compare, resume, bad input."""
+"""The trainer end to end on tiny random models: GRPO, DAPO and PPO steps, compare, bad input."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rl_envs import tiny_env_file
 
 from srt_agent.agent.config import ConfigError, load_env_config
 from srt_agent.agent.controller import MultiTurnController
@@ -15,21 +16,10 @@ from srt_agent.rl.checkpoint import find_checkpoint, load_checkpoint
 from srt_agent.rl.data import PromptSampler
 from srt_agent.rl.trainer import Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def env_file(tmp_path: Path, **train) -> Path:
-    options = {"steps": 2, "prompts_per_step": 2, "lr": 1e-3, "micro_batch_tokens": 256, **train}
-    path = tmp_path / "tiny.yaml"
-    path.write_text(
-        "name: tiny\nenv: rl_envs.ParityToolEnv\nmodel: tiny-llama\n"
-        f"tools: {ROOT / 'tools' / 'code_interpreter.yaml'}\n"
-        "dataset: {n: 4, seed: 1}\nn_samples: 3\nmax_turns: 2\nmax_tokens_per_turn: 6\nmax_response_tokens: 80\n"
-        "sampling: {temperature: 1.0, seed: 3}\nengine: {max_batch: 8, max_context: 512, calibrate: false}\n"
-        "cold_start: {enabled: false}\n"
-        f"train: {json.dumps(options)}\n"
-    )
-    return path
+    return tiny_env_file(tmp_path, **{"steps": 2, "prompts_per_step": 2, "lr": 1e-3, "micro_batch_tokens": 256, **train})
 
 
 @pytest.fixture
