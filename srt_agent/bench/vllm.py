@@ -35,11 +35,14 @@ class BenchMethod:
     drafter: str
 
 
+# Engines are built in this order. vLLM's ngram proposer imports numba, whose llvmlite holds an object
+# that vLLM 0.31's kernel re-binding scan (run whenever an engine starts) cannot read: no vLLM engine can
+# start in this process after it, so it comes last.
 METHODS = (
     BenchMethod("vllm:none", "vllm", "none"),
-    BenchMethod("vllm:ngram", "vllm", "ngram"),
     BenchMethod("vllm:suffix", "vllm", "suffix"),
     BenchMethod("vllm:srt", "vllm", "srt"),
+    BenchMethod("vllm:ngram", "vllm", "ngram"),
     BenchMethod("engine:none", "engine", "none"),
     BenchMethod("engine:srt", "engine", "srt"),
 )
@@ -66,7 +69,7 @@ def chosen_methods(names: Sequence[str]) -> list[BenchMethod]:
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; choose from {list(known)}")
-    return [known[BASELINE]] + [known[n] for n in dict.fromkeys(names) if n != BASELINE]
+    return [known[BASELINE]] + [m for m in METHODS if m.name in names and m.name != BASELINE]
 
 
 def bench_env(cfg: VLLMBenchConfig, batch: int) -> EnvConfig:
