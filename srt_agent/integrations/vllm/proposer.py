@@ -26,7 +26,7 @@ per request. So this one proposes the tree's most frequent path (``chain=True``)
 
 Drafts are sized to the batch: a drafted token pays when its chance of acceptance exceeds what it costs to
 verify relative to the time a plain step spends per token, ``draft_token_ms * B / (step_fixed_ms +
-step_row_ms * B)`` at batch B (the cost model measured by :func:`~.bench.verification_cost`). The chance is
+step_row_ms * B)`` at batch B (the cost model measured by :func:`srt_agent.bench.vllm_proposer.verification_cost`). The chance is
 the token's path frequency in the tree times a calibration factor for its depth in the draft, the ratio of
 tokens accepted to tokens expected at that depth so far (a tree that holds one rollout scores every depth
 1.0, while real acceptance decays with depth). At batch 1 that bar is low; at a large batch it is high enough that nothing is drafted.

@@ -1,5 +1,5 @@
-"""Measurements of speculation inside vLLM on this machine, as functions (``srt-agent bench vllm`` can call
-them; nothing here is a script).
+"""Measurements of speculation inside vLLM on this machine, as functions (beside ``srt-agent bench vllm``;
+nothing here is a script).
 
 * :func:`verification_cost`: the time of a decode step with exactly k drafted tokens per sequence (drafts of
   token 0, practically never accepted), at several batch sizes: what a drafted token costs to verify.
@@ -19,9 +19,9 @@ import os
 import time
 from typing import Any
 
-from . import cpu_env, speculative_config, vllm_model_dir
+from ..integrations.vllm import cpu_env, speculative_config, vllm_model_dir
 
-FORCED_CLASS = "srt_agent.integrations.vllm.bench.ForcedDraftProposer"
+FORCED_CLASS = "srt_agent.bench.vllm_proposer.ForcedDraftProposer"
 QUESTIONS = [
     "What is 17 * 23? Compute it with Python.",
     "Write a Python function that returns the n-th Fibonacci number.",
