@@ -22,6 +22,22 @@ app.add_typer(sandbox_app, name="sandbox")
 console = Console(width=None if sys.stdout.isatty() else 140)
 
 
+def preload_for_vllm() -> None:
+    """vLLM runs fastest on CPU with Intel OpenMP and tcmalloc preloaded, which only takes effect when a
+    process starts: the `srt-agent` command re-runs itself once with LD_PRELOAD set (called only where
+    vLLM will run; in-process callers, e.g. tests, are left alone)."""
+    import os
+
+    from .backends import vllm_missing
+    from .integrations.vllm import preload_env
+
+    if Path(sys.argv[0]).name != "srt-agent" or vllm_missing():
+        return
+    env = preload_env()
+    if env is not None:
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
 def write_json(result: dict, path: Optional[Path]) -> None:
     """Write a benchmark's JSON result to `path` (creating folders) when one is given."""
     if path is None:
@@ -76,6 +92,8 @@ def rollout(
     from .agent.report import rollout_env_file
     from .tools import SandboxUnavailable
 
+    if backend in ("vllm", "auto"):
+        preload_for_vllm()
     try:
         summary = rollout_env_file(env_file, console, model=model, n_samples=n, limit=limit, drafter=drafter, out=out, backend=backend)
     except (ConfigError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
@@ -100,14 +118,15 @@ def train(
     """RL training: ReTool cold start, then GRPO / DAPO / PPO with SRT rollouts (the main job)."""
     from .agent.config import ConfigError, load_env_config
     from .rl.coldstart import ColdStartError
+    from .rl.checkpoint import run_folder
     from .rl.trainer import Trainer
     from .tools import SandboxUnavailable
-
-    from .rl.checkpoint import run_folder
 
     overrides = list(set_) + ([f"train.algorithm={algorithm}"] if algorithm else []) + ([f"engine.backend={backend}"] if backend else [])
     try:
         config = load_env_config(env_file, overrides)
+        if config.engine.backend in ("vllm", "auto"):
+            preload_for_vllm()
         names = [c.strip() for c in compare.split(",") if c.strip()] if compare is not None else None
         out = out or (run_folder(resume) if resume is not None else Path("runs") / config.name)
         trainer = Trainer(config, out, steps=steps, compare=names, resume=resume,
@@ -536,6 +555,7 @@ def bench_vllm(
     from .bench.vllm import METHODS, VLLMBenchConfig, plot_vllm, run_vllm_bench, vllm_table
     from .tools import SandboxUnavailable
 
+    preload_for_vllm()
     config = VLLMBenchConfig(
         env=str(env_file), batches=tuple(batch), methods=tuple(method) if method else tuple(m.name for m in METHODS),
         steps=steps, prompts_per_step=prompts, samples=samples, dataset_n=dataset_n, model=model, out=str(out),
