@@ -106,7 +106,7 @@ def rollout(
 def train(
     env_file: Path = typer.Argument(..., help="Env config (YAML) with optional train: and cold_start: sections."),
     steps: Optional[int] = typer.Option(None, min=1, help="RL steps (default: the config's train.steps)."),
-    out: Optional[Path] = typer.Option(None, help="Run folder for checkpoints, logs and reports (default: runs/<env name>, or the resumed run's)."),
+    out: Optional[Path] = typer.Option(None, help="Run folder for checkpoints, logs and reports (default: runs/<env name>, or runs/<env name>-N when that holds a run; the resumed run's with --resume)."),
     resume: Optional[Path] = typer.Option(None, help="Continue a run from its folder (its newest checkpoint) or a step folder; the run goes on in its own folder."),
     compare: Optional[str] = typer.Option(None, help="Comma-separated drafters that regenerate every step for timing, e.g. none,suffix."),
     algorithm: Optional[str] = typer.Option(None, help="grpo, dapo or ppo (default: the config's)."),
@@ -118,7 +118,7 @@ def train(
     """RL training: ReTool cold start, then GRPO / DAPO / PPO with SRT rollouts (the main job)."""
     from .agent.config import ConfigError, load_env_config
     from .rl.coldstart import ColdStartError
-    from .rl.checkpoint import run_folder
+    from .rl.checkpoint import fresh_run_folder, run_folder
     from .rl.trainer import Trainer
     from .tools import SandboxUnavailable
 
@@ -128,7 +128,11 @@ def train(
         if config.engine.backend in ("vllm", "auto"):
             preload_for_vllm()
         names = [c.strip() for c in compare.split(",") if c.strip()] if compare is not None else None
-        out = out or (run_folder(resume) if resume is not None else Path("runs") / config.name)
+        if out is None and resume is None:  # the default folder: a new run never lands on an old one
+            out = fresh_run_folder(Path("runs") / config.name)
+            if out.name != config.name:
+                console.print(f"runs/{config.name} holds an earlier run: this one goes to {out}", highlight=False)
+        out = out or run_folder(resume)
         trainer = Trainer(config, out, steps=steps, compare=names, resume=resume,
                           model=model, cold_start=cold_start, console=console)
         report = trainer.run()

@@ -187,3 +187,15 @@ def test_ctrl_c_leaves_a_checkpoint_that_resumes_exactly(tmp_path, monkeypatch, 
     sa, sb = (load_checkpoint(d)[0] for d in (whole, part))
     assert all(torch.equal(sa["policy"][k], sb["policy"][k]) for k in sa["policy"])
     assert trees(part) == trees(whole)
+
+
+def test_the_default_run_folder_never_lands_on_an_earlier_run(tmp_path):
+    from srt_agent.rl.checkpoint import fresh_run_folder
+
+    base = tmp_path / "runs" / "tiny"
+    assert fresh_run_folder(base) == base
+    (base / "rollouts").mkdir(parents=True)
+    assert fresh_run_folder(base) == base.with_name("tiny-2")
+    (base.with_name("tiny-2") / "report.json").parent.mkdir(parents=True)
+    (base.with_name("tiny-2") / "report.json").write_text("{}")
+    assert fresh_run_folder(base) == base.with_name("tiny-3")

@@ -86,6 +86,15 @@ def holds_run(out_dir: Path) -> bool:
     return any((out_dir / name).exists() for name in ("checkpoints", "rollouts", "report.json"))
 
 
+def fresh_run_folder(base: Path) -> Path:
+    """`base` when it holds no run, else the first of ``base-2``, ``base-3``, … that holds none."""
+    base, n = Path(base), 2
+    candidate = base
+    while holds_run(candidate):
+        candidate, n = base.with_name(f"{base.name}-{n}"), n + 1
+    return candidate
+
+
 def load_checkpoint(path: Path) -> tuple[dict, dict[str, Path]]:
     """The state of the checkpoint `path` names, and its saved caches by drafter name."""
     folder = find_checkpoint(path)
