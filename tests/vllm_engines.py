@@ -23,12 +23,15 @@ K = 3  # num_speculative_tokens
 @functools.cache
 def engine(method: str = "none", **options):
     """A vLLM engine with `method`'s proposer (srt: `options` are ProposerOptions), built once."""
+    import torch
     from vllm import LLM
 
-    return LLM(
+    llm = LLM(
         model=str(tiny_model_dir()), enforce_eager=True, max_model_len=MAX_MODEL_LEN, max_num_seqs=256,
         dtype="float32", seed=0, speculative_config=speculative_config(method, K, **options),
     )
+    llm.srt_threads = torch.get_num_threads()  # vLLM's CPU attention must run with the count it started with
+    return llm
 
 
 def srt_engine(**options):
@@ -41,6 +44,9 @@ def generate(llm, prompts: list[list[int]], max_tokens: int = 16, temperature: f
     """The sampled token ids of each prompt (EOS ignored, no detokenisation)."""
     from vllm import SamplingParams
 
+    import torch
+
+    torch.set_num_threads(llm.srt_threads)  # another engine's start or a one_thread module may have changed it
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]

@@ -147,6 +147,9 @@ class VLLMEngine:
             self.llm = LLMEngine.from_engine_args(args)
         finally:  # vLLM's CPU worker disables it process-wide; the trainer and our engine still need it
             torch.set_num_threads = set_num_threads
+        # vLLM's CPU attention checks at every step that the thread count is the one it started with;
+        # another engine's start (or anyone's set_num_threads) in this process may have changed it.
+        self.threads_at_start = torch.get_num_threads()
         self.startup_s = time.perf_counter() - started
         self.device = torch.device(self.llm.vllm_config.device_config.device_type)
         self.calls: dict[str, Sequence] = {}  # the running turns (one vLLM request each) by our request id
@@ -219,6 +222,8 @@ class VLLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """One vLLM step; the turns it finished."""
+        if torch.get_num_threads() != self.threads_at_start:
+            torch.set_num_threads(self.threads_at_start)
         self._count_drafts()
         finished = []
         for out in self.llm.step():

@@ -35,7 +35,8 @@ class HostState:
             children=frozenset(p.pid for p in psutil.Process().children(recursive=True)),
             threads=frozenset(t.ident for t in threading.enumerate()),
             fds=frozenset(os.listdir("/proc/self/fd")),
-            temp_files=frozenset(os.listdir(tempfile.gettempdir())),
+            # vLLM engines that other test workers start leave their rendezvous files here (not ours to give back).
+            temp_files=frozenset(n for n in os.listdir(tempfile.gettempdir()) if not n.startswith("vllm_dist_")),
         )
 
 
