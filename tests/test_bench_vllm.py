@@ -39,12 +39,19 @@ def test_bench_vllm_measures_every_method_in_the_same_rl_steps(tmp_path, monkeyp
         for m in step["methods"].values():
             assert m["gen_s"] > 0 and m["tokens"] > 0 and m["tok_s"] == pytest.approx(m["tokens"] / m["gen_s"])
         assert step["methods"]["vllm:none"]["speedup_vs_vllm_none"] == 1.0
+        srt, none = step["methods"]["vllm:srt"], step["methods"]["vllm:none"]
+        assert srt["token_speedup_vs_vllm_none"] == pytest.approx(srt["tok_s"] / none["tok_s"])
         assert step["methods"]["vllm:none"]["draft_proposed"] == 0
     # SRT drafts from the first step's rollouts when the prompts come back.
     assert run["steps"][1]["methods"]["vllm:srt"]["draft_proposed"] > 0
     assert run["steps"][1]["methods"]["engine:srt"]["draft_accepted"] > 0
     summary = run["summary"]
     assert summary["vllm:none"]["speedup_all"] == 1.0 and summary["vllm:srt"]["gen_s_revisit"] is not None
+    assert summary["vllm:none"]["token_speedup_all"] == 1.0
+    steps = run["steps"]
+    per_token = [sum(s["methods"][m]["gen_s"] for s in steps) / sum(s["methods"][m]["tokens"] for s in steps)
+                 for m in ("vllm:none", "engine:srt")]
+    assert summary["engine:srt"]["token_speedup_all"] == pytest.approx(per_token[0] / per_token[1])
     table = vllm_table(json.loads(json.dumps(result)))
     assert "| vllm:srt |" in table and "| engine:srt |" in table
     assert plot_vllm(result, tmp_path / "bench.png").stat().st_size > 0

@@ -11,9 +11,10 @@ import torch
 from vllm_engines import engine, generate, srt_engine, tokens
 
 from srt_agent.cache import RolloutCache
+from srt_agent.cache.draft import Draft
 from srt_agent.integrations.vllm import proposer_call, reload_weights, srt_proposer, tiny_model_dir
 from srt_agent.integrations.vllm.plugin import expand_reference, fix_state
-from srt_agent.integrations.vllm.proposer import ProposerOptions, SRTProposer, check_seam, prompt_key
+from srt_agent.integrations.vllm.proposer import ProposerOptions, SRTProposer, check_seam, prompt_key, step_cost_model
 
 
 pytestmark = pytest.mark.slow  # starting a vLLM engine takes ~10 s here
@@ -109,26 +110,47 @@ def test_the_cost_policy_drafts_at_batch_one_and_nothing_at_a_large_batch():
     llm, p = srt_engine()
     prompt = tokens("Drafts sized to the batch:")
     expected = generate(llm, [prompt] * 8)
-    saved = p.options
-    # a bar of 30 / (100 + 1) at batch 1 and 240 / (100 + 8) > 1 at batch 8: nothing can pay there
-    p.options = dataclasses.replace(saved, policy="cost", step_fixed_ms=100.0, step_row_ms=1.0, draft_token_ms=30.0)
+    saved = p.options, p.cost
+    # a drafted token costs 30 ms against 101 ms for a lone sequence's step and 108 ms for eight: at batch 8
+    # the slowest of eight rows cannot be expected to gain enough for eight times that
+    p.options = dataclasses.replace(saved[0], policy="cost", step_fixed_ms=100.0, step_row_ms=1.0, draft_token_ms=30.0)
+    p.cost = step_cost_model(p.options)
     try:
         drafted = p.stats()["drafted"]
         assert generate(llm, [prompt] * 8) == expected
         p.end_step()
-        assert p.stats()["drafted"] == drafted and p.threshold > 1
+        assert p.stats()["drafted"] == drafted
         generate(llm, [prompt])
         assert p.stats()["drafted"] > drafted
     finally:
-        p.options = saved
+        p.options, p.cost = saved
         p.end_step()
 
 
-def test_the_cost_threshold_grows_with_the_batch():
+def _chain(scores, match_len=4):
+    return Draft(list(range(len(scores))), list(range(-1, len(scores) - 1)), list(scores), match_len)
+
+
+def test_the_cost_policy_makes_a_step_longer_only_where_the_slowest_row_gains():
+    p = SRTProposer(options=ProposerOptions())  # 30 ms a step + 2.8 ms a sequence + 2.4 ms a drafted token
+    lengths = lambda drafts: [len(d) for d in p.choose(drafts)]  # noqa: E731
+    assert lengths([_chain([0.9, 0.8, 0.6, 0.3])]) == [4]  # a lone sequence verifies what its tree offers
+    assert lengths([_chain([0.9, 0.8, 0.7])] * 16) == [0] * 16  # 16 rows at 0.9: the slowest likely gains nothing
+    assert lengths([_chain([0.99, 0.98, 0.97])] * 16) == [2] * 16  # nearly sure everywhere: it pays
+    assert lengths([_chain([0.99, 0.98])] * 15 + [Draft()]) == [0] * 16  # one row without a draft: nothing
+    assert lengths([_chain([0.99, 0.98, 0.97])] * 4) == [3] * 4  # the batch's tail drafts again
+    always = SRTProposer(options=ProposerOptions(policy="always"))
+    assert [len(d) for d in always.choose([_chain([0.2, 0.1])] * 16)] == [2] * 16
+
+
+def test_the_cost_policy_learns_the_acceptance_it_observes():
     p = SRTProposer(options=ProposerOptions())
-    thresholds = [p.cost_threshold(b) for b in (1, 4, 16, 64)]
-    assert thresholds == sorted(thresholds) and thresholds[0] < 0.1 < thresholds[-1]
-    assert SRTProposer(options=ProposerOptions(policy="always")).cost_threshold(64) == 0.0
+    draft = _chain([1.0, 1.0, 1.0])  # a continuation seen once: the tree is sure of it
+    assert len(p.choose([draft] * 4)[0]) == 3
+    for _ in range(50):  # the policy accepts none of its tokens
+        p.acceptance.observe([draft] * 4, [[]] * 4)
+    assert len(p.choose([draft] * 4)[0]) == 0
+    assert len(p.choose([draft])[0]) == 0  # not even a lone sequence verifies it now
 
 
 def test_a_fault_for_one_request_leaves_the_others_drafting():
@@ -212,4 +234,5 @@ def test_cpu_and_preload_environments():
     libs = [p for p in (str(Path(sys.prefix) / "lib" / PRELOAD_LIBS[0]), PRELOAD_LIBS[1]) if Path(p).exists()]
     env = preload_env({"PATH": "/bin"})
     assert (env is None) == (not libs) and (env is None or env["LD_PRELOAD"] == ":".join(libs))
+    assert env is None or env["KMP_WARNINGS"] == "0"
     assert preload_env({"LD_PRELOAD": ":".join(libs)}) is None

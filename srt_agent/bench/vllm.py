@@ -110,12 +110,14 @@ class StepLog:
         revisit = bool(keys) and keys <= self.seen
         self.seen |= keys
         methods = {name: method_figures(runs[name]) for name in self.names}
-        base = methods[BASELINE]["gen_s"]
+        base = methods[BASELINE]
         for figures in methods.values():
-            figures["speedup_vs_vllm_none"] = base / figures["gen_s"] if figures["gen_s"] > 0 else 0.0
+            figures["speedup_vs_vllm_none"] = base["gen_s"] / figures["gen_s"] if figures["gen_s"] > 0 else 0.0
+            figures["token_speedup_vs_vllm_none"] = figures["tok_s"] / base["tok_s"] if base["tok_s"] > 0 else 0.0
         self.steps.append({"step": step, "revisit": revisit, "reward": metrics.get("critic/score/mean"), "methods": methods})
         self.log(f"step {step} ({'revisit' if revisit else 'first visit'}): " + ", ".join(
-            f"{name} {m['gen_s']:.1f}s ({m['speedup_vs_vllm_none']:.2f}x)" for name, m in methods.items()))
+            f"{name} {m['gen_s']:.1f}s {m['tok_s']:.0f} tok/s ({m['token_speedup_vs_vllm_none']:.2f}x)"
+            for name, m in methods.items()))
 
 
 def run_batch(cfg: VLLMBenchConfig, batch: int, methods: list[BenchMethod], loaded, log: Callable[[str], None]) -> dict:
@@ -140,7 +142,10 @@ def run_batch(cfg: VLLMBenchConfig, batch: int, methods: list[BenchMethod], load
 
 def summarize_steps(steps: list[dict]) -> dict:
     """Per method: mean generation time over all steps, over revisits, over first visits, and the ratios
-    to vLLM without speculation (its time / the method's)."""
+    to vLLM without speculation: its time / the method's (``speedup_*``), and its milliseconds per generated
+    token / the method's (``token_speedup_*``). At T > 0 vLLM's methods sample different (equally likely)
+    trajectories, whose lengths vary far more between methods than their speed does, so the second ratio
+    is the one that compares speed."""
     out: dict[str, dict] = {}
     names = list(steps[0]["methods"]) if steps else []
     for name in names:
@@ -154,11 +159,15 @@ def summarize_steps(steps: list[dict]) -> dict:
             base = sum(s["methods"][BASELINE]["gen_s"] for s in chosen)
             row[f"gen_s_{label}"] = mine / len(chosen)
             row[f"speedup_{label}"] = base / mine if mine > 0 else None
+            my_tokens = sum(s["methods"][name]["tokens"] for s in chosen)
+            base_tokens = sum(s["methods"][BASELINE]["tokens"] for s in chosen)
+            row[f"token_speedup_{label}"] = (base / base_tokens) / (mine / my_tokens) if mine > 0 and base_tokens else None
         proposed = sum(s["methods"][name]["draft_proposed"] for s in steps)
         row["acceptance"] = sum(s["methods"][name]["draft_accepted"] for s in steps) / proposed if proposed else None
         row["tokens_per_forward"] = (sum(s["methods"][name]["tokens"] for s in steps)
                                      / max(sum(s["methods"][name]["forwards"] for s in steps), 1.0))
         row["min_step_speedup"] = min(s["methods"][name]["speedup_vs_vllm_none"] for s in steps) if steps else None
+        row["min_step_token_speedup"] = min(s["methods"][name]["token_speedup_vs_vllm_none"] for s in steps) if steps else None
         out[name] = row
     return out
 
@@ -196,42 +205,47 @@ def vllm_table(result: dict) -> str:
     lines = []
     for run in result["runs"]:
         lines += [f"batch {run['batch']}", "",
-                  "| method | gen s/step | vs vllm:none | first visits | revisits | min step | acceptance | tok/fwd |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| method | gen s/step | vs vllm:none | per token | per token, first visits | per token, revisits "
+                  "| per token, min step | acceptance | tok/fwd |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name, row in run["summary"].items():
             def cell(key: str, fmt: str) -> str:
                 return "–" if row.get(key) is None else fmt.format(row[key])
 
             lines.append(f"| {name} | {cell('gen_s_all', '{:.1f}')} | {cell('speedup_all', '{:.2f}x')} | "
-                         f"{cell('speedup_first', '{:.2f}x')} | {cell('speedup_revisit', '{:.2f}x')} | "
-                         f"{cell('min_step_speedup', '{:.2f}x')} | {cell('acceptance', '{:.0%}')} | "
+                         f"{cell('token_speedup_all', '{:.2f}x')} | {cell('token_speedup_first', '{:.2f}x')} | "
+                         f"{cell('token_speedup_revisit', '{:.2f}x')} | {cell('min_step_token_speedup', '{:.2f}x')} | "
+                         f"{cell('acceptance', '{:.0%}')} | "
                          f"{cell('tokens_per_forward', '{:.2f}')} |")
         lines.append("")
     return "\n".join(lines)
 
 
 def plot_vllm(result: dict, path: Path) -> Path:
-    """Generation time per step of every method, one panel per batch size."""
+    """Per batch size (columns): generation time per step (top) and generated tokens per second (bottom)
+    of every method."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     runs = result["runs"]
-    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4.5), squeeze=False)
-    for ax, run in zip(axes[0], runs):
+    fig, axes = plt.subplots(2, len(runs), figsize=(6 * len(runs), 8), squeeze=False)
+    for column, run in enumerate(runs):
         steps = [s["step"] for s in run["steps"]]
-        for name in run["summary"]:
-            ax.plot(steps, [s["methods"][name]["gen_s"] for s in run["steps"]], marker="o", label=name)
-        for s in run["steps"]:
-            if s["revisit"]:
-                ax.axvspan(s["step"] - 0.5, s["step"] + 0.5, color="grey", alpha=0.1)
-        ax.set_title(f"batch {run['batch']} (shaded: revisits)")
-        ax.set_xlabel("RL step")
-        ax.set_ylabel("generation time (s)")
-        ax.set_xticks(steps)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        for ax, key, label in ((axes[0][column], "gen_s", "generation time (s)"),
+                               (axes[1][column], "tok_s", "generated tokens / s")):
+            for name in run["summary"]:
+                ax.plot(steps, [s["methods"][name][key] for s in run["steps"]], marker="o", label=name)
+            for s in run["steps"]:
+                if s["revisit"]:
+                    ax.axvspan(s["step"] - 0.5, s["step"] + 0.5, color="grey", alpha=0.1)
+            ax.set_title(f"batch {run['batch']} (shaded: revisits)")
+            ax.set_xlabel("RL step")
+            ax.set_ylabel(label)
+            ax.set_xticks(steps)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

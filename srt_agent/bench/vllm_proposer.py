@@ -81,7 +81,7 @@ def verification_cost(model: str = "smollm2", batches: tuple[int, ...] = (1, 16)
                       max_tokens: int = 32, repeats: int = 2) -> list[dict]:
     """Per batch size and k: milliseconds per decode step (best of `repeats`) with k forced draft tokens per
     sequence, and the extra milliseconds per drafted token over k = 0."""
-    from . import _drafter
+    from ..integrations.vllm import _drafter
 
     llm = _engine(model, {"method": "custom_class", "model": FORCED_CLASS, "num_speculative_tokens": max(ks)},
                   max(batches), 512)
@@ -134,7 +134,7 @@ class DraftCounter:
 
 
 def _counter(llm, method: str) -> DraftCounter | None:
-    from . import _drafter
+    from ..integrations.vllm import _drafter
 
     return None if method == "none" else DraftCounter(llm.collective_rpc(_drafter)[0])
 

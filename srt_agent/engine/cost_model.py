@@ -127,6 +127,7 @@ def choose_nodes(
     min_gain: float = 0.0,
     makespan: bool = False,
     calibrate: Callable[[Draft], Draft] | None = None,
+    joint: bool = False,
 ) -> list[list[int]]:
     """Per sequence, the draft nodes (sorted) that maximize expected emitted tokens per second.
 
@@ -140,13 +141,13 @@ def choose_nodes(
     nothing, a lone sequence exactly as many nodes as for throughput.
 
     `calibrate` maps each draft to one with calibrated scores before the choice (skipped when the
-    makespan rule already rules every draft out).
+    makespan rule already rules every draft out). `joint`: see `best_prefix`.
     """
     if makespan and not all(len(d) for d in drafts):
         return [[] for _ in drafts]
     if calibrate is not None:
         drafts = [calibrate(d) for d in drafts]
-    best = best_prefix(drafts, base_tokens, model, makespan)
+    best = best_prefix(drafts, base_tokens, model, makespan, joint=joint)
     best_count = best.count if best.rate >= (1.0 + min_gain) * best.base_rate else 0
     chosen: list[list[int]] = [[] for _ in drafts]
     for _, seq, node in best.candidates[:best_count]:
@@ -245,7 +246,8 @@ def choose_drafts(
     min_gain: float = 0.0,
     makespan: bool = False,
     calibrate: Callable[[Draft], Draft] | None = None,
+    joint: bool = False,
 ) -> list[Draft]:
     """The sub-drafts `choose_nodes` picks (with the drafts' own scores, whatever `calibrate` made of them)."""
-    chosen = choose_nodes(drafts, base_tokens, model, min_gain, makespan, calibrate)
+    chosen = choose_nodes(drafts, base_tokens, model, min_gain, makespan, calibrate, joint)
     return [sub_draft(d, keep) for d, keep in zip(drafts, chosen)]

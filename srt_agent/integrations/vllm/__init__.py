@@ -87,7 +87,8 @@ def cpu_env(threads: int | None = None, kv_cache_gib: int = 2, in_process: bool 
 
 def preload_env(environ: dict[str, str] | None = None) -> dict[str, str] | None:
     """The environment to re-exec with so the venv's libiomp5 and tcmalloc are preloaded, or None when
-    they already are (or neither exists). Libraries that are missing are left out."""
+    they already are (or neither exists). Libraries that are missing are left out. Intel OpenMP's warning
+    about forking while its threads are up (every sandbox run forks) is switched off."""
     environ = dict(os.environ if environ is None else environ)
     libs = [str(Path(sys.prefix) / "lib" / PRELOAD_LIBS[0]), PRELOAD_LIBS[1]]
     current = [p for p in environ.get("LD_PRELOAD", "").split(":") if p]
@@ -95,6 +96,7 @@ def preload_env(environ: dict[str, str] | None = None) -> dict[str, str] | None:
     if not missing:
         return None
     environ["LD_PRELOAD"] = ":".join(current + missing)
+    environ.setdefault("KMP_WARNINGS", "0")
     return environ
 
 

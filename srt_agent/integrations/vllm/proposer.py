@@ -24,12 +24,17 @@ vLLM 0.31 verifies linear drafts only: it has no tree-attention backend and no `
 option left (earlier releases had both, for EAGLE on GPU), and every proposer returns a list of token ids
 per request. So this one proposes the tree's most frequent path (``chain=True``).
 
-Drafts are sized to the batch: a drafted token pays when its chance of acceptance exceeds what it costs to
-verify relative to the time a plain step spends per token, ``draft_token_ms * B / (step_fixed_ms +
-step_row_ms * B)`` at batch B (the cost model measured by :func:`srt_agent.bench.vllm_proposer.verification_cost`). The chance is
-the token's path frequency in the tree times a calibration factor for its depth in the draft, the ratio of
-tokens accepted to tokens expected at that depth so far (a tree that holds one rollout scores every depth
-1.0, while real acceptance decays with depth). At batch 1 that bar is low; at a large batch it is high enough that nothing is drafted.
+Drafts are sized to the batch by our engine's own rule (``srt_agent.engine.cost_model.choose_drafts``
+with ``makespan`` and ``joint``): an RL step lasts until its last sequence finishes, so a step is made
+longer only where the expected number of tokens the *slowest* sequence gains pays for verifying every
+drafted token at this batch size. A step costs ``step_fixed_ms + step_row_ms * B + draft_token_ms * D``
+for B sequences and D drafted tokens (measured by :func:`srt_agent.bench.vllm_proposer.verification_cost`:
+on a 2-core CPU a drafted token is almost free at batch 1 and costs about half a sequence's step at batch
+16). Each drafted token's chance of acceptance is the tree's path frequency calibrated by the acceptance
+observed so far (:class:`srt_agent.engine.acceptance.AcceptanceModel`, per bin of conditional frequency and
+match length; a continuation seen once scores 1.0 in the tree, far above what the policy accepts at
+T = 1). So a lone sequence drafts whatever its tree offers, a full batch only where every sequence is
+nearly sure to gain, and a batch in which some sequence has nothing to draft drafts nothing.
 
 A failure inside the proposer never reaches vLLM: the request it happened for gets no draft (and no more
 tree inserts), the fault is counted in ``stats()["faults"]``, and every other request goes on.
@@ -47,6 +52,9 @@ from typing import Any
 import numpy as np
 
 from ...cache import RolloutCache
+from ...cache.draft import Draft
+from ...engine.acceptance import AcceptanceModel
+from ...engine.cost_model import ForwardCostModel, choose_drafts
 from ..turns import HeldTurns
 
 logger = logging.getLogger(__name__)
@@ -66,17 +74,16 @@ class ProposerOptions:
     max_held: int = 4096  # finished turns kept open for their trajectory's next turn
     min_prob: float = 0.0  # draft nodes below this path frequency are not proposed
     policy: str = "cost"  # "cost": draft what pays at this batch size; "always": up to num_speculative_tokens
-    step_fixed_ms: float = 30.0  # cost model of a decode step: fixed part,
-    step_row_ms: float = 2.5  # per sequence in the batch,
-    draft_token_ms: float = 2.5  # per drafted token verified
-    calibration_prior: float = 16.0  # tokens of prior belief, per draft depth, that the tree's frequencies are right
+    step_fixed_ms: float = 30.0  # cost model of a decode step (2-core AVX-512 CPU, SmolLM2): fixed part,
+    step_row_ms: float = 2.8  # per sequence in the batch,
+    draft_token_ms: float = 2.4  # per drafted token verified
     trees: str | None = None  # a saved cache to start from
 
     def __post_init__(self) -> None:
         if self.policy not in ("cost", "always"):
             raise ValueError(f"policy must be 'cost' or 'always', got {self.policy!r}")
-        if min(self.step_fixed_ms, self.step_row_ms, self.draft_token_ms) < 0 or self.calibration_prior <= 0:
-            raise ValueError("the cost model's terms must be >= 0 and calibration_prior > 0")
+        if min(self.step_fixed_ms, self.step_row_ms, self.draft_token_ms) < 0:
+            raise ValueError("the cost model's terms must be >= 0")
         if self.max_held < 0:
             raise ValueError(f"max_held must be >= 0, got {self.max_held}")
 
@@ -95,7 +102,7 @@ class _Request:
     cache_id: int  # the sequence's id in the RolloutCache (kept across a trajectory's turns)
     key: str
     tokens: list[int]  # everything stored so far: prompt, responses, tool outputs
-    scores: list[float] = field(default_factory=list)  # the last draft's path frequencies, settled next step
+    draft: Draft = field(default_factory=Draft)  # the last draft proposed (raw scores), settled next step
 
 
 def check_seam() -> None:
@@ -142,9 +149,9 @@ class SRTProposer:
         self._next_id = 0
         self._stats = dict(steps=0, requests=0, continuations=0, drafted=0, accepted=0, expected=0.0,
                            rows=0, rows_drafted=0, faults=0)
-        self.threshold = 0.0
-        self._depth_accepted = [0] * self.k  # per draft depth: tokens accepted, and the tree's expectation
-        self._depth_expected = [0.0] * self.k
+        self.acceptance = AcceptanceModel()
+        self.cost = step_cost_model(o)
+        self._verified: list[tuple[Draft, int]] = []  # this step's settled drafts and their accepted counts
 
     # ---- vLLM's interface ------------------------------------------------------------------------
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -165,20 +172,36 @@ class SRTProposer:
             return [[] for _ in range(rows)]
         self._stats["steps"] += 1
         decoding = [i for i in range(rows) if sampled_token_ids[i] and req_ids[i] is not None]
-        self.threshold = self.cost_threshold(len(decoding))
-        drafts: list[list[int]] = [[] for _ in range(rows)]
+        raw: list[Draft] = []
         for i in decoding:
             rid = req_ids[i]
-            if rid in self._broken:
-                continue
-            try:
-                drafts[i] = self._step(rid, i, sampled_token_ids[i], int(num_tokens_no_spec[i]), token_ids_cpu)
-            except Exception:
-                self._fault(rid, i)
+            draft = Draft()
+            if rid not in self._broken:
+                try:
+                    draft = self._step(rid, i, sampled_token_ids[i], int(num_tokens_no_spec[i]), token_ids_cpu)
+                except Exception:
+                    self._fault(rid, i)
+            raw.append(draft)
+        self._observe()
+        drafts: list[list[int]] = [[] for _ in range(rows)]
+        for i, draft in zip(decoding, self.choose(raw)):
+            req = self._active.get(req_ids[i])
+            if req is not None and req_ids[i] not in self._broken:
+                req.draft = draft
+                drafts[i] = list(draft.token_ids)
+                self._stats["rows"] += 1
+                self._stats["rows_drafted"] += len(draft) > 0
         return drafts
 
+    def choose(self, drafts: list[Draft]) -> list[Draft]:
+        """What of each decoding row's draft to propose (see the module's docstring)."""
+        if self.options.policy == "always" or not any(len(d) for d in drafts):
+            return drafts
+        return choose_drafts(drafts, len(drafts), self.cost, makespan=True, calibrate=self.acceptance.calibrate,
+                             joint=True)
+
     # ---- the trees' lifecycle --------------------------------------------------------------------
-    def _step(self, rid: str, row: int, sampled: list[int], n: int, token_ids: np.ndarray) -> list[int]:
+    def _step(self, rid: str, row: int, sampled: list[int], n: int, token_ids: np.ndarray) -> Draft:
         req = self._active.get(rid) or self._begin(rid, row, n - len(sampled), token_ids)
         self._settle(req, len(sampled) - 1)
         if n > len(req.tokens):  # every token since the last call (robust to steps vLLM did not draft in)
@@ -223,42 +246,30 @@ class SRTProposer:
         self._active.clear()
 
     # ---- drafting ----------------------------------------------------------------------------------
-    def cost_threshold(self, batch: int) -> float:
-        """The least acceptance chance at which a drafted token pays at this batch size."""
-        if self.options.policy == "always" or batch == 0:
-            return 0.0
-        o = self.options
-        return o.draft_token_ms * batch / (o.step_fixed_ms + o.step_row_ms * batch)
-
-    def calibration(self) -> list[float]:
-        """Per draft depth: tokens accepted per token expected from the tree's frequencies (prior: 1)."""
-        prior = self.options.calibration_prior
-        return [(a + prior) / (e + prior) for a, e in zip(self._depth_accepted, self._depth_expected)]
-
-    def _draft(self, req: _Request, row: int, n: int, token_ids: np.ndarray) -> list[int]:
+    def _draft(self, req: _Request, row: int, n: int, token_ids: np.ndarray) -> Draft:
+        """The tree's most frequent path after the row's context, up to the speculative budget."""
         budget = min(self.k, self.max_model_len - n - 1)
         if budget <= 0:
-            return []
+            return Draft()
         context = token_ids[row, max(0, n - self.options.max_match):n].tolist()
-        draft = self.cache.draft_request(req.cache_id, context, budget, chain=True, min_prob=self.options.min_prob)
-        scale = self.calibration()
-        keep = 0
-        while keep < len(draft) and draft.scores[keep] * scale[keep] >= self.threshold:
-            keep += 1
-        req.scores = draft.scores[:keep]
-        self._stats["rows"] += 1
-        self._stats["rows_drafted"] += keep > 0
-        return draft.token_ids[:keep]
+        return self.cache.draft_request(req.cache_id, context, budget, chain=True, min_prob=self.options.min_prob)
 
     def _settle(self, req: _Request, accepted: int) -> None:
-        """Count how much of the request's last draft was accepted."""
-        for depth, score in enumerate(req.scores):
-            self._depth_expected[depth] += score
-            self._depth_accepted[depth] += depth < accepted
-        self._stats["drafted"] += len(req.scores)
-        self._stats["accepted"] += max(0, min(accepted, len(req.scores)))
-        self._stats["expected"] += sum(req.scores)
-        req.scores = []
+        """Count how much of the request's last draft was accepted (learned from at the step's end)."""
+        draft, req.draft = req.draft, Draft()
+        if not len(draft):
+            return
+        accepted = max(0, min(accepted, len(draft)))
+        self._verified.append((draft, accepted))
+        self._stats["drafted"] += len(draft)
+        self._stats["accepted"] += accepted
+        self._stats["expected"] += draft.expected_accepted
+
+    def _observe(self) -> None:
+        """Teach the acceptance model this step's verified drafts."""
+        if self._verified:
+            self.acceptance.observe([d for d, _ in self._verified], [list(range(a)) for _, a in self._verified])
+            self._verified = []
 
     def _fault(self, rid: str | None, row: int | None) -> None:
         self._stats["faults"] += 1
@@ -269,12 +280,12 @@ class SRTProposer:
 
     # ---- stats and persistence ---------------------------------------------------------------------
     def stats(self) -> dict:
-        """Counters (drafted/accepted tokens, faults, …), the acceptance rate, the policy's state and the
-        trees' size."""
+        """Counters (drafted/accepted tokens, faults, …), the acceptance rate, what the acceptance model has
+        seen and the trees' size."""
         out = dict(self._stats)
         out["acceptance"] = out["accepted"] / out["drafted"] if out["drafted"] else 0.0
-        out["calibration"] = self.calibration()
-        out["threshold"] = self.threshold
+        out["nodes_tested"] = self.acceptance.nodes_tested  # drafted tokens whose parent was accepted …
+        out["nodes_accepted"] = self.acceptance.nodes_accepted  # … and those of them accepted
         out["active"] = len(self._active)
         out["held"] = len(self.turns)
         out["cache"] = asdict(self.cache.stats())
@@ -293,3 +304,13 @@ class SRTProposer:
     def _loaded(self, path: str) -> RolloutCache:
         o = self.options
         return RolloutCache.load(path, max_bytes=o.max_bytes, max_nodes_per_prompt=o.max_nodes_per_prompt)
+
+
+def step_cost_model(options: ProposerOptions) -> ForwardCostModel:
+    """Our engine's cost model (seconds for a step of B sequences feeding B + D tokens: ``fixed + per_token
+    * (B + D) + per_sequence * (B - 1)``) equal to ``step_fixed + step_row * B + draft_token * D`` (where
+    ``step_row < draft_token`` it overstates the step by ``(draft_token - step_row) * B``)."""
+    fixed, row, token = options.step_fixed_ms / 1e3, options.step_row_ms / 1e3, options.draft_token_ms / 1e3
+    if row >= token:
+        return ForwardCostModel(fixed_s=fixed + row - token, per_token_s=token, per_sequence_s=row - token)
+    return ForwardCostModel(fixed_s=fixed, per_token_s=token, per_sequence_s=0.0)
