@@ -131,8 +131,9 @@ def test_srt_cache_is_shared_and_survives_steps():
     first.end_step()
     second = make_drafter("srt", cache=cache, chain=True)
     second.start_request("b", "p", [5, 6])
-    # count([5, 6]) = 2 (b's own prompt tail is stored too), count([5, 6, 7]) = 1.
-    assert second.draft("b", [5, 6], 8) == Draft([7, 8, 9], [-1, 0, 1], [0.5, 0.5, 0.5], 2)
+    # count([5, 6]) = 2 (b's own prompt tail is stored too), but only a's occurrence went on: b's own
+    # window, which ends there, does not dilute what a wrote.
+    assert second.draft("b", [5, 6], 8) == Draft([7, 8, 9], [-1, 0, 1], [1.0, 1.0, 1.0], 2)
     assert second.cache is cache
     with pytest.raises(ValueError, match="either a cache or cache options"):
         SRTDrafter(cache=cache, max_depth=8)

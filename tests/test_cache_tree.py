@@ -63,8 +63,9 @@ def bf_draft(seqs, context, budget, max_match, depth, chain=False, min_prob=0.0)
     def push(path, index, score, room):
         nonlocal pushed
         kids = sorted(bf_next(seqs, path, depth).items(), key=lambda kv: (-kv[1], kv[0]))
+        continued = sum(c for _, c in kids)  # occurrences followed by a token (those ending here do not vote)
         for tok, c in kids[: 1 if chain else room]:
-            s = score * (c / bf_count(seqs, path, depth))
+            s = score * (c / continued)
             if s < min_prob:
                 break
             heapq.heappush(heap, (-s, pushed, index, path + [tok]))
@@ -234,8 +235,9 @@ def test_defined_results_for_edge_cases(tree_cls):
     tree.extend(seq, [])
     tree.extend(seq, [5, 6, 5, 6])
     assert tuple(tree.draft([5], 0, 3)) == ([], [], [], 0)
-    # "5" is always followed by 6; "56" occurs twice, once followed by 5 (the other ends the sequence).
-    assert tuple(tree.draft([5], 3, 3)) == ([6, 5, 6], [-1, 0, 1], [1.0, 0.5, 0.5], 1)
+    # "5" is always followed by 6; "56" occurs twice, once followed by 5: the other ends the sequence,
+    # so it does not vote on what follows.
+    assert tuple(tree.draft([5], 3, 3)) == ([6, 5, 6], [-1, 0, 1], [1.0, 1.0, 1.0], 1)
     assert tree.count([5, 6, 5, 6, 5]) == 0  # longer than max_depth
     tree.close(seq)
     with pytest.raises(ValueError, match="not open"):

@@ -450,7 +450,11 @@ private:
                 return;
             }
             kids.clear();
-            for (int32_t c = n.first_child; c != kNone; c = nodes_[c].next) kids.push_back(c);
+            double continued = 0;  // occurrences followed by a token (not those that end here, e.g. the drafting sequence's own)
+            for (int32_t c = n.first_child; c != kNone; c = nodes_[c].next) {
+                kids.push_back(c);
+                continued += nodes_[c].count;
+            }
             auto better = [&](int32_t a, int32_t b) {
                 const Node& x = nodes_[a];
                 const Node& y = nodes_[b];
@@ -460,7 +464,7 @@ private:
             std::partial_sort(kids.begin(), kids.begin() + take, kids.end(), better);
             for (size_t i = 0; i < take; ++i) {
                 const Node& c = nodes_[kids[i]];
-                double s = score * (double(c.count) / double(n.count));
+                double s = score * (double(c.count) / continued);
                 if (s < min_prob) break;
                 queue.push(Candidate{s, order++, index, Position{kids[i], 1}});
             }

@@ -115,6 +115,10 @@ class ReferenceTokenTree:
     ) -> DraftTuple:
         """Best-first draft tree of at most `budget` nodes: (tokens, parents, scores, match_len).
 
+        A node's score is its path probability: the product, along the path, of each token's share of
+        the occurrences of its context that went on (occurrences ending there, such as the drafting
+        sequence's own last window, do not vote).
+
         `seq` (an open sequence the context may end like) only speeds up the compiled tree.
         """
         node, match_len = self._match(check_tokens(context, "context"), max_match)
@@ -129,8 +133,9 @@ class ReferenceTokenTree:
         def push_children(parent_node: _Node, index: int, score: float, room: int) -> None:
             nonlocal pushed
             kids = sorted(parent_node.children.items(), key=lambda kv: (-kv[1].count, kv[0]))
+            continued = sum(child.count for _, child in kids)  # not the occurrences that end here
             for tok, child in kids[: 1 if chain else room]:
-                s = score * (child.count / parent_node.count)
+                s = score * (child.count / continued)
                 if s < min_prob:
                     break
                 heapq.heappush(heap, (-s, pushed, index, tok, child))
