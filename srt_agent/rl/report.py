@@ -10,9 +10,15 @@ from rich.table import Table
 
 from .evaluate import interval_text
 
-# (header, metric, format); missing metrics show as "-".
+def visit_label(revisit: float) -> str:
+    """How a step's prompts stand to the trees: ``new`` (a first visit) or ``seen`` (rolled out before)."""
+    return "seen" if revisit else "new"
+
+
+# (header, metric, format: a format string or a function of the value); missing metrics show as "-".
 STEP_COLUMNS = (
     ("step", "step", "{:.0f}"),
+    ("prompts", "training/revisit", visit_label),
     ("reward", "critic/score/mean", "{:.3f}"),
     ("acc", "env/accuracy", "{:.0%}"),
     ("tool", "env/tool_call_rate", "{:.0%}"),
@@ -33,8 +39,12 @@ def step_table(metrics: dict[str, float], compare: Sequence[str], header: bool) 
     table = Table(box=None, show_header=header, header_style="bold", pad_edge=False)
     for title, _, _ in columns:
         table.add_column(title, justify="right", width=max(len(title), 7), no_wrap=True)
-    table.add_row(*[fmt.format(metrics[key]) if key in metrics else "-" for _, key, fmt in columns])
+    table.add_row(*[_cell(fmt, metrics[key]) if key in metrics else "-" for _, key, fmt in columns])
     return table
+
+
+def _cell(fmt, value) -> str:
+    return fmt(value) if callable(fmt) else fmt.format(value)
 
 
 PLOTS = (
@@ -128,11 +138,12 @@ def summary_markdown(report: dict) -> str:
     steps = report.get("steps", [])
     if steps:
         compare = report.get("compare", [])
-        head = ["step", "reward", "accuracy", "tool calls", "gen s", "update s", "tokens/forward"]
+        head = ["step", "prompts", "reward", "accuracy", "tool calls", "gen s", "update s", "tokens/forward"]
         head += [f"{d} gen s" for d in compare] + [f"speedup vs {d}" for d in compare]
         lines += ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
         for m in steps:
-            row = [f"{m['step']:.0f}", f"{m.get('critic/score/mean', 0):.3f}", f"{m.get('env/accuracy', 0):.0%}",
+            row = [f"{m['step']:.0f}", visit_label(m.get("training/revisit", 0.0)),
+                   f"{m.get('critic/score/mean', 0):.3f}", f"{m.get('env/accuracy', 0):.0%}",
                    f"{m.get('env/tool_call_rate', 0):.0%}", f"{m.get('timing_s/gen', 0):.1f}",
                    f"{m.get('timing_s/update_actor', 0):.1f}", f"{m.get('srt/tokens_per_forward', 0):.2f}"]
             row += [f"{m.get(f'compare/{d}/gen_s', 0):.1f}" for d in compare]
@@ -147,6 +158,47 @@ def summary_markdown(report: dict) -> str:
                 if totals.get(f"identical_vs_{d}_note"):
                     lines.append(f"Identical share: {totals[f'identical_vs_{d}_note']}.")
     return "\n".join(lines) + "\n"
+
+
+def story_lines(report: dict) -> list[str]:
+    """The run in a few console lines: tool use and accuracy before/after the cold start and before/after
+    RL (95% intervals, and whether the change is beyond them), and the drafter's generation time against
+    each compared one, per step and over first visits and revisits."""
+    lines = []
+    pairs = [("cold start", report.get("cold_start") or {}, "before", "after"),
+             ("RL", report.get("held_out") or {}, "before RL", "after RL")]
+    for phase, results, before_key, after_key in pairs:
+        before, after = results.get(before_key), results.get(after_key)
+        if not (before and after):
+            continue
+        parts = [f"{name} {_with_interval(before, key)} → {_with_interval(after, key)}"
+                 for name, key in (("tool calls", "tool_call_rate"), ("accuracy", "accuracy"))]
+        verdict = _verdict(before, after)
+        lines.append(f"[bold]{phase}[/bold] (held-out): " + "; ".join(parts) + (f"; accuracy {verdict}" if verdict else ""))
+    steps, totals, drafter = report.get("steps", []), report.get("totals", {}), report.get("drafter", "")
+    for name in report.get("compare", []):
+        per_step = ", ".join(f"{m['step']:.0f} {visit_label(m.get('training/revisit', 0.0))} "
+                             f"{m.get(f'compare/{name}/speedup', 0.0):.2f}x" for m in steps)
+        parts = [f"{label} {totals[key]:.2f}x" for label, key in
+                 (("all", f"speedup_vs_{name}"), ("first visits", f"speedup_vs_{name}_first"),
+                  ("revisits", f"speedup_vs_{name}_revisit")) if totals.get(key) is not None]
+        if parts:
+            lines.append(f"[bold]{drafter} vs {name}[/bold] (their generation time / ours): {', '.join(parts)}; "
+                         f"per step: {per_step}")
+    return lines
+
+
+def _verdict(before: dict, after: dict) -> str:
+    """Whether held-out accuracy moved beyond the 95% intervals of both evaluations ("" without intervals)."""
+    if "accuracy" not in before.get("intervals", {}) or "accuracy" not in after.get("intervals", {}):
+        return ""
+    low_b, high_b = before["intervals"]["accuracy"]
+    low_a, high_a = after["intervals"]["accuracy"]
+    if low_a > high_b:
+        return "rose beyond the intervals"
+    if high_a < low_b:
+        return "fell beyond the intervals"
+    return "within noise (the intervals overlap)"
 
 
 def write_report(out_dir: Path, report: dict) -> dict[str, Path]:

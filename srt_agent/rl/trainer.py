@@ -39,7 +39,7 @@ from .data import PromptSampler
 from .evaluate import ToolUseReport, tool_use_report
 from .metrics import identical_share, rollout_metrics, sample_metrics
 from .policy import Policy
-from .report import step_table, write_report
+from .report import step_table, story_lines, write_report
 from .rollouts import PolicyRollouts, RolloutRun, RolloutVariant, stats_delta
 from .trackers import Tracker, make_trackers
 from .traces import trajectory_sample
@@ -210,6 +210,8 @@ class Trainer:
             rollouts.close()
         report = self.report()
         paths = write_report(self.out_dir, report)
+        for line in story_lines(report):
+            self._log(line)
         self._log(f"wrote {', '.join(str(p) for p in paths.values())} and rollouts/, checkpoints/")
         return report
 
@@ -254,9 +256,10 @@ class Trainer:
         """The step's rollouts with the training drafter and every compared one (interruptible)."""
         rollouts = parts.rollouts
         t_step = time.perf_counter()
+        revisit = parts.sampler.cursor.epoch >= 1  # every prompt was rolled out in an earlier epoch
         gen = self._generate(step, rollouts, parts.sampler)
         self._step_runs = {rollouts.main: gen.runs}
-        metrics: dict[str, float] = {"step": float(step)}
+        metrics: dict[str, float] = {"step": float(step), "training/revisit": float(revisit)}
         metrics.update(rollout_metrics(gen.trajectories, _merged_summary(gen.runs)))
         metrics["timing_s/gen"] = gen.wall_s
         metrics["training/sampling_rounds"] = float(len(gen.runs))
@@ -323,9 +326,13 @@ class Trainer:
         trajectories = [t for run in runs for t in run.trajectories]
         wall = sum(run.wall_s for run in runs)
         summary = _merged_summary(runs)
+        main_tokens = _merged_summary(gen.runs).model_tokens
         out = {
             f"compare/{name}/gen_s": wall,
             f"compare/{name}/speedup": wall / gen.wall_s if gen.wall_s > 0 else 0.0,
+            # time per generated token, theirs over ours: what compares speed when the trajectories differ
+            f"compare/{name}/token_speedup": (wall / max(summary.model_tokens, 1)) / (gen.wall_s / main_tokens)
+            if gen.wall_s > 0 and main_tokens else 0.0,
             f"compare/{name}/tokens_per_forward": summary.tokens_per_forward,
             f"compare/{name}/accepted_per_forward": summary.draft_accepted / summary.forwards if summary.forwards else 0.0,
             f"compare/{name}/identical": identical_share(gen.trajectories, trajectories),
@@ -563,6 +570,11 @@ class Trainer:
             other = sum(m.get(f"compare/{name}/gen_s", 0.0) for m in self.history)
             if gen > 0:
                 totals[f"speedup_vs_{name}"] = other / gen
+            for label, revisit in (("first", 0.0), ("revisit", 1.0)):
+                chosen = [m for m in self.history if m.get("training/revisit") == revisit]
+                mine = sum(m.get("timing_s/gen", 0.0) for m in chosen)
+                if mine > 0:
+                    totals[f"speedup_vs_{name}_{label}"] = sum(m.get(f"compare/{name}/gen_s", 0.0) for m in chosen) / mine
             shares = [m.get(f"compare/{name}/identical", 0.0) for m in self.history]
             totals[f"identical_vs_{name}"] = sum(shares) / len(shares) if shares else None
             if self.backend == "vllm":
