@@ -1,4 +1,5 @@
-"""`srt-agent bench vllm` on the tiny model: every method regenerates real RL steps side by side."""
+"""`srt-agent bench vllm` on the tiny model: every method regenerates real RL steps side by side, token for
+token the same rollouts."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def test_bench_vllm_measures_every_method_in_the_same_rl_steps(tmp_path, monkeyp
         assert set(step["methods"]) == {"vllm:none", "vllm:srt", "engine:srt"}
         for m in step["methods"].values():
             assert m["gen_s"] > 0 and m["tokens"] > 0 and m["tok_s"] == pytest.approx(m["tokens"] / m["gen_s"])
+            assert m["identical"] == 1.0  # exact sampling: every method, vLLM's and ours, emits the same tokens
         assert step["methods"]["vllm:none"]["speedup_vs_vllm_none"] == 1.0
         srt, none = step["methods"]["vllm:srt"], step["methods"]["vllm:none"]
         assert srt["token_speedup_vs_vllm_none"] == pytest.approx(srt["tok_s"] / none["tok_s"])

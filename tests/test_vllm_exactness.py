@@ -1,8 +1,9 @@
-"""SRT inside vLLM changes speed, never outputs: greedy outputs are token-identical to vLLM without
-speculation, and at temperature 1 the joint distribution of the first three sampled tokens matches it
-(Pearson's chi-square), with a warm tree so drafts are really accepted and rejected. Without the plugin's
-temperature fix (``SRT_VLLM_TEMPERATURE_FIX=0``) the sampling test fails: vLLM's CPU rejection sampler then
-divides logits by uninitialised memory."""
+"""SRT inside vLLM with vLLM's own sampler (as verl's vLLM rollout runs it) changes speed, never outputs:
+greedy outputs are token-identical to vLLM without speculation, and at temperature 1 the joint distribution
+of the first three sampled tokens matches it (Pearson's chi-square), with a warm tree so drafts are really
+accepted and rejected. Without the plugin's temperature fix (``SRT_VLLM_TEMPERATURE_FIX=0``) the sampling
+test fails: vLLM's CPU rejection sampler then divides logits by uninitialised memory. (Our vLLM backend
+samples exactly instead, token for token at any temperature: tests/test_vllm_backend.py.)"""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from vllm_engines import engine, generate, srt_engine, tokens
 from srt_agent.cache import RolloutCache
 from srt_agent.cache.draft import Draft
 from srt_agent.integrations.vllm import proposer_call, reload_weights, srt_proposer, tiny_model_dir
+from srt_agent.integrations.vllm.exact_sampling import check_exact_seam
 from srt_agent.integrations.vllm.plugin import expand_reference, fix_state
 from srt_agent.integrations.vllm.proposer import ProposerOptions, SRTProposer, check_seam, prompt_key, step_cost_model
 
@@ -185,6 +186,8 @@ def test_the_seam_is_in_place():
 
     check_seam()
     assert GPUModelRunner.propose_draft_token_ids.srt_seam
+    check_exact_seam()  # the plugin wrapped the runner's sampling step as well
+    assert GPUModelRunner._sample.srt_exact
 
 
 def test_the_temperature_fix_writes_expanded_floats():

@@ -8,9 +8,12 @@ request aborted). vLLM's own EOS rule is off (``ignore_eos``): the model's end-o
 stop ids instead, as our engine uses them. A later turn of a request is a new vLLM request over the whole
 token list (tool output as forced ids); vLLM's prefix cache reuses the KV of what it has seen.
 
-Seeds: a seeded request gets a vLLM seed derived from its seed and its prompt length (each turn draws
-fresh noise). vLLM's rejection sampler uses that noise differently from plain sampling, so at T > 0 the
-tokens with and without speculation agree in distribution, not token for token; at T = 0 they are equal.
+Sampling is exact by default (``exact_sampling``, see ``srt_agent.integrations.vllm.exact_sampling``):
+the token at each absolute position is sampled with noise keyed by the request's seed and that position,
+as in our engine, so a seeded request emits the same tokens whatever was drafted, and the tokens our
+engine emits on the same weights (up to float32 near-ties). With ``exact_sampling=False`` vLLM's own
+sampler runs: a seeded request gets a vLLM seed derived from its seed and its prompt length (each turn
+draws fresh noise), and at T > 0 tokens with and without speculation agree in distribution only.
 The model runs in float32. New weights go in place through the worker's ``reload_weights`` (names of the
 Hugging Face state dict) and empty the prefix cache; the SRT proposer's trees stay.
 """
@@ -39,10 +42,11 @@ INSTALL_HINT = (
     "(x86-64 Linux; on CUDA machines: pip install vllm)"
 )
 
-#: why a vLLM run's trajectories differ between drafters at T > 0 (the trainer's report says it)
+#: why a vLLM run's trajectories differ between drafters at T > 0 without exact sampling (the report says it)
 VLLM_IDENTICAL_NOTE = (
-    "vLLM's rejection sampler spends the seeded noise differently when it verifies drafts, so at temperature > 0 "
-    "drafters agree in distribution, not token for token (at temperature 0 they are identical)"
+    "vLLM's own rejection sampler (engine.vllm.exact_sampling: false) spends the seeded noise differently when it "
+    "verifies drafts, so at temperature > 0 drafters agree in distribution, not token for token (at temperature 0 "
+    "they are identical)"
 )
 
 
@@ -107,12 +111,14 @@ class VLLMEngine:
         enforce_eager: bool = True,
         kv_cache_gib: float = 2.0,
         threads: int | None = None,
+        exact_sampling: bool = True,
     ):
         check_vllm_drafter(drafter)
         missing = vllm_missing()
         if missing:
             raise VLLMUnavailable(missing)
         from ..integrations.vllm import cpu_env, speculative_config
+        from ..integrations.vllm.exact_sampling import EXACT_ENV, check_exact_seam
         from ..integrations.vllm.plugin import register
 
         for key, value in cpu_env(threads, kv_cache_gib, in_process=True).items():
@@ -120,11 +126,14 @@ class VLLMEngine:
                 os.environ[key] = value  # the live proposer and the weight reload need the worker here
             else:
                 os.environ.setdefault(key, value)
-        register()  # the CPU temperature fix and the proposer's seam, in this process (the worker's)
+        register()  # the CPU temperature fix, exact sampling and the proposer's seam, in this process (the worker's)
+        if exact_sampling:
+            check_exact_seam()
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
         self.drafter_name = drafter
+        self.exact_sampling = exact_sampling
         self.max_batch, self.max_context = max_batch, max_context
         self.stops = StopChecker(frozenset(eos_token_ids), max_context, tokenizer)
         self.eos_token_ids = sorted(eos_token_ids)
@@ -141,12 +150,15 @@ class VLLMEngine:
             speculative_config=speculative_config(drafter, speculative_tokens),
             disable_log_stats=True,
             seed=0,
+            async_scheduling=False if exact_sampling else None,
         )
-        set_num_threads = torch.set_num_threads
+        set_num_threads, exact_before = torch.set_num_threads, os.environ.get(EXACT_ENV)
+        os.environ[EXACT_ENV] = "1" if exact_sampling else "0"  # read when this engine's model runner is built
         try:
             self.llm = LLMEngine.from_engine_args(args)
         finally:  # vLLM's CPU worker disables it process-wide; the trainer and our engine still need it
             torch.set_num_threads = set_num_threads
+            _restore_env(EXACT_ENV, exact_before)  # other engines in this process choose for themselves
         # vLLM's CPU attention checks at every step that the thread count is the one it started with;
         # another engine's start (or anyone's set_num_threads) in this process may have changed it.
         self.threads_at_start = torch.get_num_threads()
@@ -185,7 +197,7 @@ class VLLMEngine:
             top_p=params.top_p,
             top_k=params.top_k,
             max_tokens=max_tokens,
-            seed=turn_seed(params.seed, len(prompt)),
+            seed=params.seed if self.exact_sampling else turn_seed(params.seed, len(prompt)),
             stop_token_ids=list(dict.fromkeys(params.stop_token_ids + ([] if params.ignore_eos else self.eos_token_ids))),
             ignore_eos=True,
             logprobs=0,
@@ -376,6 +388,13 @@ class VLLMBackend(AsyncEngine):
         self.engine.close()
 
 
+def _restore_env(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
+
+
 def _vllm_version() -> str:
     import vllm
 
@@ -395,6 +414,6 @@ def vllm_backend(config, loaded, drafter: str | None = None) -> VLLMBackend:
     engine = VLLMEngine(
         model_dir, loaded.tokenizer, loaded.eos_token_ids, drafter=drafter, max_batch=e.max_batch,
         max_context=e.max_context, speculative_tokens=e.vllm.speculative_tokens, enforce_eager=e.vllm.enforce_eager,
-        kv_cache_gib=e.vllm.kv_cache_gib, threads=e.vllm.threads,
+        kv_cache_gib=e.vllm.kv_cache_gib, threads=e.vllm.threads, exact_sampling=e.vllm.exact_sampling,
     )
     return VLLMBackend(engine)

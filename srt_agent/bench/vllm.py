@@ -23,6 +23,7 @@ import torch
 
 from ..agent.config import EnvConfig, load_env_config
 from ..engine.device_info import detect_device
+from ..rl.metrics import identical_share
 from ..rl.rollouts import RolloutRun, RolloutVariant
 
 
@@ -82,8 +83,9 @@ def bench_env(cfg: VLLMBenchConfig, batch: int) -> EnvConfig:
     return load_env_config(cfg.env, overrides + list(cfg.overrides))
 
 
-def method_figures(runs: Sequence[RolloutRun]) -> dict[str, float]:
-    """Generation time, tokens, speed and draft figures of one method's rollouts in one step."""
+def method_figures(runs: Sequence[RolloutRun], reference: Sequence[RolloutRun]) -> dict[str, float]:
+    """Generation time, tokens, speed and draft figures of one method's rollouts in one step, and the share
+    of its trajectories identical to `reference`'s (the training rollouts) token for token."""
     gen_s = sum(r.summary.wall_s for r in runs)
     tokens = sum(r.summary.model_tokens for r in runs)
     forwards = sum(r.summary.forwards for r in runs)
@@ -94,6 +96,7 @@ def method_figures(runs: Sequence[RolloutRun]) -> dict[str, float]:
         "forwards": float(forwards), "tokens_per_forward": tokens / forwards if forwards else 0.0,
         "draft_proposed": float(proposed), "draft_accepted": float(accepted),
         "acceptance": accepted / proposed if proposed else 0.0,
+        "identical": identical_share([t for r in reference for t in r.trajectories], [t for r in runs for t in r.trajectories]),
     }
 
 
@@ -109,7 +112,7 @@ class StepLog:
         keys = {t.key for run in runs[TRAINER] for t in run.tasks}
         revisit = bool(keys) and keys <= self.seen
         self.seen |= keys
-        methods = {name: method_figures(runs[name]) for name in self.names}
+        methods = {name: method_figures(runs[name], runs[TRAINER]) for name in self.names}
         base = methods[BASELINE]
         for figures in methods.values():
             figures["speedup_vs_vllm_none"] = base["gen_s"] / figures["gen_s"] if figures["gen_s"] > 0 else 0.0
@@ -143,9 +146,10 @@ def run_batch(cfg: VLLMBenchConfig, batch: int, methods: list[BenchMethod], load
 def summarize_steps(steps: list[dict]) -> dict:
     """Per method: mean generation time over all steps, over revisits, over first visits, and the ratios
     to vLLM without speculation: its time / the method's (``speedup_*``), and its milliseconds per generated
-    token / the method's (``token_speedup_*``). At T > 0 vLLM's methods sample different (equally likely)
-    trajectories, whose lengths vary far more between methods than their speed does, so the second ratio
-    is the one that compares speed."""
+    token / the method's (``token_speedup_*``); the share of trajectories identical to the training
+    rollouts. With exact sampling (the default) every method emits the same tokens, so the first ratio
+    compares speed on the same work; with ``engine.vllm.exact_sampling: false`` vLLM's methods sample
+    different (equally likely) trajectories at T > 0 and only the second ratio compares speed."""
     out: dict[str, dict] = {}
     names = list(steps[0]["methods"]) if steps else []
     for name in names:
@@ -164,6 +168,7 @@ def summarize_steps(steps: list[dict]) -> dict:
             row[f"token_speedup_{label}"] = (base / base_tokens) / (mine / my_tokens) if mine > 0 and base_tokens else None
         proposed = sum(s["methods"][name]["draft_proposed"] for s in steps)
         row["acceptance"] = sum(s["methods"][name]["draft_accepted"] for s in steps) / proposed if proposed else None
+        row["identical"] = sum(s["methods"][name]["identical"] for s in steps) / len(steps) if steps else None
         row["tokens_per_forward"] = (sum(s["methods"][name]["tokens"] for s in steps)
                                      / max(sum(s["methods"][name]["forwards"] for s in steps), 1.0))
         row["min_step_speedup"] = min(s["methods"][name]["speedup_vs_vllm_none"] for s in steps) if steps else None
@@ -205,18 +210,18 @@ def vllm_table(result: dict) -> str:
     lines = []
     for run in result["runs"]:
         lines += [f"batch {run['batch']}", "",
-                  "| method | gen s/step | vs vllm:none | per token | per token, first visits | per token, revisits "
-                  "| per token, min step | acceptance | tok/fwd |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| method | gen s/step | vs vllm:none | first visits | revisits | slowest step | per token "
+                  "| acceptance | tok/fwd | identical |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name, row in run["summary"].items():
             def cell(key: str, fmt: str) -> str:
                 return "–" if row.get(key) is None else fmt.format(row[key])
 
             lines.append(f"| {name} | {cell('gen_s_all', '{:.1f}')} | {cell('speedup_all', '{:.2f}x')} | "
-                         f"{cell('token_speedup_all', '{:.2f}x')} | {cell('token_speedup_first', '{:.2f}x')} | "
-                         f"{cell('token_speedup_revisit', '{:.2f}x')} | {cell('min_step_token_speedup', '{:.2f}x')} | "
-                         f"{cell('acceptance', '{:.0%}')} | "
-                         f"{cell('tokens_per_forward', '{:.2f}')} |")
+                         f"{cell('speedup_first', '{:.2f}x')} | {cell('speedup_revisit', '{:.2f}x')} | "
+                         f"{cell('min_step_speedup', '{:.2f}x')} | {cell('token_speedup_all', '{:.2f}x')} | "
+                         f"{cell('acceptance', '{:.0%}')} | {cell('tokens_per_forward', '{:.2f}')} | "
+                         f"{cell('identical', '{:.0%}')} |")
         lines.append("")
     return "\n".join(lines)
 

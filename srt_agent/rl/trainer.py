@@ -436,7 +436,7 @@ class Trainer:
             if share < 1.0:
                 lenient = next(v.drafter for v in self.variants if v.name == name) in LENIENT_DRAFTERS
                 why = "it accepts drafts leniently: not exactly on-policy" if lenient else "float32 near-ties can flip between batch shapes"
-                if self.backend == "vllm":
+                if self.backend == "vllm" and not self.config.engine.vllm.exact_sampling:
                     why = VLLM_IDENTICAL_NOTE
                 self._log(
                     f"[yellow]step {metrics['step']:.0f}: {name}'s rollouts match {share:.0%} of {self.config.engine.drafter}'s "
@@ -577,7 +577,7 @@ class Trainer:
                     totals[f"speedup_vs_{name}_{label}"] = sum(m.get(f"compare/{name}/gen_s", 0.0) for m in chosen) / mine
             shares = [m.get(f"compare/{name}/identical", 0.0) for m in self.history]
             totals[f"identical_vs_{name}"] = sum(shares) / len(shares) if shares else None
-            if self.backend == "vllm":
+            if self.backend == "vllm" and not cfg.engine.vllm.exact_sampling:
                 totals[f"identical_vs_{name}_note"] = VLLM_IDENTICAL_NOTE
         totals["gen_s"] = gen
         totals["update_s"] = sum(m.get("timing_s/update_actor", 0.0) for m in self.history)

