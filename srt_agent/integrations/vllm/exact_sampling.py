@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ...engine.sampler import RowSampling, perturbed_logits
+from ...engine.sampler import RowSampling, sample_rows
 
 EXACT_ENV = "SRT_VLLM_EXACT_SAMPLING"
 PLACEHOLDER = -1  # vLLM's rejected-token marker in a spec step's output rows
@@ -97,7 +97,9 @@ def _is_active(processor: Any) -> bool:
 
 
 def exact_sample(runner: Any, logits: torch.Tensor, spec: Any) -> Any:
-    """SamplerOutput of one step: every logits row sampled at its request's position (see module docstring)."""
+    """SamplerOutput of one step: every request's rows sampled at their positions (see the module
+    docstring). Draft rows are sampled depth by depth, each depth only for the requests whose drafts were
+    accepted so far: rows past a rejection are never sampled."""
     from vllm.v1.outputs import SamplerOutput
     from vllm.v1.sample.sampler import Sampler
 
@@ -107,46 +109,59 @@ def exact_sample(runner: Any, logits: torch.Tensor, spec: Any) -> Any:
         raise ValueError(f"exact sampling does not implement {problem}; turn engine.vllm.exact_sampling off to use them")
     batch = runner.input_batch
     num_reqs = batch.num_reqs
-    drafts = [0] * num_reqs if spec is None else list(spec.num_draft_tokens)
     if spec is None:
-        rows = list(range(num_reqs))  # logits row of (request i, j-th sampled token)
-        row_of = [[i] for i in range(num_reqs)]
+        rows_of = [[i] for i in range(num_reqs)]  # the logits rows of each request, in position order
+        drafts: list[list[int]] = [[] for _ in range(num_reqs)]
     else:
-        targets = spec.target_logits_indices.tolist()
-        bonus = spec.bonus_logits_indices.tolist()
-        row_of, start = [], 0
-        for i, k in enumerate(drafts):
-            row_of.append(targets[start : start + k] + [bonus[i]])
+        targets, bonus, ids = spec.target_logits_indices.tolist(), spec.bonus_logits_indices.tolist(), spec.draft_token_ids.tolist()
+        rows_of, drafts, start = [], [], 0
+        for i, k in enumerate(spec.num_draft_tokens):
+            rows_of.append(targets[start : start + k] + [bonus[i]])
+            drafts.append(ids[start : start + k])
             start += k
-        rows = sorted(r for rs in row_of for r in rs)
-    specs: dict[int, RowSampling] = {}
-    for i in range(num_reqs):
-        temperature, top_p, top_k, seed = request_sampling(runner, i)
-        first = int(batch.num_tokens_no_spec[i])  # the position of the request's first sampled token
-        for j, r in enumerate(row_of[i]):
-            specs[r] = RowSampling(temperature, top_p, top_k, seed, first + j)
-    chosen = logits[rows].to(torch.float32)
-    scaled, perturbed = perturbed_logits(chosen, [specs[r] for r in rows])
-    sampled = torch.argmax(perturbed, dim=-1)
-    logprobs = scaled.log_softmax(dim=-1)
-    at = {r: n for n, r in enumerate(rows)}  # logits row -> index in `chosen`
-    width = 1 + (max(drafts) if spec is not None else 0)
+    sampling = [request_sampling(runner, i) for i in range(num_reqs)]
+    first = [int(batch.num_tokens_no_spec[i]) for i in range(num_reqs)]  # each request's next position
+    width = max(len(r) for r in rows_of)
     tokens = torch.full((num_reqs, width), PLACEHOLDER, dtype=torch.int64)
-    source = torch.zeros((num_reqs, width), dtype=torch.int64)  # index in `chosen` of each output slot
-    sampled_list = sampled.tolist()
-    draft_ids = spec.draft_token_ids.tolist() if spec is not None else []
-    offset = 0
-    for i in range(num_reqs):
-        for j, r in enumerate(row_of[i]):
-            token = sampled_list[at[r]]
-            tokens[i, j], source[i, j] = token, at[r]
-            if j < drafts[i] and token != draft_ids[offset + j]:
-                break  # the draft token at j is rejected; the token sampled there stands in for it
-        offset += drafts[i]
+    emitted: list[tuple[int, int, int]] = []  # (request, depth, logits row)
+    alive = list(range(num_reqs))
+    for depth in range(width):
+        wave = [i for i in alive if depth < len(rows_of[i])]
+        if not wave:
+            break
+        rows = [rows_of[i][depth] for i in wave]
+        specs = [RowSampling(*sampling[i][:3], sampling[i][3], first[i] + depth) for i in wave]
+        sampled, _ = sample_rows(logits[rows], specs)
+        alive = []
+        for i, row, token in zip(wave, rows, sampled):
+            tokens[i, depth] = token
+            emitted.append((i, depth, row))
+            if depth < len(drafts[i]) and token == drafts[i][depth]:
+                alive.append(i)  # the draft token stands: the next depth is verified too
     device = logits.device
     logprob_tensors = None
     if metadata.max_num_logprobs is not None:
-        flat = tokens.flatten().clamp(min=0).to(device)
-        picked = logprobs[source.flatten().to(device)]
-        logprob_tensors = Sampler.gather_logprobs(picked, metadata.max_num_logprobs, flat)
+        logprob_tensors = _emitted_logprobs(logits, emitted, tokens, sampling, metadata.max_num_logprobs)
     return SamplerOutput(sampled_token_ids=tokens.to(torch.int32).to(device), logprobs_tensors=logprob_tensors)
+
+
+def _emitted_logprobs(logits: torch.Tensor, emitted: list[tuple[int, int, int]], tokens: torch.Tensor,
+                      sampling: list[tuple[float, float, int, int]], num_logprobs: int) -> Any:
+    """vLLM's LogprobsTensors for a step: one row per output slot (request × depth; the placeholders' rows
+    are dropped by vLLM), each emitted token's log_softmax(logits / T) and the top `num_logprobs`."""
+    from vllm.v1.outputs import LogprobsTensors
+    from vllm.v1.sample.sampler import Sampler
+
+    device, width = logits.device, tokens.shape[1]
+    slots = torch.tensor([i * width + depth for i, depth, _ in emitted], dtype=torch.int64)
+    rows = torch.tensor([row for _, _, row in emitted], dtype=torch.int64, device=device)
+    temperatures = torch.tensor([sampling[i][0] or 1.0 for i, _, _ in emitted], dtype=torch.float32, device=device)
+    logprobs = (logits[rows].to(torch.float32) / temperatures.unsqueeze(1)).log_softmax(dim=-1)
+    part = Sampler.gather_logprobs(logprobs, num_logprobs, tokens.flatten()[slots].to(device))
+    slots = slots.to(device)
+    size = tokens.numel()
+    ids = torch.zeros((size, num_logprobs + 1), dtype=part.logprob_token_ids.dtype, device=device)
+    values = torch.zeros((size, num_logprobs + 1), dtype=part.logprobs.dtype, device=device)
+    ranks = torch.zeros(size, dtype=part.selected_token_ranks.dtype, device=device)
+    ids[slots], values[slots], ranks[slots] = part.logprob_token_ids, part.logprobs, part.selected_token_ranks
+    return LogprobsTensors(ids, values, ranks)
