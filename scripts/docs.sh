@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+export NO_MKDOCS_2_WARNING=1  # mkdocs-material's banner about MkDocs 2; the build's own warnings still show
 [ -x .venv/bin/python ] || python3 -m venv .venv
 if ! .venv/bin/python -c "import material, mkdocs" 2>/dev/null; then
   .venv/bin/python -m pip install -q "mkdocs-material>=9,<10"
