@@ -92,6 +92,10 @@ class VLLMOptions(_Strict):
     enforce_eager: bool = Field(True, description="skip torch.compile (start-up in seconds instead of minutes)")
     kv_cache_gib: float = Field(1.0, gt=0, description="KV cache per engine (VLLM_CPU_KVCACHE_SPACE) unless set in the environment")
     threads: int | None = Field(None, ge=1, description="CPUs vLLM's OpenMP threads bind to (default: all this process may use)")
+    block_size: int | None = Field(
+        32, ge=1, description="KV-cache block size in tokens (the prefix cache's granularity: GRPO siblings and later "
+        "turns reuse whole blocks only; vLLM's CPU attention needs a multiple of 32); null: vLLM's default (128 on CPU)"
+    )
     exact_sampling: bool = Field(
         True, description="sample as our engine does (position-keyed noise): a seeded request's tokens do not depend on "
         "drafts or batch, and equal our engine's; off: vLLM's own sampler (equal in distribution only)"
