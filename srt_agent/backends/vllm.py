@@ -28,6 +28,7 @@ import os
 import platform
 import random
 import time
+import warnings
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +126,8 @@ class VLLMEngine:
         from ..integrations.vllm.exact_sampling import EXACT_ENV, check_exact_seam
         from ..integrations.vllm.plugin import register
 
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up chatter would bury the run's own lines
+        warnings.filterwarnings("ignore", message=".*reduce_op.*", category=FutureWarning)  # vLLM's kernel scan
         for key, value in cpu_env(threads, kv_cache_gib, in_process=True).items():
             if key == "VLLM_ENABLE_V1_MULTIPROCESSING":
                 os.environ[key] = value  # the live proposer and the weight reload need the worker here
@@ -156,6 +159,7 @@ class VLLMEngine:
             seed=0,
             async_scheduling=False if exact_sampling else None,
             block_size=block_size,
+            use_tqdm_on_load=False,
         )
         set_num_threads, exact_before = torch.set_num_threads, os.environ.get(EXACT_ENV)
         os.environ[EXACT_ENV] = "1" if exact_sampling else "0"  # read when this engine's model runner is built
