@@ -264,7 +264,9 @@ class Trainer:
         metrics["timing_s/gen"] = gen.wall_s
         metrics["training/sampling_rounds"] = float(len(gen.runs))
         metrics.update(run_ahead_metrics(gen.runs, gen.wall_s))
-        for name in rollouts.drafters[1:]:
+        compared = rollouts.drafters[1:]
+        turn = step % len(compared) if compared else 0
+        for name in compared[turn:] + compared[:turn]:  # each step starts with the next one: no drafter always runs first
             metrics.update(self._compare(name, gen, rollouts))
         metrics["timing_s/step"] = time.perf_counter() - t_step
         return metrics, gen
