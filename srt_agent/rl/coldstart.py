@@ -25,6 +25,7 @@ from ..models import LoadedModel, cache_root
 from .batch import Sample
 from .evaluate import ToolUseReport
 from .policy import Policy
+from .progress import Phase, no_bar
 from .sft import sft_epochs
 from .traces import load_message_traces, procedural_traces, trajectory_sample, turn_end_token
 
@@ -104,7 +105,8 @@ def cold_start_dir(key: str) -> Path:
     return cache_root() / "coldstart" / key
 
 
-def build_samples(config: EnvConfig, controller_args: dict, loaded: LoadedModel) -> tuple[list[Sample], list[Trajectory]]:
+def build_samples(config: EnvConfig, controller_args: dict, loaded: LoadedModel,
+                  phase: Phase = no_bar) -> tuple[list[Sample], list[Trajectory]]:
     """The SFT samples: procedural traces (answers checked) or the user's own trace file."""
     end = turn_end_token(loaded.tokenizer, loaded.eos_token_ids)
     cs = config.cold_start
@@ -117,7 +119,8 @@ def build_samples(config: EnvConfig, controller_args: dict, loaded: LoadedModel)
     # A worked solution is short; the RL env's turn and token limits do not bind it.
     limits = {"max_turns": max(config.max_turns, 2), "max_tokens_per_turn": 4096, "max_response_tokens": 8192}
     args = {**controller_args, "config": config.model_copy(update=limits)}
-    trajectories = procedural_traces(args, tasks, end, seed=cs.seed)
+    with phase("cold-start traces (solutions run in the sandbox)", len(tasks)) as update:
+        trajectories = procedural_traces(args, tasks, end, seed=cs.seed, on_done=lambda _: update(advance=1))
     good = [t for t in trajectories if t.finish_reason == "done" and t.reward >= config.reward.correct and t.tool_calls]
     if not good:
         statuses = sorted({c.status for t in trajectories for c in t.tool_calls})
@@ -133,13 +136,14 @@ def run_cold_start(
     loaded: LoadedModel,
     controller_args: dict,
     evaluate: Evaluator | None = None,
-    on_sft_step: Callable[[int, int, float], None] | None = None,
+    phase: Phase = no_bar,
     log: Callable[[str], None] = print,
 ) -> ColdStartResult:
     """Cold-start `loaded` (from the cache when this exact cold start ran before).
 
     `evaluate(label)` runs the held-out report with the engines' current weights; it is called before
-    SFT, and after, once the caller has loaded the returned weights (see :func:`finish_report`).
+    SFT, and after, once the caller has loaded the returned weights (see :func:`finish_report`). `phase`
+    shows the trace generation and the SFT steps as they go.
     """
     key = cold_start_key(config, loaded)
     folder = cold_start_dir(key)
@@ -160,14 +164,16 @@ def run_cold_start(
         )
     start = time.perf_counter()
     before = evaluate("before cold start") if evaluate is not None else None
-    samples, trajectories = build_samples(config, controller_args, loaded)
+    samples, trajectories = build_samples(config, controller_args, loaded, phase)
     tokens = sum(s.trained_tokens for s in samples)
     log(f"cold start: {len(samples)} traces, {tokens} trained tokens, {sum(len(s) for s in samples)} tokens in all")
     cs, train = config.cold_start, config.train
     policy = Policy(loaded.model, config.sampling.temperature, train.lora, dtype=getattr(torch, train.dtype))
-    history = sft_epochs(
-        policy, samples, cs.epochs, cs.lr, cs.batch_size, train.micro_batch_tokens, seed=cs.seed, on_step=on_sft_step
-    )
+    with phase("cold start SFT", None, "loss {task.fields[loss]:.3f}", loss=float("nan")) as update:
+        history = sft_epochs(
+            policy, samples, cs.epochs, cs.lr, cs.batch_size, train.micro_batch_tokens, seed=cs.seed,
+            on_step=lambda done, total, loss: update(completed=done, total=total, loss=loss),
+        )
     weights = policy.engine_weights()
     del policy
     result = ColdStartResult(weights, len(samples), tokens, history, before, None, time.perf_counter() - start, False, key)

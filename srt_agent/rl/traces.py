@@ -14,7 +14,7 @@ import asyncio
 import json
 import random
 import re
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
 from ..agent.chat import render_prompt, user_turn_text
@@ -82,8 +82,10 @@ class ScriptedGenerator:
         return 0
 
 
-def procedural_traces(controller_args: dict, tasks: Sequence[Task], end_token: int, seed: int = 0) -> list[Trajectory]:
-    """Run the controller over `tasks` with the scripted generator; one trajectory per task.
+def procedural_traces(controller_args: dict, tasks: Sequence[Task], end_token: int, seed: int = 0,
+                      on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+    """Run the controller over `tasks` with the scripted generator; one trajectory per task (each handed to
+    `on_done` as it finishes).
 
     `controller_args` are :class:`MultiTurnController`'s fields other than ``engine`` (tokenizer, config,
     env class, tools, end-of-turn ids). Tasks need ``extra_info["solution"]``.
@@ -94,7 +96,7 @@ def procedural_traces(controller_args: dict, tasks: Sequence[Task], end_token: i
     tokenizer = controller_args["tokenizer"]
     generator = ScriptedGenerator(tokenizer, {t.key: t for t in tasks}, end_token, seed)
     controller = MultiTurnController(engine=generator, **controller_args)
-    return asyncio.run(controller.run(list(tasks), n_samples=1))
+    return asyncio.run(controller.run(list(tasks), n_samples=1, on_done=on_done))
 
 
 def trajectory_sample(traj: Trajectory, group: Hashable = 0) -> Sample:

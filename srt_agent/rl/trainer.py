@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ..agent.config import ConfigError, EnvConfig, load_env_config
 from ..agent.datasets import arithmetic_tasks
@@ -39,6 +38,7 @@ from .data import PromptSampler
 from .evaluate import ToolUseReport, tool_use_report
 from .metrics import identical_share, rollout_metrics, sample_metrics
 from .policy import Policy
+from .progress import phase_bar
 from .report import step_table, story_lines, write_report
 from .rollouts import PolicyRollouts, RolloutRun, RolloutVariant, stats_delta
 from .trackers import Tracker, make_trackers
@@ -314,11 +314,12 @@ class Trainer:
 
     def _run_with_progress(self, rollouts, drafter, tasks, seed, label, n: int | None = None, upcoming=None) -> RolloutRun:
         n = n or self.config.n_samples
-        columns = (TextColumn(f"[bold]{label}[/bold] ({drafter})"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("eta"), TimeRemainingColumn())
-        with Progress(*columns, console=self.console, transient=True) as progress:
-            bar = progress.add_task("", total=len(tasks) * n)
-            return rollouts.run(drafter, tasks, n, seed, on_done=lambda _: progress.advance(bar), upcoming=upcoming)
+        with self._phase(f"{label} ({drafter})", len(tasks) * n) as update:
+            return rollouts.run(drafter, tasks, n, seed, on_done=lambda _: update(advance=1), upcoming=upcoming)
+
+    def _phase(self, label: str, total: float | None = None, detail: str = "", **fields):
+        """A transient progress bar on the run's console while a phase runs."""
+        return phase_bar(self.console, label, total, detail, **fields)
 
     def _compare(self, name: str, gen: StepRollouts, rollouts: PolicyRollouts) -> dict[str, float]:
         """Regenerate the step's rounds with variant `name`: same weights, same seeds."""
@@ -414,7 +415,10 @@ class Trainer:
         compute_advantages(samples, train)
         generator = torch.Generator().manual_seed(step_seed(train.seed, step, 99))
         t0 = time.perf_counter()
-        out.update(update_policy(policy, parts.optimizer, samples, train, generator, parts.scheduler))
+        trained = train.ppo_epochs * sum(s.trained_tokens for s in samples)
+        with self._phase(f"step {step} update (trained tokens)", trained) as update:
+            out.update(update_policy(policy, parts.optimizer, samples, train, generator, parts.scheduler,
+                                     on_tokens=lambda n: update(advance=n)))
         out["timing_s/update_actor"] = time.perf_counter() - t0
         out.update(logprob_mismatch(samples, [s.old_logprobs or [] for s in samples]))
         out.update(sample_metrics(samples))
@@ -456,15 +460,7 @@ class Trainer:
             tokenizer=controller.tokenizer, config=cfg, env_class=controller.env_class, tools=tools,
             eos_token_ids=controller.eos_token_ids,
         )
-        with Progress(TextColumn("[bold]cold start SFT[/bold]"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                      console=self.console, transient=True) as progress:
-            bar = progress.add_task("", total=None, loss=float("nan"))
-
-            def on_step(done: int, total: int, loss: float) -> None:
-                progress.update(bar, completed=done, total=total, loss=loss)
-
-            self.cold = run_cold_start(cfg, self.loaded, args, evaluate, on_step, log=self._log)
+        self.cold = run_cold_start(cfg, self.loaded, args, evaluate, self._phase, log=self._log)
         rollouts.update_weights(self.cold.weights)
         finish_report(self.cold, evaluate)
         self._log(cold_start_line(self.cold))

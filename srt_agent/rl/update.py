@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -90,8 +90,10 @@ def update_policy(
     cfg: TrainConfig,
     generator: torch.Generator | None = None,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    on_tokens: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
-    """Run the configured epochs and mini-batches of PPO-style updates over `samples`.
+    """Run the configured epochs and mini-batches of PPO-style updates over `samples` (`on_tokens(n)` after
+    each micro-batch, with the tokens it trained).
 
     Samples must carry ``advantages`` (and ``returns``/``values`` with a value head, ``ref_logprobs``
     with a KL loss, ``old_logprobs`` when :func:`needs_old_pass`). Without a separate old pass, the first
@@ -128,6 +130,8 @@ def update_policy(
                     break
                 loss.backward()
                 trained_tokens += weight
+                if on_tokens is not None:
+                    on_tokens(int(weight))
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip) if finite else torch.tensor(float("nan"))
             if finite and torch.isfinite(grad_norm):
                 optimizer.step()
