@@ -53,7 +53,7 @@ def models(
     search: bool = typer.Option(False, "--search", help="Scan folders for models: those given, else the current directory and the Hugging Face cache."),
 ):
     """List the architectures the engine runs and the models srt-agent can load."""
-    from .engine.architectures import supported_table
+    from .models.architectures import supported_table
     from .models import default_search_dirs, list_models
 
     arch_table = Table("architecture", "transformers class", "GGUF", title="Supported architectures (verified by the test suite)")

@@ -9,7 +9,7 @@ import torch
 
 from srt_agent.cache import DRAFTERS, LENIENT_DRAFTERS, Draft, make_drafter
 from srt_agent.engine import Engine, SamplingParams
-from srt_agent.engine.architectures import VERIFIED
+from srt_agent.models.architectures import VERIFIED
 from srt_agent.engine.cost_model import ForwardCostModel
 from srt_agent.engine.model_drafting import ModelDrafter
 from srt_agent.models import tiny_random_model

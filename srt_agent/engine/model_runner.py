@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .architectures import check_model
+from ..models.architectures import check_model
 from .device_info import detect_device
 from .kv_cache import KVCache
 from .packed_linear import pack_model_linears, should_pack

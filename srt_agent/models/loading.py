@@ -152,7 +152,7 @@ def check_runnable(path: Path) -> None:
     or a .gguf file); reads only the config or the GGUF metadata, never the weights."""
     from transformers import AutoConfig
 
-    from .engine.architectures import UnsupportedModel, check_config
+    from .architectures import UnsupportedModel, check_config
 
     try:
         if path.suffix == ".gguf":
@@ -230,14 +230,14 @@ def tiny_random_model(
     device: str | torch.device = "cpu",
     tokenizer=None,
 ) -> LoadedModel:
-    """A small random-weight model of any verified architecture (`engine.architectures.VERIFIED`:
+    """A small random-weight model of any verified architecture (`models.architectures.VERIFIED`:
     llama, qwen2, gemma2, …), built from a config (no download), for tests.
 
     Pass a tokenizer (e.g. SmolLM2's) when text matters; its vocabulary size then wins.
     """
     from transformers import AutoModelForCausalLM
 
-    from .engine.architectures import tiny_config
+    from .architectures import tiny_config
 
     if tokenizer is not None:
         vocab_size = len(tokenizer)
@@ -283,7 +283,7 @@ def default_search_dirs() -> list[Path]:
 
 
 def _runnable(path: Path) -> str:
-    from .engine.architectures import UnsupportedModel
+    from .architectures import UnsupportedModel
 
     try:
         check_runnable(path)
