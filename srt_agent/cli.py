@@ -53,8 +53,8 @@ def models(
     search: bool = typer.Option(False, "--search", help="Scan folders for models: those given, else the current directory and the Hugging Face cache."),
 ):
     """List the architectures the engine runs and the models srt-agent can load."""
-    from .models.architectures import supported_table
     from .models import default_search_dirs, list_models
+    from .models.architectures import supported_table
 
     arch_table = Table("architecture", "transformers class", "GGUF", title="Supported architectures (verified by the test suite)")
     for arch, cls, gguf in supported_table():
@@ -88,8 +88,8 @@ def rollout(
     """Multi-turn rollouts of an env config with the embedded model and the local sandbox; writes JSONL."""
     from dataclasses import asdict
 
-    from .agent.config import ConfigError
     from .agent.report import rollout_env_file
+    from .config import ConfigError
     from .tools import SandboxUnavailable
 
     if backend in ("vllm", "auto"):
@@ -116,9 +116,9 @@ def train(
     backend: Optional[str] = typer.Option(None, help="Rollout backend: engine (ours), vllm, or auto (default: the config's engine.backend)."),
 ):
     """RL training: ReTool cold start, then GRPO / DAPO / PPO with SRT rollouts (the main job)."""
-    from .agent.config import ConfigError, load_env_config
-    from .rl.coldstart import ColdStartError
+    from .config import ConfigError, load_env_config
     from .rl.checkpoint import fresh_run_folder, run_folder
+    from .rl.coldstart import ColdStartError
     from .rl.trainer import Trainer
     from .tools import SandboxUnavailable
 
@@ -464,7 +464,7 @@ def bench_ablation(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the result as a PNG here."),
 ):
     """SRT's stages step by step through the trainer: history-only trees, + online updates, + run-ahead."""
-    from .agent.config import ConfigError
+    from .config import ConfigError
     from .rl.ablation import AblationConfig, ablation_tables, plot_ablation, run_ablation
     from .tools import SandboxUnavailable
 
@@ -503,9 +503,15 @@ def bench_paper(
     from_json: list[Path] = typer.Option([], "--from-json", help="Run nothing: merge these results (e.g. one per algorithm) and report them."),
 ):
     """SRT's Table 1 measured here: every rollout method side by side in GRPO, DAPO and PPO runs."""
-    from .agent.config import ConfigError
+    from .config import ConfigError
     from .rl.paper_bench import (
-        METHODS, PaperBenchConfig, ablation_table, merge_results, paper_table, plot_paper, run_paper_bench,
+        METHODS,
+        PaperBenchConfig,
+        ablation_table,
+        merge_results,
+        paper_table,
+        plot_paper,
+        run_paper_bench,
     )
     from .tools import SandboxUnavailable
 
@@ -555,8 +561,8 @@ def bench_vllm(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of generation time per step here."),
 ):
     """vLLM (none, ngram, suffix, SRT as its proposer) and our engine (none, SRT) in the same RL steps."""
-    from .agent.config import ConfigError
     from .bench.vllm import METHODS, VLLMBenchConfig, plot_vllm, run_vllm_bench, vllm_table
+    from .config import ConfigError
     from .tools import SandboxUnavailable
 
     preload_for_vllm()

@@ -182,9 +182,9 @@ def test_the_update_is_verl_s_token_mean_loss_over_the_whole_mini_batch(algorith
     """Our packed, micro-batched update against verl's vanilla policy loss on padded rows: token-level
     normalisation by the whole mini-batch's tokens (verl's ``batch_num_tokens``), clip-higher and the dual
     clip (engine log-probs far below the policy's put ratios above ``clip_ratio_c``)."""
+    from srt_agent.config import TrainConfig
     from srt_agent.models import tiny_random_model
     from srt_agent.rl.batch import pack
-    from srt_agent.rl.config import TrainConfig
     from srt_agent.rl.policy import Policy
     from srt_agent.rl.update import update_policy
 
@@ -243,8 +243,8 @@ def test_overlong_shaping_matches_verl_s_dapo_reward_manager(tmp_path, buffer, f
     from verl import DataProto
     from verl.workers.reward_manager.dapo import DAPORewardManager
 
-    from srt_agent.agent.config import EnvConfig
     from srt_agent.agent.trajectory import Trajectory
+    from srt_agent.config import EnvConfig
     from srt_agent.models import load_tokenizer
     from srt_agent.rl.trainer import Trainer
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from srt_agent.agent import EnvConfig, ReToolEnv, arithmetic_tasks, load_tools
-from srt_agent.agent.config import InterpreterConfig
+from srt_agent.config import InterpreterConfig
 from srt_agent.agent.datasets import ARITHMETIC_KINDS
 from srt_agent.agent.retool import interpreter_block
 from srt_agent.models import end_token_ids, load_tokenizer

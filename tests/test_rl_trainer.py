@@ -9,13 +9,12 @@ import pytest
 import torch
 from rl_envs import tiny_env_file
 
-from srt_agent.agent.config import ConfigError, load_env_config
 from srt_agent.agent.controller import MultiTurnController
+from srt_agent.config import ConfigError, load_env_config
 from srt_agent.models import load_tokenizer, tiny_random_model
 from srt_agent.rl.checkpoint import find_checkpoint, load_checkpoint
 from srt_agent.rl.data import PromptSampler
 from srt_agent.rl.trainer import Trainer
-
 
 
 def env_file(tmp_path: Path, **train) -> Path:

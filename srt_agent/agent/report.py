@@ -15,7 +15,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from .config import ConfigError, EngineConfig, load_env_config, validate_config
+from ..config import ConfigError, EngineConfig, load_env_config, validate_config
 from .controller import MultiTurnController
 from .datasets import Task
 from .rollout import RolloutSummary, build_controller, run_rollouts, write_jsonl

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import EnvConfig
+from ..config import EnvConfig
 from .controller import MultiTurnController, ToolWaitStats
 from .datasets import Task
 from .toolconfig import load_tools

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..agent.config import EnvConfig, load_env_config
+from ..config import EnvConfig, load_env_config
 from ..engine.run_ahead import RunAheadOptions, WindowPrompt
 from .replay import replay
 from .rollout_trace import RolloutTrace, TracedRunAhead, TracedStep, TracedTrajectory

@@ -13,8 +13,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 import torch
 
-LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean")
-KL_PENALTIES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+from ..config import KL_PENALTIES, LOSS_AGG_MODES
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..config import LoraConfig
 from .batch import Sample, pack
-from .config import LoraConfig
 from .policy import Policy
 
 

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..agent.config import EnvConfig, load_env_config
 from ..cache import DRAFTERS, LENIENT_DRAFTERS, make_drafter
+from ..config import EnvConfig, load_env_config
 from .ablation import TraceRecorder
 from .rollouts import RolloutRun, RolloutVariant
 

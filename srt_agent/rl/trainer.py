@@ -23,7 +23,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from ..agent.config import ConfigError, EnvConfig, load_env_config
+from ..config import ConfigError, EnvConfig, load_env_config
 from ..agent.datasets import arithmetic_tasks
 from ..agent.rollout import summarize, write_jsonl
 from ..agent.toolconfig import load_tools

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import torch
 
+from ..config import TrainConfig
 from .algorithms import agg_loss, kl_penalty, policy_loss, value_loss
 from .batch import Sample, pack
-from .config import TrainConfig
 from .policy import Policy
 
 
