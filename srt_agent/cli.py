@@ -227,7 +227,7 @@ def sandbox_bench(
     from contextlib import nullcontext
 
     from .tools import LocalSandbox, SandboxFusionSandbox
-    from .tools.bench import bench_sandboxes
+    from .bench.sandbox import bench_sandboxes
     from .tools.server import ServerConfig, running_server
 
     local = LocalSandbox(timeout_s=30)
@@ -254,7 +254,7 @@ def bench_cache(
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
 ):
     """Rollout-cache drafters side by side (accepted tokens per draft, µs per draft and insert, bytes)."""
-    from .cache.bench import MODES, WorkloadSpec, cache_benchmark, result_table
+    from .bench.cache import MODES, WorkloadSpec, cache_benchmark, result_table
 
     if quick:
         prompts, rollouts, tokens = 4, 4, 200
@@ -285,11 +285,11 @@ def bench_affinity(
 ):
     """Accepted draft tokens per step across replicas: prompt affinity vs verl's default routing (needs verl)."""
     try:
-        from .integrations.verl.affinity_bench import AffinityBenchSpec, result_table, run_affinity_bench
+        from .bench.affinity import AffinityBenchSpec, result_table, run_affinity_bench
     except ImportError as exc:
         console.print(f"[red]this benchmark needs verl: pip install 'srt-agent[verl]' ({exc})[/red]")
         raise typer.Exit(1)
-    from .cache.bench import WorkloadSpec
+    from .bench.cache import WorkloadSpec
 
     if quick:
         spec = AffinityBenchSpec.quick()

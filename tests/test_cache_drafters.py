@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from srt_agent.bench.cache import available_drafters
 from srt_agent.cache import (
     DRAFTERS,
     Draft,
@@ -15,7 +16,6 @@ from srt_agent.cache import (
     SRTDrafter,
     make_drafter,
 )
-from srt_agent.cache.bench import available_drafters
 
 NAMES = [n for n in DRAFTERS if n != "arctic"] + (["arctic"] if "arctic" in available_drafters() else [])
 

@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from .arctic import ArcticDrafter
-from .draft import Draft
-from .drafter import Drafter
-from .factory import make_drafter
+from ..cache.arctic import ArcticDrafter
+from ..cache.draft import Draft
+from ..cache.drafter import Drafter
+from ..cache.factory import make_drafter
 
 MODES = ("sequential", "lockstep")
 DRAFTERS = ("srt", "ngram", "suffix", "history", "arctic")

@@ -8,8 +8,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from .base import CodeSandbox
-from .local import LocalSandbox
+from ..tools.base import CodeSandbox
+from ..tools.local import LocalSandbox
 
 PROGRAM = "import math\nprint(sum(math.isqrt(i) for i in range(1000)))\n"
 
