@@ -329,7 +329,7 @@ def bench_engine(
     """The speculative engine per drafter and batch size (tokens/s, tokens per forward, speedup)."""
     from rich.progress import Progress
 
-    from .engine.bench import METHODS, EngineBenchConfig, run_engine_bench, summary_table, verification_cost_lines
+    from .bench.engine import METHODS, EngineBenchConfig, run_engine_bench, summary_table, verification_cost_lines
 
     if quick:
         config = dataclasses.replace(EngineBenchConfig.quick(), dtype=dtype, adaptive_drafts=adaptive)
@@ -355,7 +355,7 @@ def bench_engine(
         console.print(f"[dim]{note}[/dim]")
     write_json(result, json_path)
     if plot is not None:
-        from .engine.bench_plot import plot_engine_bench
+        from .bench.engine_plot import plot_engine_bench
 
         console.print(f"wrote {plot_engine_bench(result, plot)}")
 
@@ -431,7 +431,7 @@ def bench_roofline(
     """This device's bandwidth and GEMM throughput, the model's bytes and FLOPs, and each step shape's time vs its floor."""
     import torch
 
-    from .engine.roofline import roofline_lines, run_roofline
+    from .bench.roofline import roofline_lines, run_roofline
     from .models import load_model
 
     if threads:

@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ..engine import Engine
+from ..engine.params import SamplingParams
 from ..models import LoadedModel, load_model
-from .engine import Engine
-from .params import SamplingParams
 
 QUESTIONS = [
     "Write a Python function that returns the n-th Fibonacci number.",
