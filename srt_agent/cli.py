@@ -370,7 +370,7 @@ def bench_prefix(
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
 ):
     """Rollouts with prefix sharing off and on (per group size and drafter): prefill computed, wall time, tokens/s."""
-    from .agent.prefix_bench import PrefixBenchConfig, result_table, run_prefix_bench
+    from .bench.prefix import PrefixBenchConfig, result_table, run_prefix_bench
 
     config = PrefixBenchConfig(env_file, model, limit, tuple(n), tuple(drafter), max_batch)
     result = run_prefix_bench(
@@ -402,7 +402,7 @@ def bench_update(
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
 ):
     """The trainer's update (packed, LM head on trained tokens only; full and LoRA) against plain HF forward+backward."""
-    from .rl.bench import UpdateBenchConfig, run_update_bench
+    from .bench.update import UpdateBenchConfig, run_update_bench
 
     config = UpdateBenchConfig.quick() if quick else UpdateBenchConfig(
         model=model, prompts=prompts, samples=samples, prompt_tokens=prompt_tokens, response_tokens=response_tokens,
@@ -465,7 +465,7 @@ def bench_ablation(
 ):
     """SRT's stages step by step through the trainer: history-only trees, + online updates, + run-ahead."""
     from .config import ConfigError
-    from .rl.ablation import AblationConfig, ablation_tables, plot_ablation, run_ablation
+    from .bench.ablation import AblationConfig, ablation_tables, plot_ablation, run_ablation
     from .tools import SandboxUnavailable
 
     if quick:
@@ -504,7 +504,7 @@ def bench_paper(
 ):
     """SRT's Table 1 measured here: every rollout method side by side in GRPO, DAPO and PPO runs."""
     from .config import ConfigError
-    from .rl.paper_bench import (
+    from .bench.paper import (
         METHODS,
         PaperBenchConfig,
         ablation_table,
@@ -596,8 +596,8 @@ def bench_replay(
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
 ):
     """Replay a recorded run without the model, sweeping draft budgets, tree limits and run-ahead settings."""
-    from .rl.replay import replay_sweep, sweep_table
-    from .rl.rollout_trace import RolloutTrace
+    from .bench.replay import replay_sweep, sweep_table
+    from .bench.rollout_trace import RolloutTrace
 
     try:
         loaded = RolloutTrace.load(trace)

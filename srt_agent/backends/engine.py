@@ -10,6 +10,7 @@ import torch
 from ..cache import RolloutCache
 from ..engine import AsyncEngine, Engine
 from ..engine.run_ahead import WindowPrompt
+from ..engine.stats import cost_table, engine_settings
 
 
 class EngineRunAhead:
@@ -63,8 +64,6 @@ class EngineBackend(AsyncEngine):
         self.call(lambda engine: setattr(engine.drafter, "cache", cache)).result()
 
     def step_costs(self) -> tuple[dict, dict]:
-        from ..rl.rollout_trace import cost_table, engine_settings
-
         return self.call(lambda engine: (cost_table(engine.cost_model), engine_settings(engine))).result()
 
     def describe(self) -> str:

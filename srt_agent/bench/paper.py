@@ -29,8 +29,8 @@ from pathlib import Path
 
 from ..cache import DRAFTERS, LENIENT_DRAFTERS, make_drafter
 from ..config import EnvConfig, load_env_config
+from ..rl.rollouts import RolloutRun, RolloutVariant
 from .ablation import TraceRecorder
-from .rollouts import RolloutRun, RolloutVariant
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ def run_algorithm(
     """One RL run of `algorithm` with every method regenerating each step; its rows and per-method cells."""
     from rich.console import Console
 
-    from .trainer import Trainer
+    from ..rl.trainer import Trainer
 
     config = bench_env(cfg, algorithm, samples, prompts)
     variants = method_variants(methods, config)

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..config import LoraConfig
-from .batch import Sample, pack
-from .policy import Policy
+from ..rl.batch import Sample, pack
+from ..rl.policy import Policy
 
 
 @dataclass
