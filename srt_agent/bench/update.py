@@ -30,6 +30,7 @@ class UpdateBenchConfig:
     response_tokens: int = 110
     tool_tokens: int = 20
     micro_batch_tokens: int = 768
+    hf_batch_size: int = 8  # sequences per forward/backward of the plain HF baseline
     lora_rank: int = 16
     repeats: int = 3
     seed: int = 0
