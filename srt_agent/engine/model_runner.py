@@ -136,6 +136,11 @@ class ModelRunner:
         with torch.no_grad():
             self.model.load_state_dict(state, strict=True)
 
+    def synchronize(self) -> None:
+        """Wait until the device has run everything queued (CUDA; nothing to wait for on CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def clear_slot(self, slot: int) -> None:
         """Zero a slot's keys and values: NaN left there would leak through the masks into its next user."""
         self.kv.clear(slot)

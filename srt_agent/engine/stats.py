@@ -1,21 +1,53 @@
-"""What an engine reports about itself beyond its outputs: its settings and its step-cost table.
+"""What an engine reports about itself beyond its outputs: its running totals (:class:`EngineStats`),
+its settings and its step-cost table.
 
-The trainer records both with every rollout step (through the backend's ``step_costs``), and the
-replay benchmark reruns a recorded step from them without the model.
+The trainer records the settings and the cost table with every rollout step (through the backend's
+``step_costs``), and the replay benchmark reruns a recorded step from them without the model.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from .cost_model import ForwardCostModel
-
-if TYPE_CHECKING:
-    from .engine import Engine
+DRAFTER_CALLS = ("start_request", "add_tokens", "draft", "stop_request", "end_step")
 
 
-def engine_settings(engine: Engine) -> dict:
-    """What the replay needs to know of an engine: its batch, context and draft settings and its
+@dataclass
+class EngineStats:
+    """Totals over the engine's lifetime."""
+
+    steps: int = 0
+    tokens: int = 0
+    draft_proposed: int = 0
+    draft_verified: int = 0
+    draft_accepted: int = 0
+    drafter_errors: int = 0
+    drafter_faults: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DRAFTER_CALLS, 0))
+    undrafted_requests: int = 0  # requests whose speculation a drafter fault ended
+    last_drafter_error: str | None = None
+    model_errors: int = 0  # requests ended by a failing forward pass, sampler or non-finite logits
+    prefill_tokens: int = 0  # prompt and forced tokens computed (beyond the one each step decodes from)
+    lenient_overrides: int = 0  # leniently accepted draft tokens the exact sampler would not have drawn
+    draft_s: float = 0.0
+    model_drafted: int = 0  # nodes a model drafter proposed …
+    model_draft_s: float = 0.0  # … and the seconds its passes took
+    drafter_update_s: float = 0.0  # rebuilding a model drafter on weight updates
+    forward_s: float = 0.0
+    bookkeeping_s: float = 0.0
+    last_step: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["drafter_faults"] = dict(self.drafter_faults)
+        out["forwards"] = self.steps
+        out["tokens_per_forward"] = self.tokens / self.steps if self.steps else 0.0
+        out["accepted_per_step"] = self.draft_accepted / self.steps if self.steps else 0.0
+        return out
+
+
+def engine_settings(engine) -> dict:
+    """What the replay needs to know of an `Engine`: its batch, context and draft settings and its
     drafter's tree options."""
     cache = getattr(engine.drafter, "cache", None)
     return dict(
