@@ -369,8 +369,6 @@ class Engine:
         t.draft_s += sum(draft_s)
         t.forward_s += forward_s
         t.bookkeeping_s += book_s
-        t.last_step = dict(sequences=len(seqs), tokens_fed=total, draft_verified=sum(len(d) for d in drafts), forward_s=forward_s,
-                           step_s=step_s, run_ahead_rows=sum(len(c) for _, c in ahead))
         return outputs
 
     def _model_fault(self, seq: Sequence, message: str) -> None:

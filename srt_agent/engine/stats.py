@@ -35,7 +35,6 @@ class EngineStats:
     drafter_update_s: float = 0.0  # rebuilding a model drafter on weight updates
     forward_s: float = 0.0
     bookkeeping_s: float = 0.0
-    last_step: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
