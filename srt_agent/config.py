@@ -14,17 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .datasets import Task, arithmetic_tasks, load_tasks
 
 if TYPE_CHECKING:
-    from .agent.datasets import Task
     from .engine.run_ahead import RunAheadOptions
 
 M = TypeVar("M", bound=BaseModel)
@@ -72,8 +66,6 @@ class DatasetConfig(_Strict):
 
     def tasks(self, limit: int | None = None) -> list[Task]:
         """The tasks this section names (at most `limit`, or the section's own limit)."""
-        from .agent.datasets import arithmetic_tasks, load_tasks
-
         caps = [x for x in (limit, self.limit) if x is not None]
         limit = min(caps) if caps else None
         if self.source == "arithmetic":

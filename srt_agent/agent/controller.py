@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from ..config import EnvConfig
+from ..datasets import Task
 from .chat import render_prompt, user_turn_text
-from .datasets import Task
 from .env import Env, StepResult, Tool
 from .trajectory import Trajectory
 

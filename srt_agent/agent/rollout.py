@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import EnvConfig
+from ..datasets import Task
 from .controller import MultiTurnController, ToolWaitStats
-from .datasets import Task
 from .toolconfig import load_tools
 from .trajectory import Trajectory
 

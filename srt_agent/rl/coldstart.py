@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from ..agent.datasets import arithmetic_tasks
 from ..agent.trajectory import Trajectory
 from ..config import EnvConfig
+from ..datasets import arithmetic_tasks
 from ..models import LoadedModel, cache_root
 from .batch import Sample
 from .evaluate import ToolUseReport

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ..config import ConfigError, EnvConfig, load_env_config
-from ..agent.datasets import arithmetic_tasks
+from ..datasets import arithmetic_tasks
 from ..agent.rollout import summarize, write_jsonl
 from ..agent.toolconfig import load_tools
 from ..agent.trajectory import Trajectory

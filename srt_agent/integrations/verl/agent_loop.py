@@ -25,11 +25,11 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from verl.tools.base_tool import BaseTool
 
 from ...agent.controller import MultiTurnController
-from ...agent.datasets import Task
 from ...agent.env import ToolResult
 from ...agent.rewards import retool_turn_shaped_reward
 from ...agent.trajectory import Trajectory
 from ...config import EnvConfig, RewardConfig, SamplingConfig
+from ...datasets import Task
 from ...engine import RequestOutput, SamplingParams
 from ...models import end_token_ids
 from .wire import from_token_output, to_verl_sampling
