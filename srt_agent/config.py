@@ -10,16 +10,14 @@ config (dataset, tools, cold-start traces) are resolved against the config file'
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .datasets import Task, arithmetic_tasks, load_tasks
-
-if TYPE_CHECKING:
-    from .engine.run_ahead import RunAheadOptions
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -103,27 +101,59 @@ class RewardConfig(_Strict):
 
 # ----- the engine ------------------------------------------------------------------------------------
 
+RUN_AHEAD_BUBBLES = ("tail", "tools", "update")
+RUN_AHEAD_STARTS = ("prompt", "branch")
+
+
+@dataclass
+class RunAheadOptions:
+    """How the engine runs ahead (see `srt_agent.engine.run_ahead`); the env YAML's
+    ``engine.run_ahead`` section (:class:`RunAheadConfig`) takes its defaults from here."""
+
+    bubbles: tuple[str, ...] = ("tail", "tools")
+    slack: float = 0.1  # a step may grow by this fraction of its predicted cost
+    tokens_per_sequence: int = 48
+    budget_tokens: int = 4096  # run-ahead tokens per window (an RL step), at most
+    start: str = "prompt"
+    max_sequences: int = 0  # run-ahead sequences at once (0: as many as there are free slots)
+    max_prefill_tokens: int = 512  # prefill per step in the update bubble (no real step to protect)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.bubbles = tuple(self.bubbles)
+        bad = [b for b in self.bubbles if b not in RUN_AHEAD_BUBBLES]
+        if bad:
+            raise ValueError(f"unknown run-ahead bubble(s) {bad}; choose from {list(RUN_AHEAD_BUBBLES)}")
+        if self.start not in RUN_AHEAD_STARTS:
+            raise ValueError(f"unknown run-ahead start {self.start!r}; choose one of {list(RUN_AHEAD_STARTS)}")
+        if self.slack < 0 or self.tokens_per_sequence < 1 or self.budget_tokens < 0 or self.max_sequences < 0:
+            raise ValueError("run-ahead needs slack >= 0, tokens_per_sequence >= 1, budget_tokens >= 0, max_sequences >= 0")
+
+
+_RUN_AHEAD = RunAheadOptions()
+
 
 class RunAheadConfig(_Strict):
     """Run-ahead generation in the training drafter's engine (``srt-agent train``): idle capacity fills
-    the trees of prompts that come soon with continuations under the current policy, never trained on."""
+    the trees of prompts that come soon with continuations under the current policy, never trained on.
+    Defaults: the engine's (:class:`RunAheadOptions`)."""
 
     enabled: bool = False
     bubbles: list[Literal["tail", "tools", "update"]] = Field(
-        default_factory=lambda: ["tail", "tools"],
+        default_factory=lambda: list(_RUN_AHEAD.bubbles),
         description="tail: beside the last running sequences; tools: while all wait on tools; update: during the policy update",
     )
     window: int = Field(0, ge=0, description="look-ahead prompts of the coming steps (0: the next step's batch)")
-    tokens_per_sequence: int = Field(48, ge=1, description="tokens per run-ahead sequence, at most")
-    budget_tokens: int = Field(4096, ge=0, description="run-ahead tokens per step, at most")
-    slack: float = Field(0.1, ge=0, description="how much a step may grow, as a share of its predicted cost")
-    start: Literal["prompt", "branch"] = Field("prompt", description="start from the prompt or from where rollouts disagreed")
-    max_sequences: int = Field(0, ge=0, description="run-ahead sequences at once (0: every free slot)")
+    tokens_per_sequence: int = Field(_RUN_AHEAD.tokens_per_sequence, ge=1, description="tokens per run-ahead sequence, at most")
+    budget_tokens: int = Field(_RUN_AHEAD.budget_tokens, ge=0, description="run-ahead tokens per step, at most")
+    slack: float = Field(_RUN_AHEAD.slack, ge=0, description="how much a step may grow, as a share of its predicted cost")
+    start: Literal["prompt", "branch"] = Field(
+        _RUN_AHEAD.start, description="start from the prompt or from where rollouts disagreed"
+    )
+    max_sequences: int = Field(_RUN_AHEAD.max_sequences, ge=0, description="run-ahead sequences at once (0: every free slot)")
 
     def options(self, seed: int = 0) -> RunAheadOptions | None:
         """The engine's `RunAheadOptions`, or None when run-ahead is off."""
-        from .engine.run_ahead import RunAheadOptions
-
         if not self.enabled:
             return None
         return RunAheadOptions(

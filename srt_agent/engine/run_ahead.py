@@ -28,6 +28,7 @@ from collections.abc import Hashable, Mapping, Sequence as Seq
 from dataclasses import dataclass, field, replace
 
 from ..cache.drafter import Drafter
+from ..config import RUN_AHEAD_BUBBLES as BUBBLES, RunAheadOptions
 from .cost_model import ForwardCostModel
 from .model_runner import Chunk, ModelRunner
 from .params import SamplingParams
@@ -35,33 +36,7 @@ from .scheduler import Scheduler
 from .sequence import Sequence, Status, common_prefix
 from .stops import StopChecker
 
-BUBBLES = ("tail", "tools", "update")
-STARTS = ("prompt", "branch")
 PHASES = ("rollout", "update")
-
-
-@dataclass
-class RunAheadOptions:
-    """How the engine runs ahead (see the module docstring)."""
-
-    bubbles: tuple[str, ...] = ("tail", "tools")
-    slack: float = 0.1  # a step may grow by this fraction of its predicted cost
-    tokens_per_sequence: int = 48
-    budget_tokens: int = 4096  # run-ahead tokens per window (an RL step), at most
-    start: str = "prompt"
-    max_sequences: int = 0  # run-ahead sequences at once (0: as many as there are free slots)
-    max_prefill_tokens: int = 512  # prefill per step in the update bubble (no real step to protect)
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        self.bubbles = tuple(self.bubbles)
-        bad = [b for b in self.bubbles if b not in BUBBLES]
-        if bad:
-            raise ValueError(f"unknown run-ahead bubble(s) {bad}; choose from {list(BUBBLES)}")
-        if self.start not in STARTS:
-            raise ValueError(f"unknown run-ahead start {self.start!r}; choose one of {list(STARTS)}")
-        if self.slack < 0 or self.tokens_per_sequence < 1 or self.budget_tokens < 0 or self.max_sequences < 0:
-            raise ValueError("run-ahead needs slack >= 0, tokens_per_sequence >= 1, budget_tokens >= 0, max_sequences >= 0")
 
 
 @dataclass
