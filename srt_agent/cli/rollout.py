@@ -1,0 +1,38 @@
+"""`srt-agent rollout`: multi-turn rollouts of an env config, written as JSONL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .common import app, console, preload_for_vllm, write_json
+
+
+@app.command()
+def rollout(
+    env_file: Path = typer.Argument(..., help="Env config (YAML), e.g. envs/retool_arith.yaml."),
+    model: Optional[str] = typer.Option(None, help="Override the config's model: smollm2, tiny-llama, an HF dir, a .gguf."),
+    n: Optional[int] = typer.Option(None, "--n", min=1, help="Samples per task (default: the config's n_samples)."),
+    limit: Optional[int] = typer.Option(None, min=1, help="Use at most this many tasks."),
+    drafter: Optional[str] = typer.Option(None, help="Override the engine's drafter (none, srt, ngram, suffix, ...)."),
+    backend: Optional[str] = typer.Option(None, help="Rollout backend: engine (ours), vllm, or auto (default: the config's engine.backend)."),
+    out: Path = typer.Option(Path("rollouts.jsonl"), help="Where to write one JSON line per trajectory."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the summary as JSON here."),
+):
+    """Multi-turn rollouts of an env config with the embedded model and the local sandbox; writes JSONL."""
+    from dataclasses import asdict
+
+    from ..agent.report import rollout_env_file
+    from ..config import ConfigError
+    from ..tools import SandboxUnavailable
+
+    if backend in ("vllm", "auto"):
+        preload_for_vllm()
+    try:
+        summary = rollout_env_file(env_file, console, model=model, n_samples=n, limit=limit, drafter=drafter, out=out, backend=backend)
+    except (ConfigError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2)
+    write_json(asdict(summary), json_path)
