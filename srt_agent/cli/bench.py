@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from .common import bench_app, console, preload_for_vllm, write_json
+from .common import PLAIN, bench_app, console, preload_for_vllm, reported, write_json
 
 
 @bench_app.command("cache")
@@ -35,11 +35,8 @@ def bench_cache(
     if bad:
         raise typer.BadParameter(f"unknown mode(s) {bad}; choose from {list(MODES)}", param_hint="--mode")
     spec = WorkloadSpec(prompts=prompts, rollouts=rollouts, steps=steps, tokens=tokens, seed=seed)
-    try:
+    with reported(ValueError, code=1, message=PLAIN):
         result = cache_benchmark(spec, budget=budget, modes=tuple(mode), drafters=drafter or None)
-    except ValueError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(1)
     console.print(result_table(result))
     write_json(result, json_path)
 
@@ -57,11 +54,8 @@ def bench_affinity(
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
 ):
     """Accepted draft tokens per step across replicas: prompt affinity vs verl's default routing (needs verl)."""
-    try:
+    with reported(ImportError, code=1, message="[red]this benchmark needs verl: pip install 'srt-agent[verl]' ({})[/red]"):
         from ..bench.affinity import AffinityBenchSpec, result_table, run_affinity_bench
-    except ImportError as exc:
-        console.print(f"[red]this benchmark needs verl: pip install 'srt-agent[verl]' ({exc})[/red]")
-        raise typer.Exit(1)
     from ..bench.cache import WorkloadSpec
 
     if quick:
@@ -118,11 +112,8 @@ def bench_engine(
         def report(run: dict) -> None:
             progress.update(task, advance=1, description=f"{run['method']} b={run['batch']} epoch {run['epoch']}: {run['tokens_per_s']:.1f} tok/s")
 
-        try:
+        with reported(ValueError, code=1, message=PLAIN):
             result = run_engine_bench(config, report)
-        except ValueError as exc:
-            console.print(f"[red]{exc}[/red]")
-            raise typer.Exit(1)
     console.print(summary_table(result))
     for note in verification_cost_lines(result) + result["notes"]:
         console.print(f"[dim]{note}[/dim]")
@@ -209,11 +200,8 @@ def bench_roofline(
 
     if threads:
         torch.set_num_threads(threads)
-    try:
+    with reported():
         loaded = load_model(model, dtype=dtype, device=device)
-    except (ValueError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2)
     if clock not in ("wall", "cpu"):
         raise typer.BadParameter("choose wall or cpu", param_hint="--clock")
     result = run_roofline(loaded, context=context, reps=reps, profile=profile, clock=clock)
@@ -238,19 +226,14 @@ def bench_ablation(
 ):
     """SRT's stages step by step through the trainer: history-only trees, + online updates, + run-ahead."""
     from ..bench.ablation import AblationConfig, ablation_tables, plot_ablation, run_ablation
-    from ..config import ConfigError
-    from ..tools import SandboxUnavailable
 
     if quick:
         config = dataclasses.replace(AblationConfig.quick(), env=str(env_file), overrides=AblationConfig.quick().overrides + list(set_))
     else:
         config = AblationConfig(env=str(env_file), steps=steps, dataset_n=dataset_n, starts=tuple(start), model=model, out=str(out),
                                 update_bubble=update_bubble, overrides=list(set_))
-    try:
+    with reported():
         result = run_ablation(config, log=lambda line: console.print(line, highlight=False))
-    except (ConfigError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2)
     for table in ablation_tables(result):
         console.print(table)
     write_json(result, json_path)
@@ -285,8 +268,6 @@ def bench_paper(
         plot_paper,
         run_paper_bench,
     )
-    from ..config import ConfigError
-    from ..tools import SandboxUnavailable
 
     if from_json:
         result = merge_results([json.loads(p.read_text()) for p in from_json])
@@ -304,12 +285,9 @@ def bench_paper(
         out=str(out) if out is not None else base.out,
         methods=tuple(method) if method else tuple(m.name for m in METHODS),
     )
-    try:
+    with reported():
         result = run_paper_bench(config, log=lambda line: console.print(line, highlight=False),
                                  on_run=lambda partial: write_json(partial, json_path))
-    except (ConfigError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2)
     console.print(paper_table(result), markup=False, highlight=False, soft_wrap=True)
     console.print(ablation_table(result), markup=False, highlight=False, soft_wrap=True)
     write_json(result, json_path)
@@ -335,8 +313,6 @@ def bench_vllm(
 ):
     """vLLM (none, ngram, suffix, SRT as its proposer) and our engine (none, SRT) in the same RL steps."""
     from ..bench.vllm import METHODS, VLLMBenchConfig, plot_vllm, run_vllm_bench, vllm_table
-    from ..config import ConfigError
-    from ..tools import SandboxUnavailable
 
     preload_for_vllm()
     config = VLLMBenchConfig(
@@ -344,12 +320,9 @@ def bench_vllm(
         steps=steps, prompts_per_step=prompts, samples=samples, dataset_n=dataset_n, model=model, out=str(out),
         overrides=list(set_),
     )
-    try:
+    with reported():
         result = run_vllm_bench(config, log=lambda line: console.print(line, highlight=False),
                                 on_batch=lambda partial: write_json(partial, json_path))
-    except (ConfigError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2)
     console.print(vllm_table(result), markup=False, highlight=False, soft_wrap=True)
     write_json(result, json_path)
     if plot is not None:
@@ -372,14 +345,11 @@ def bench_replay(
     from ..bench.replay import replay_sweep, sweep_table
     from ..bench.rollout_trace import RolloutTrace
 
-    try:
+    with reported():
         loaded = RolloutTrace.load(trace)
         result = replay_sweep(
             loaded, RolloutTrace.load(pool) if pool else None, drafter=drafter, max_draft_tokens=max_draft_tokens,
             max_depth=max_depth, max_bytes=max_bytes, slack=slack, tokens_per_sequence=tokens_per_sequence,
         )
-    except ValueError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2)
     console.print(sweep_table(result))
     write_json(result, json_path)

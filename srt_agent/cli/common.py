@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -42,3 +44,29 @@ def write_json(result: dict, path: Optional[Path]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     console.print(f"[green]wrote {path}[/green]")
+
+
+ERROR = "[red]error:[/red] {}"  # bad input
+PLAIN = "[red]{}[/red]"  # a sandbox or benchmark that cannot run here
+
+
+def bad_input() -> tuple[type[Exception], ...]:
+    """What a command reports as bad input: a config or value that does not validate (`ConfigError` is a
+    ValueError), a missing file, a sandbox that cannot start."""
+    from ..tools import SandboxUnavailable
+
+    return (ValueError, FileNotFoundError, SandboxUnavailable)
+
+
+@contextmanager
+def reported(*errors: type[Exception], code: int = 2, message: str = ERROR) -> Iterator[None]:
+    """The commands' error handler: an expected failure in the block (one of `errors`; default: `bad_input`)
+    is printed as one red line, never a traceback, and the command exits with `code`: 2 for bad input, 1
+    where a benchmark or the sandbox cannot run here. `message` formats the exception."""
+    try:
+        yield
+    except Exception as exc:
+        if not isinstance(exc, errors or bad_input()):
+            raise
+        console.print(message.format(exc), highlight=False)
+        raise typer.Exit(code) from None

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .common import app, console, preload_for_vllm, write_json
+from .common import app, console, preload_for_vllm, reported, write_json
 
 
 @app.command()
@@ -25,14 +25,9 @@ def rollout(
     from dataclasses import asdict
 
     from ..agent.report import rollout_env_file
-    from ..config import ConfigError
-    from ..tools import SandboxUnavailable
 
     if backend in ("vllm", "auto"):
         preload_for_vllm()
-    try:
+    with reported():
         summary = rollout_env_file(env_file, console, model=model, n_samples=n, limit=limit, drafter=drafter, out=out, backend=backend)
-    except (ConfigError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2)
     write_json(asdict(summary), json_path)

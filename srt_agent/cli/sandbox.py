@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .common import console, sandbox_app, write_json
+from .common import PLAIN, console, reported, sandbox_app, write_json
 
 
 @sandbox_app.command("serve")
@@ -29,14 +29,11 @@ def sandbox_serve(
     from ..tools import LocalSandbox, SandboxUnavailable
     from ..tools.server import ServerConfig, serve
 
-    try:
+    with reported(SandboxUnavailable, code=1, message=PLAIN):
         sandbox = LocalSandbox(
             timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes, allow_unsandboxed=allow_unsandboxed,
             python=python,
         )
-    except SandboxUnavailable as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(1)
     console.print(f"sandbox python: {sandbox.interpreter}", highlight=False)
     config = ServerConfig(
         sandbox, workers=workers, max_timeout_s=max_timeout_s, max_memory_mb=max_memory_mb, max_request_bytes=max_request_bytes
@@ -56,11 +53,8 @@ def sandbox_run(
     from ..tools import SandboxUnavailable, make_sandbox
 
     code = sys.stdin.read() if str(program) == "-" else program.read_text()
-    try:
+    with reported(SandboxUnavailable, ValueError, code=1, message=PLAIN):
         sandbox = make_sandbox(kind, timeout_s=timeout_s)
-    except (SandboxUnavailable, ValueError) as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(1)
     print(json.dumps(sandbox.run(code).to_dict(), indent=2))
 
 

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from .common import app, console, preload_for_vllm
+from .common import app, bad_input, console, preload_for_vllm, reported
 
 
 @app.command()
@@ -26,29 +26,26 @@ def train(
     backend: Optional[str] = typer.Option(None, help="Rollout backend: engine (ours), vllm, or auto (default: the config's engine.backend)."),
 ):
     """RL training: ReTool cold start, then GRPO / DAPO / PPO with SRT rollouts (the main job)."""
-    from ..config import ConfigError, load_env_config
+    from ..config import load_env_config
     from ..rl.checkpoint import fresh_run_folder, run_folder
     from ..rl.coldstart import ColdStartError
     from ..rl.trainer import Trainer
-    from ..tools import SandboxUnavailable
 
     overrides = list(set_) + ([f"train.algorithm={algorithm}"] if algorithm else []) + ([f"engine.backend={backend}"] if backend else [])
     try:
-        config = load_env_config(env_file, overrides)
-        if config.engine.backend in ("vllm", "auto"):
-            preload_for_vllm()
-        names = [c.strip() for c in compare.split(",") if c.strip()] if compare is not None else None
-        if out is None and resume is None:  # the default folder: a new run never lands on an old one
-            out = fresh_run_folder(Path("runs") / config.name)
-            if out.name != config.name:
-                console.print(f"runs/{config.name} holds an earlier run: this one goes to {out}", highlight=False)
-        out = out or run_folder(resume)
-        trainer = Trainer(config, out, steps=steps, compare=names, resume=resume,
-                          model=model, cold_start=cold_start, console=console)
-        report = trainer.run()
-    except (ConfigError, ColdStartError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2)
+        with reported(ColdStartError, *bad_input()):
+            config = load_env_config(env_file, overrides)
+            if config.engine.backend in ("vllm", "auto"):
+                preload_for_vllm()
+            names = [c.strip() for c in compare.split(",") if c.strip()] if compare is not None else None
+            if out is None and resume is None:  # the default folder: a new run never lands on an old one
+                out = fresh_run_folder(Path("runs") / config.name)
+                if out.name != config.name:
+                    console.print(f"runs/{config.name} holds an earlier run: this one goes to {out}", highlight=False)
+            out = out or run_folder(resume)
+            trainer = Trainer(config, out, steps=steps, compare=names, resume=resume,
+                              model=model, cold_start=cold_start, console=console)
+            report = trainer.run()
     except KeyboardInterrupt:
         console.print("[yellow]interrupted before the first RL step finished: nothing to resume[/yellow]", highlight=False)
         raise typer.Exit(130)
