@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -22,6 +22,10 @@ from .datasets import Task, arithmetic_tasks, load_tasks
 M = TypeVar("M", bound=BaseModel)
 
 # Names `srt_agent.rl.algorithms` implements, listed here so that checking a config needs no torch.
+AdvEstimator = Literal["grpo", "gae"]  # its registered advantage estimators
+PolicyLossMode = Literal["vanilla"]  # its registered policy losses
+ADV_ESTIMATORS = get_args(AdvEstimator)
+POLICY_LOSSES = get_args(PolicyLossMode)
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean")
 KL_PENALTIES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
 
@@ -234,8 +238,9 @@ class TrainConfig(_Strict):
     dtype: Literal["float32", "bfloat16"] = "float32"
     lora: LoraConfig = Field(default_factory=LoraConfig)
     # policy loss
-    adv_estimator: Literal["grpo", "gae"] | None = None
+    adv_estimator: AdvEstimator | None = None
     norm_adv_by_std: bool = True
+    loss_mode: PolicyLossMode = Field("vanilla", description="the policy loss, as verl's loss_mode")
     loss_agg_mode: str | None = None
     clip_ratio_low: float | None = Field(None, gt=0)
     clip_ratio_high: float | None = Field(None, gt=0)
