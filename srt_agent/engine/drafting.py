@@ -3,7 +3,7 @@ sized to the batch by the cost model.
 
 A drafter that raises or hands back a malformed tree costs speed, never a request: the fault is
 counted, the request it concerns decodes without drafts from then on, and the others are untouched. A
-model drafter (`model_drafting.ModelDrafter`) drafts only where the draft plan expects it to pay. The
+model drafter (one that declares the ``model`` capability, `model_drafting.ModelDrafter`) drafts only where the draft plan expects it to pay. The
 acceptance observed per source (tree or model) calibrates the draft scores the cost model chooses
 from.
 """
@@ -14,10 +14,10 @@ import logging
 import time
 
 from ..cache.draft import Draft
-from ..cache.drafter import Drafter
+from ..cache.drafter import Drafter, capabilities
 from .acceptance import AcceptanceModel
 from .cost_model import ForwardCostModel, choose_drafts
-from .model_drafting import DraftRequest, ModelDrafter, plan_model_drafts
+from .model_drafting import DraftRequest, plan_model_drafts
 from .sampler import RowSampling
 from .sequence import Sequence
 from .stats import EngineStats
@@ -58,6 +58,7 @@ class Drafting:
         min_gain: float,
     ):
         self.drafter = drafter
+        self.capabilities = capabilities(drafter)
         self.cost_model = cost_model
         self.totals = totals
         self.vocab_size = vocab_size
@@ -93,7 +94,7 @@ class Drafting:
         where = f" for request {seq.request_id!r}" if seq is not None else ""
         t.last_drafter_error = f"{method}{where}: {type(exc).__name__}: {exc}"
         report = log.warning if t.drafter_faults[method] == 1 else log.debug
-        report("drafter %r failed in %s; %s", getattr(self.drafter, "name", "?"), t.last_drafter_error,
+        report("drafter %r failed in %s; %s", self.drafter.name, t.last_drafter_error,
                "that request decodes without drafts" if seq is not None else "drafting goes on")
         if seq is not None and seq.drafting:
             seq.drafting = False
@@ -119,7 +120,7 @@ class Drafting:
             draft = self._draft_one(seq, budget) if budget > 0 else Draft()
             drafts.append(draft)
             times.append(time.perf_counter() - t0)
-        if isinstance(self.drafter, ModelDrafter) and max(budgets, default=0) > 0:
+        if self.capabilities.model and max(budgets, default=0) > 0:
             self._draft_with_model(seqs, budgets, drafts, times, makespan)
         self.totals.draft_proposed += sum(len(d) for d in drafts)
         return drafts, times

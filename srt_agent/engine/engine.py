@@ -25,7 +25,6 @@ from ..cache.drafter import Drafter
 from ..models import LoadedModel, resolve_device
 from .cost_model import ForwardCostModel
 from .drafting import Drafting, resolve_drafter
-from .model_drafting import ModelDrafter
 from .model_runner import Chunk, ModelRunner
 from .params import RequestOutput, SamplingParams
 from .prefix_cache import PrefixCache
@@ -106,9 +105,9 @@ class Engine:
                 run_ahead, drafter=drafter, scheduler=self.scheduler, runner=self.runner, cost_model=self.cost_model,
                 stops=self.stops, sequences=self.sequences,
             )
-        if isinstance(self.drafter, ModelDrafter):
+        if self.drafting.capabilities.model:
             self.drafter.attach(model.model, self.device, max_batch, max_context, calibrate)
-        if calibrate and max_draft_tokens > 0 and getattr(self.drafter, "name", "none") != "none":
+        if calibrate and max_draft_tokens > 0 and self.drafter is not None and self.drafter.name != "none":
             self.calibrate()
 
     @property
@@ -235,7 +234,7 @@ class Engine:
         self.runner.load_weights(state)
         if self.prefix is not None:
             self.prefix.clear()
-        if isinstance(self.drafter, ModelDrafter):
+        if self.drafting.capabilities.model:
             self.totals.drafter_update_s += self.drafter.rebuild()
         for seq in self.sequences.values():
             seq.num_cached = seq.stored_blocks = 0
@@ -396,7 +395,7 @@ class Engine:
             seq.finish("error", error=f"checking stop conditions failed: {type(exc).__name__}: {exc}")
         if seq.drafting and kept:
             added = [seq.tokens[len(seq.tokens) - kept :]]
-            if getattr(self.drafter, "needs_logprobs", False):  # a drafter that reuses rollouts with their log-probs
+            if self.drafting.capabilities.needs_logprobs:  # a drafter that reuses rollouts with their log-probs
                 added.append(seq.logprobs[len(seq.logprobs) - kept :])
             self.drafting.call("add_tokens", seq, *added)
         return kept

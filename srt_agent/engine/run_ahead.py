@@ -27,7 +27,7 @@ import random
 from collections.abc import Hashable, Mapping, Sequence as Seq
 from dataclasses import dataclass, field, replace
 
-from ..cache.drafter import Drafter
+from ..cache.drafter import Drafter, capabilities
 from ..config import RUN_AHEAD_BUBBLES as BUBBLES, RunAheadOptions
 from .cost_model import ForwardCostModel
 from .model_runner import Chunk, ModelRunner
@@ -109,8 +109,8 @@ class RunAhead:
         stops: StopChecker,
         sequences: Mapping[str, Sequence],
     ):
-        if drafter is None or not hasattr(drafter, "start_run_ahead"):
-            name = getattr(drafter, "name", "none")
+        if not capabilities(drafter).run_ahead:
+            name = drafter.name if drafter is not None else "none"
             raise ValueError(f"run-ahead needs a drafter that keeps per-prompt trees (srt); {name!r} has none")
         self.drafter, self.scheduler, self.runner, self.stops = drafter, scheduler, runner, stops
         self.cost_model = cost_model

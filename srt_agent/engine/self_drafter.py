@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..cache.draft import Draft
+from ..cache.drafter import DrafterCapabilities
 from ..cache.tokens import check_budget, check_tokens
 from .cost_model import ForwardCostModel
 from .model_drafting import DraftRequest
@@ -58,6 +59,7 @@ class SelfDrafter:
     """
 
     name = "self"
+    capabilities = DrafterCapabilities(model=True)
 
     def __init__(self, quantization: str = "auto", tree_width: int = 1) -> None:
         if quantization != "auto" and quantization not in SCHEMES:

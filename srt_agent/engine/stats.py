@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..cache.drafter import capabilities
 from .cost_model import ForwardCostModel
+
 DRAFTER_CALLS = ("start_request", "add_tokens", "draft", "stop_request", "end_step")
 
 
@@ -48,11 +50,11 @@ class EngineStats:
 def engine_settings(engine) -> dict:
     """What the replay needs to know of an `Engine`: its batch, context and draft settings and its
     drafter's tree options."""
-    cache = getattr(engine.drafter, "cache", None)
+    cache = engine.drafter.cache if capabilities(engine.drafter).trees else None
     return dict(
         engine=dict(max_batch=engine.scheduler.num_slots, max_context=engine.max_context, max_draft_tokens=engine.max_draft_tokens,
                     min_draft_gain=engine.min_draft_gain, adaptive_drafts=engine.adaptive_drafts),
-        cache=dict(max_depth=cache.max_depth, max_match=cache.max_match, max_bytes=cache.max_bytes) if hasattr(cache, "max_depth") else {},
+        cache=dict(max_depth=cache.max_depth, max_match=cache.max_match, max_bytes=cache.max_bytes) if cache is not None else {},
     )
 
 

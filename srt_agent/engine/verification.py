@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..cache.draft import Draft
-from ..cache.drafter import Drafter
+from ..cache.drafter import Drafter, capabilities
 from .lenient import acceptance_uniform, lenient_accept, target_logprob
 from .model_runner import Chunk, ModelRunner
 from .sampler import RowSampling, sample_rows
@@ -150,7 +150,7 @@ class Verifier:
             return None if node >= 0 else (sampled, sampled_lp, None)
         token = draft.token_ids[child]
         new = target_logprob(logits, spec, token)
-        lenience = getattr(self.drafter, "lenience", 1.0)
+        lenience = self.drafter.lenience if capabilities(self.drafter).lenient else 1.0
         if not lenient_accept(new, draft.old_logprobs[child], lenience, acceptance_uniform(spec.seed, spec.position)):
             return sampled, sampled_lp, None
         if token != sampled:
