@@ -193,15 +193,15 @@ def run_hf(loaded, config, prompts, prompt_lookup: bool, report) -> list[dict]:
 
 def available_methods(methods: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """(methods that can run here, notes on those skipped)."""
-    from ..cache import make_drafter
+    from ..cache import drafter_unavailable
 
     ok, notes = [], []
     for m in methods:
-        try:
-            make_drafter(m)
+        reason = drafter_unavailable(m)
+        if reason is None:
             ok.append(m)
-        except ValueError as exc:
-            notes.append(f"skipped {m}: {exc}")
+        else:
+            notes.append(f"skipped {m}: {reason}")
     return ok, notes
 
 

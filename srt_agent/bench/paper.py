@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cache import DRAFTERS, LENIENT_DRAFTERS, make_drafter
+from ..cache import DRAFTERS, LENIENT_DRAFTERS, drafter_unavailable, make_drafter
 from ..config import EnvConfig, load_env_config
 from ..rl.rollouts import RolloutRun, RolloutVariant
 from .ablation import TraceRecorder
@@ -98,15 +98,10 @@ def available_methods(names: tuple[str, ...]) -> tuple[list[Method], dict[str, s
         method = known[name]
         if method.drafter not in DRAFTERS:
             skipped[name] = f"drafter {method.drafter!r} is not in this build (drafters: {', '.join(sorted(DRAFTERS))})"
-            continue
-        try:
-            make_drafter(method.drafter)
-        except ValueError as exc:  # e.g. arctic-inference not installed
-            skipped[name] = str(exc)
-            continue
-        except TypeError:  # a drafter built by its engine (it needs the policy): it exists, the engine makes it
-            pass
-        runnable.append(method)
+        elif (reason := drafter_unavailable(method.drafter)) is not None:  # e.g. arctic-inference not installed
+            skipped[name] = reason
+        else:
+            runnable.append(method)
     return runnable, skipped
 
 

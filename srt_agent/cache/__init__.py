@@ -3,7 +3,7 @@
 from .arctic import ArcticDrafter
 from .draft import EMPTY_DRAFT, Draft
 from .drafter import NO_CAPABILITIES, Drafter, DrafterCapabilities, capabilities
-from .factory import DRAFTERS, LENIENT_DRAFTERS, make_drafter
+from .factory import DRAFTERS, LENIENT_DRAFTERS, drafter_unavailable, make_drafter
 from .history import HistoryDrafter
 from .ngram import NgramDrafter
 from .none import NoDrafter
@@ -33,6 +33,7 @@ __all__ = [
     "SpecRLDrafter",
     "SuffixDrafter",
     "capabilities",
+    "drafter_unavailable",
     "make_drafter",
     "tree_class",
 ]

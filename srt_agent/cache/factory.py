@@ -43,3 +43,13 @@ def make_drafter(name: str, **options) -> Drafter:
         return cls(**options)
     except TypeError as exc:
         raise ValueError(f"bad options for drafter {name!r}: {exc}") from None
+
+
+def drafter_unavailable(name: str) -> str | None:
+    """Why the drafter `name` cannot run here (an unknown name, a package that is not installed), or None
+    when it can."""
+    try:
+        make_drafter(name)
+    except ValueError as exc:
+        return str(exc)
+    return None
