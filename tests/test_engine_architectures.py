@@ -10,10 +10,9 @@ import pytest
 from transformers import AutoConfig
 from typer.testing import CliRunner
 
-from srt_agent.models import loading
 from srt_agent.cli import app
+from srt_agent.models import load_model, loading, tiny_random_model
 from srt_agent.models.architectures import VERIFIED, UnsupportedModel, check_config, gguf_model_types, tiny_config
-from srt_agent.models import load_model, tiny_random_model
 
 # Read by transformers' GGUF loader but not runnable here, with the reason the refusal must give.
 REFUSED = {

@@ -2,7 +2,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from srt_agent.models import loading
 from srt_agent.cli import app
 from srt_agent.models import (
     EMBEDDED_NAME,
@@ -10,6 +9,7 @@ from srt_agent.models import (
     embedded_gguf_path,
     list_models,
     load_model,
+    loading,
     tiny_random_model,
 )
 

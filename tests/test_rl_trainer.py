@@ -194,7 +194,7 @@ def test_run_ahead_leaves_every_trajectory_and_training_figure_unchanged(tmp_pat
         (tmp_path / str(on)).mkdir()
         path = env_file(tmp_path / str(on))
         text = path.read_text().replace(
-            "calibrate: false}", "calibrate: false, run_ahead: {enabled: %s, slack: 2.0, tokens_per_sequence: 6}}" % str(on).lower()
+            "calibrate: false}", f"calibrate: false, run_ahead: {{enabled: {str(on).lower()}, slack: 2.0, tokens_per_sequence: 6}}}}"
         )
         path.write_text(text)
         out = tmp_path / f"run-{on}"

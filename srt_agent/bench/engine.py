@@ -59,7 +59,7 @@ class EngineBenchConfig:
     notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def quick(cls) -> "EngineBenchConfig":
+    def quick(cls) -> EngineBenchConfig:
         return cls(model="tiny-llama", prompts=2, samples=1, epochs=2, max_tokens=8, batches=(1, 4), methods=("none", "srt", "self", "srt+self"), threads=1)
 
 

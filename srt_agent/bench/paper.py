@@ -324,7 +324,7 @@ def paper_table(result: dict) -> str:
     lines = ["| " + " | ".join(f"{g}<br>{h}" if g else h for g, h in zip(group, head)) + " |",
              "|---|" + "---:|" * (len(head) - 1)]
     best = {}
-    for title, key, _ in BLOCKS:
+    for _, key, _ in BLOCKS:
         for run in runs:
             exact = [c[key] for c in run["cells"].values() if c["exact"]]
             best[(key, run["algorithm"])] = min(exact) if exact else None

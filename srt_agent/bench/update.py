@@ -109,7 +109,7 @@ def run_update_bench(cfg: UpdateBenchConfig, report: Callable[[str, float], None
     times: dict[str, list[float]] = {name: [] for name in methods}
     for _ in range(cfg.repeats):
         for name, (fn, optimizer) in methods.items():
-            seconds = _time(lambda: fn(optimizer))
+            seconds = _time(lambda fn=fn, optimizer=optimizer: fn(optimizer))
             times[name].append(seconds)
             if report is not None:
                 report(name, seconds)

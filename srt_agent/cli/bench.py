@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -24,7 +23,7 @@ def bench_cache(
     drafter: list[str] = typer.Option([], "--drafter", help="Drafters to run (default: all available)."),
     seed: int = typer.Option(0),
     quick: bool = typer.Option(False, "--quick", help="A tiny workload (4 prompts x 4 rollouts x 200 tokens)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
 ):
     """Rollout-cache drafters side by side (accepted tokens per draft, µs per draft and insert, bytes)."""
     from ..bench.cache import MODES, WorkloadSpec, cache_benchmark, result_table
@@ -51,7 +50,7 @@ def bench_affinity(
     budget: int = typer.Option(16, min=1, help="Draft budget (max draft nodes) per call."),
     seed: int = typer.Option(0),
     quick: bool = typer.Option(False, "--quick", help="A tiny workload (8 prompts x 4 rollouts x 120 tokens)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
 ):
     """Accepted draft tokens per step across replicas: prompt affinity vs verl's default routing (needs verl)."""
     with reported(ImportError, code=1, message="[red]this benchmark needs verl: pip install 'srt-agent[verl]' ({})[/red]"):
@@ -86,12 +85,12 @@ def bench_engine(
     hf: bool = typer.Option(True, "--hf/--no-hf", help="Also time transformers' generate at batch 1."),
     max_draft_tokens: int = typer.Option(16, min=0, help="Draft nodes per sequence and step, at most."),
     adaptive: bool = typer.Option(True, "--adaptive/--no-adaptive", help="Size drafts with the cost model, or verify every drafted node."),
-    threads: Optional[int] = typer.Option(None, min=1, help="torch threads (default: torch's choice)."),
+    threads: int | None = typer.Option(None, min=1, help="torch threads (default: torch's choice)."),
     dtype: str = typer.Option("float32", help="Policy dtype: float32 or bfloat16 (bf16 matmuls use AMX where the CPU has it)."),
     seed: int = typer.Option(0),
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, tiny workload: seconds."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the result as a PNG here."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
+    plot: Path | None = typer.Option(None, "--plot", help="Also draw the result as a PNG here."),
 ):
     """The speculative engine per drafter and batch size (tokens/s, tokens per forward, speedup)."""
     from rich.progress import Progress
@@ -126,12 +125,12 @@ def bench_engine(
 @bench_app.command("prefix")
 def bench_prefix(
     env_file: Path = typer.Argument(Path("envs/retool_arith.yaml"), help="Env config (YAML) whose rollouts are measured."),
-    model: Optional[str] = typer.Option(None, help="Override the config's model."),
+    model: str | None = typer.Option(None, help="Override the config's model."),
     limit: int = typer.Option(4, min=1, help="Tasks (each rolled out n times)."),
     n: list[int] = typer.Option([4, 8], "--n", min=1, help="Group sizes (samples per task); repeat the option."),
     drafter: list[str] = typer.Option(["none", "srt"], help="Drafters; the first is the reference; repeat the option."),
-    max_batch: Optional[int] = typer.Option(None, min=1, help="Override the config's engine max_batch."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+    max_batch: int | None = typer.Option(None, min=1, help="Override the config's engine max_batch."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
 ):
     """Rollouts with prefix sharing off and on (per group size and drafter): prefill computed, wall time, tokens/s."""
     from ..bench.prefix import PrefixBenchConfig, result_table, run_prefix_bench
@@ -163,7 +162,7 @@ def bench_update(
     lora_rank: int = typer.Option(16, min=1, help="LoRA rank of the LoRA row."),
     repeats: int = typer.Option(3, min=1, help="Interleaved repetitions (the best of each method counts)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, tiny batch: seconds."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
 ):
     """The trainer's update (packed, LM head on trained tokens only; full and LoRA) against plain HF forward+backward."""
     from ..bench.update import UpdateBenchConfig, run_update_bench
@@ -187,10 +186,10 @@ def bench_roofline(
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu or cuda."),
     context: int = typer.Option(512, min=1, help="Tokens already cached per sequence."),
     reps: int = typer.Option(5, min=1, help="Rounds per measurement (the best is kept)."),
-    threads: Optional[int] = typer.Option(None, min=1, help="torch threads (default: torch's choice)."),
+    threads: int | None = typer.Option(None, min=1, help="torch threads (default: torch's choice)."),
     profile: bool = typer.Option(True, "--profile/--no-profile", help="Also profile the 1- and 16-token steps."),
     clock: str = typer.Option("wall", help="wall, or cpu (process CPU time: on a shared machine, with --threads 1)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
 ):
     """This device's bandwidth and GEMM throughput, the model's bytes and FLOPs, and each step shape's time vs its floor."""
     import torch
@@ -216,13 +215,13 @@ def bench_ablation(
     steps: int = typer.Option(6, min=1, help="Consecutive RL steps."),
     dataset_n: int = typer.Option(8, min=1, help="Distinct prompts (they come back every dataset_n / prompts_per_step steps)."),
     start: list[str] = typer.Option(["prompt"], "--start", help="Run-ahead start(s): prompt and/or branch (one stage each)."),
-    model: Optional[str] = typer.Option(None, help="Override the config's model."),
+    model: str | None = typer.Option(None, help="Override the config's model."),
     out: Path = typer.Option(Path("runs/ablation"), help="Run folder (rollouts, report, traces)."),
     update_bubble: bool = typer.Option(True, "--update-bubble/--no-update-bubble", help="Also time a policy update with run-ahead beside it."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set engine.run_ahead.slack=0.2 (repeatable)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, two tiny steps: seconds."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the result as a PNG here."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
+    plot: Path | None = typer.Option(None, "--plot", help="Also draw the result as a PNG here."),
 ):
     """SRT's stages step by step through the trainer: history-only trees, + online updates, + run-ahead."""
     from ..bench.ablation import AblationConfig, ablation_tables, plot_ablation, run_ablation
@@ -250,12 +249,12 @@ def bench_paper(
     prompts: int = typer.Option(4, min=1, help="Prompts per step."),
     samples: int = typer.Option(4, min=1, help="Samples per prompt (a GRPO group)."),
     ablation_samples: int = typer.Option(8, min=0, help="Samples per prompt of the n-ablation's GRPO run (0: skip it)."),
-    model: Optional[str] = typer.Option(None, help="Override the config's model."),
-    out: Optional[Path] = typer.Option(None, help="Run folders, one per algorithm (default runs/paper, runs/paper-quick)."),
+    model: str | None = typer.Option(None, help="Override the config's model."),
+    out: Path | None = typer.Option(None, help="Run folders, one per algorithm (default runs/paper, runs/paper-quick)."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set max_turns=2 (repeatable)."),
     quick: bool = typer.Option(False, "--quick", help="Two short steps per algorithm, 2 prompts × 2 samples (43 min on 2 CPU cores)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here (also after every run)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write PNGs of generation time over steps into this folder."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here (also after every run)."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write PNGs of generation time over steps into this folder."),
     from_json: list[Path] = typer.Option([], "--from-json", help="Run nothing: merge these results (e.g. one per algorithm) and report them."),
 ):
     """SRT's Table 1 measured here: every rollout method side by side in GRPO, DAPO and PPO runs."""
@@ -305,11 +304,11 @@ def bench_vllm(
     prompts: int = typer.Option(4, min=1, help="Prompts per step."),
     samples: int = typer.Option(4, min=1, help="Samples per prompt (a GRPO group)."),
     dataset_n: int = typer.Option(8, min=1, help="Distinct prompts (fewer than steps × prompts: prompts come back)."),
-    model: Optional[str] = typer.Option(None, help="Override the config's model."),
+    model: str | None = typer.Option(None, help="Override the config's model."),
     out: Path = typer.Option(Path("runs/bench-vllm"), help="Run folders, one per batch size."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set max_turns=2 (repeatable)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here (also after every run)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of generation time per step here."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here (also after every run)."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write a PNG of generation time per step here."),
 ):
     """vLLM (none, ngram, suffix, SRT as its proposer) and our engine (none, SRT) in the same RL steps."""
     from ..bench.vllm import METHODS, VLLMBenchConfig, plot_vllm, run_vllm_bench, vllm_table
@@ -338,8 +337,8 @@ def bench_replay(
     max_bytes: list[int] = typer.Option([], "--max-bytes", help="Cache byte budgets to sweep."),
     slack: list[float] = typer.Option([], "--run-ahead-slack", help="Run-ahead slack values to sweep (uses recorded run-ahead content)."),
     tokens_per_sequence: list[int] = typer.Option([], "--run-ahead-tokens", help="Run-ahead tokens per sequence to sweep."),
-    pool: Optional[Path] = typer.Option(None, help="Take run-ahead content from this trace instead."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+    pool: Path | None = typer.Option(None, help="Take run-ahead content from this trace instead."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
 ):
     """Replay a recorded run without the model, sweeping draft budgets, tree limits and run-ahead settings."""
     from ..bench.replay import replay_sweep, sweep_table

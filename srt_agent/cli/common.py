@@ -7,7 +7,6 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -37,7 +36,7 @@ def preload_for_vllm() -> None:
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
-def write_json(result: dict, path: Optional[Path]) -> None:
+def write_json(result: dict, path: Path | None) -> None:
     """Write a benchmark's JSON result to `path` (creating folders) when one is given."""
     if path is None:
         return

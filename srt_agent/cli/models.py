@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -13,7 +12,7 @@ from .common import app, console
 
 @app.command()
 def models(
-    folders: Optional[list[Path]] = typer.Argument(None, help="Folders to scan for HF model directories and .gguf files."),
+    folders: list[Path] | None = typer.Argument(None, help="Folders to scan for HF model directories and .gguf files."),
     search: bool = typer.Option(False, "--search", help="Scan folders for models: those given, else the current directory and the Hugging Face cache."),
 ):
     """List the architectures the engine runs and the models srt-agent can load."""

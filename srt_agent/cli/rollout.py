@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -13,13 +12,13 @@ from .common import app, console, preload_for_vllm, reported, write_json
 @app.command()
 def rollout(
     env_file: Path = typer.Argument(..., help="Env config (YAML), e.g. envs/retool_arith.yaml."),
-    model: Optional[str] = typer.Option(None, help="Override the config's model: smollm2, tiny-llama, an HF dir, a .gguf."),
-    n: Optional[int] = typer.Option(None, "--n", min=1, help="Samples per task (default: the config's n_samples)."),
-    limit: Optional[int] = typer.Option(None, min=1, help="Use at most this many tasks."),
-    drafter: Optional[str] = typer.Option(None, help="Override the engine's drafter (none, srt, ngram, suffix, ...)."),
-    backend: Optional[str] = typer.Option(None, help="Rollout backend: engine (ours), vllm, or auto (default: the config's engine.backend)."),
+    model: str | None = typer.Option(None, help="Override the config's model: smollm2, tiny-llama, an HF dir, a .gguf."),
+    n: int | None = typer.Option(None, "--n", min=1, help="Samples per task (default: the config's n_samples)."),
+    limit: int | None = typer.Option(None, min=1, help="Use at most this many tasks."),
+    drafter: str | None = typer.Option(None, help="Override the engine's drafter (none, srt, ngram, suffix, ...)."),
+    backend: str | None = typer.Option(None, help="Rollout backend: engine (ours), vllm, or auto (default: the config's engine.backend)."),
     out: Path = typer.Option(Path("rollouts.jsonl"), help="Where to write one JSON line per trajectory."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the summary as JSON here."),
+    json_path: Path | None = typer.Option(None, "--json", help="Also write the summary as JSON here."),
 ):
     """Multi-turn rollouts of an env config with the embedded model and the local sandbox; writes JSONL."""
     from dataclasses import asdict

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -23,7 +22,7 @@ def sandbox_serve(
     max_output_bytes: int = typer.Option(65536, help="Cap on stdout+stderr per run."),
     max_request_bytes: int = typer.Option(8 << 20, min=1, help="Larger request bodies are refused (413)."),
     allow_unsandboxed: bool = typer.Option(False, help="Run without bubblewrap if it is missing (no isolation)."),
-    python: Optional[str] = typer.Option(None, help="Interpreter or venv programs run with (default: the sandbox runtime when built, see docs/sandbox.md)."),
+    python: str | None = typer.Option(None, help="Interpreter or venv programs run with (default: the sandbox runtime when built, see docs/sandbox.md)."),
 ):
     """A SandboxFusion-compatible server (/run_code, /v1/ping, /v1/runtime) on the local bubblewrap sandbox."""
     from ..tools import LocalSandbox, SandboxUnavailable
@@ -63,7 +62,7 @@ def sandbox_bench(
     runs: int = typer.Option(20, min=1, help="Programs per measurement."),
     workers: list[int] = typer.Option([1, 4], help="Concurrent callers for the throughput runs."),
     server: bool = typer.Option(True, help="Also measure through `sandbox serve` (started in-process)."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the result here."),
 ):
     """Latency and throughput of the local sandbox (and its server) against a bare Python start."""
     from contextlib import nullcontext

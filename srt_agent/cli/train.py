@@ -5,7 +5,6 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -15,15 +14,15 @@ from .common import app, bad_input, console, preload_for_vllm, reported
 @app.command()
 def train(
     env_file: Path = typer.Argument(..., help="Env config (YAML) with optional train: and cold_start: sections."),
-    steps: Optional[int] = typer.Option(None, min=1, help="RL steps (default: the config's train.steps)."),
-    out: Optional[Path] = typer.Option(None, help="Run folder for checkpoints, logs and reports (default: runs/<env name>, or runs/<env name>-N when that holds a run; the resumed run's with --resume)."),
-    resume: Optional[Path] = typer.Option(None, help="Continue a run from its folder (its newest checkpoint) or a step folder; the run goes on in its own folder."),
-    compare: Optional[str] = typer.Option(None, help="Comma-separated drafters that regenerate every step for timing, e.g. none,suffix."),
-    algorithm: Optional[str] = typer.Option(None, help="grpo, dapo or ppo (default: the config's)."),
-    model: Optional[str] = typer.Option(None, help="Override the config's model: smollm2, tiny-llama, an HF dir, a .gguf."),
-    cold_start: Optional[bool] = typer.Option(None, "--cold-start/--no-cold-start", help="Run (or skip) the SFT cold start."),
+    steps: int | None = typer.Option(None, min=1, help="RL steps (default: the config's train.steps)."),
+    out: Path | None = typer.Option(None, help="Run folder for checkpoints, logs and reports (default: runs/<env name>, or runs/<env name>-N when that holds a run; the resumed run's with --resume)."),
+    resume: Path | None = typer.Option(None, help="Continue a run from its folder (its newest checkpoint) or a step folder; the run goes on in its own folder."),
+    compare: str | None = typer.Option(None, help="Comma-separated drafters that regenerate every step for timing, e.g. none,suffix."),
+    algorithm: str | None = typer.Option(None, help="grpo, dapo or ppo (default: the config's)."),
+    model: str | None = typer.Option(None, help="Override the config's model: smollm2, tiny-llama, an HF dir, a .gguf."),
+    cold_start: bool | None = typer.Option(None, "--cold-start/--no-cold-start", help="Run (or skip) the SFT cold start."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set train.lr=1e-5 (repeatable)."),
-    backend: Optional[str] = typer.Option(None, help="Rollout backend: engine (ours), vllm, or auto (default: the config's engine.backend)."),
+    backend: str | None = typer.Option(None, help="Rollout backend: engine (ours), vllm, or auto (default: the config's engine.backend)."),
 ):
     """RL training: ReTool cold start, then GRPO / DAPO / PPO with SRT rollouts (the main job)."""
     from ..config import load_env_config
@@ -48,7 +47,7 @@ def train(
             report = trainer.run()
     except KeyboardInterrupt:
         console.print("[yellow]interrupted before the first RL step finished: nothing to resume[/yellow]", highlight=False)
-        raise typer.Exit(130)
+        raise typer.Exit(130) from None
     if report.get("interrupted"):
         console.print(interrupted_line(report, out), highlight=False, soft_wrap=True)
         raise typer.Exit(130)

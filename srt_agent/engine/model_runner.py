@@ -161,7 +161,7 @@ class LogitHead:
     softcap: float | None = None  # Gemma 2/3's final_logit_softcapping
 
     @classmethod
-    def of(cls, model: torch.nn.Module) -> "LogitHead":
+    def of(cls, model: torch.nn.Module) -> LogitHead:
         config = model.config
         return cls(
             lm_head=model.get_output_embeddings(),

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 from faults_report import FaultRecord
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from injection import InjectedFault, engine_leaks
 
 import srt_agent.engine.verification as verification_module
