@@ -1,5 +1,8 @@
 """`RolloutCache`: one token tree per prompt, under a global byte budget, saved across restarts.
 
+(Longer than 400 lines: the trees, their byte budget with its eviction order, and the file format that
+saves them are one data structure with one set of invariants.)
+
 Each prompt key owns a tree of every rollout produced for it (all samples, all policy versions).
 A running request streams its tokens (sampled or forced) into its prompt's tree as they come, so
 siblings of the same prompt draft from each other within a step. The first ``max_match`` prompt

@@ -1,6 +1,9 @@
 """Run-ahead generation: capacity a rollout step leaves idle is spent on continuations of prompts that
 come soon; their tokens enter the prompts' trees and nothing else.
 
+(A little over 400 lines: the window, the per-step row plan and the row-cost rule are one policy that
+is read together; the replay benchmark reuses the cost rule from here.)
+
 **Bubbles.** ``tail``: real sequences run but fewer than the device serves at nearly the same cost, so
 run-ahead rows ride along while the cost model predicts the step grows by at most ``slack`` of its
 cost. ``tools``: every real sequence is parked on its environment (a tool call); a run-ahead step may

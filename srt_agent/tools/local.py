@@ -1,5 +1,9 @@
 """The embedded code sandbox: bubblewrap namespaces plus rlimits, one throwaway sandbox per run.
 
+(Longer than 400 lines because a run's isolation is one sequence, from the bubblewrap arguments to the
+file descriptors, the cgroup and the classification of the outcome, and splitting it would scatter the
+security review of one boundary over several files.)
+
 Each run gets its own user, PID, network, IPC and UTS namespaces (no network at all), a read-only
 view of the system (`/usr`, the library directories, a few harmless files of `/etc`, and the
 interpreter's own prefix), a private size-capped `/tmp`, and rlimits on CPU time, address space,
