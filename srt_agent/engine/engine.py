@@ -25,6 +25,7 @@ import torch
 
 from ..cache.draft import Draft
 from ..cache.drafter import Drafter
+from ..config import EngineConfig
 from ..models import LoadedModel, resolve_device
 from .cost_model import ForwardCostModel
 from .drafting import Drafting, resolve_drafter
@@ -40,6 +41,7 @@ from .stops import StopChecker
 from .verification import Verifier, chunks_of
 
 log = logging.getLogger(__name__)
+DEFAULTS = EngineConfig()  # the env YAML's engine: section states the engine's defaults
 
 
 def default_prompt_key(prompt_ids: Seq[int]) -> str:
@@ -66,19 +68,19 @@ class Engine:
     def __init__(
         self,
         model: LoadedModel,
-        drafter: str | Drafter | None = "srt",
-        device: str | torch.device = "auto",
-        max_batch: int = 32,
-        max_context: int = 2048,
+        drafter: str | Drafter | None = DEFAULTS.drafter,
+        device: str | torch.device = DEFAULTS.device,
+        max_batch: int = DEFAULTS.max_batch,
+        max_context: int = DEFAULTS.max_context,
         max_draft_tokens: int = 16,
         adaptive_drafts: bool = True,
         min_draft_gain: float = 0.1,
         max_prefill_tokens: int = 4096,
-        calibrate: bool = True,
+        calibrate: bool = DEFAULTS.calibrate,
         run_ahead: RunAheadOptions | None = None,
-        prefix_sharing: bool = True,
+        prefix_sharing: bool = DEFAULTS.prefix_sharing,
         prefix_block_size: int = 16,
-        prefix_cache_tokens: int = 8192,
+        prefix_cache_tokens: int = DEFAULTS.prefix_cache_tokens,
     ):
         if max_batch < 1 or max_context < 2 or max_draft_tokens < 0:
             raise ValueError("need max_batch >= 1, max_context >= 2 and max_draft_tokens >= 0")
