@@ -1,13 +1,11 @@
 """The env config (``envs/*.yaml``), the root of every run: pydantic models and a loader whose errors
 name the file and the bad key.
 
-(A little over 400 lines on purpose: the whole schema sits in one file, in the order of an env YAML,
-so a reader finds every key and its default in one place.)
-
-One file holds the whole schema: the rollout environment (model, tasks, tools, limits, sampling,
-rewards), the engine, and the ``train:`` and ``cold_start:`` sections. It imports nothing heavy (no
-torch, no engine), so reading and checking a config costs milliseconds. Relative paths inside a
-config (dataset, tools, cold-start traces) are resolved against the config file's folder.
+One file holds the whole schema, in the order of an env YAML, so that a reader finds every key and its
+default in one place (which is why it runs a little over 400 lines): the rollout environment (model,
+tasks, tools, limits, sampling, rewards), the engine, and the ``train:`` and ``cold_start:`` sections.
+It imports nothing heavy (no torch, no engine), so reading and checking a config costs milliseconds.
+Relative paths inside a config (dataset, tools, cold-start traces) are resolved against its folder.
 """
 
 from __future__ import annotations
