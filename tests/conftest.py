@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from require_all import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 - SRT_REQUIRE_ALL=1
 
 from srt_agent.models import load_model, load_tokenizer, tiny_random_model
-
-from require_all import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 - SRT_REQUIRE_ALL=1
 
 
 @pytest.fixture(scope="session")

@@ -39,7 +39,7 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def tools():
-    from srt_agent.agent.config import InterpreterConfig
+    from srt_agent.config import InterpreterConfig
 
     return load_tools(ROOT / "tools" / "code_interpreter.yaml", InterpreterConfig(max_output_chars=64, timeout_s=2))
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from srt_agent.agent.config import InterpreterConfig
-from srt_agent.agent.datasets import Task, arithmetic_tasks
 from srt_agent.agent.env import Env, FunctionTool, StepResult, ToolResult
 from srt_agent.agent.retool import ReToolEnv, interpreter_block
-from srt_agent.agent.rewards import RewardConfig
 from srt_agent.agent.toolconfig import load_tools
+from srt_agent.config import InterpreterConfig, RewardConfig
+from srt_agent.datasets import Task, arithmetic_tasks
 from srt_agent.tools.local import bwrap_path
+
 
 @pytest.fixture(scope="module")
 def interpreter():

@@ -7,12 +7,12 @@ import threading
 import pytest
 
 from srt_agent.agent.rewards import (
-    RewardConfig,
     answers_match,
     normalize_answer,
     retool_turn_shaped_reward,
     score_response,
 )
+from srt_agent.config import RewardConfig
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,8 @@ def test_retool_turn_shaping_matches_verls_recipe(score, num_turns, expected):
 
 
 def test_turn_shaping_in_the_env_reward_follows_verls_retool_recipe():
-    from srt_agent.agent.rewards import RewardConfig, score_response
+    from srt_agent.agent.rewards import score_response
+    from srt_agent.config import RewardConfig
 
     shaped = RewardConfig(incorrect=-1.0, turn_shaping=True)
     assert score_response("\\boxed{7}", "7", 3, shaped) == 1.0

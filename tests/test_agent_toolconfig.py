@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from srt_agent.agent.config import ConfigError, InterpreterConfig
 from srt_agent.agent.toolconfig import CodeInterpreterTool, load_tools
+from srt_agent.config import ConfigError, InterpreterConfig
 from srt_agent.tools import LocalSandbox
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"

@@ -7,15 +7,16 @@ import sys
 
 import pytest
 
+from srt_agent.bench.cache import available_drafters
 from srt_agent.cache import (
     DRAFTERS,
+    LENIENT_DRAFTERS,
     Draft,
     Drafter,
     RolloutCache,
     SRTDrafter,
     make_drafter,
 )
-from srt_agent.cache.bench import available_drafters
 
 NAMES = [n for n in DRAFTERS if n != "arctic"] + (["arctic"] if "arctic" in available_drafters() else [])
 
@@ -161,3 +162,23 @@ def test_arctic_drafts_from_other_responses():
     drafter.start_request("a", "p", [1, 2, 3])  # ids may be reused: finished ones stay cached inside
     drafter.add_tokens("a", [40, 41, 42])
     assert drafter.draft("a", [1, 2, 3, 40, 41, 42], 3).token_ids == [43, 44, 45]
+
+
+@pytest.mark.parametrize("name", sorted(DRAFTERS))
+def test_every_drafter_declares_what_it_offers(name):
+    """Capabilities are declared on the class, and each flag matches what the class has."""
+    import importlib
+
+    from srt_agent.cache import DrafterCapabilities, RolloutCache
+
+    cls = DRAFTERS[name]
+    if isinstance(cls, str):
+        module, _, attr = cls.partition(":")
+        cls = getattr(importlib.import_module(module), attr)
+    caps = vars(cls).get("capabilities")
+    assert isinstance(caps, DrafterCapabilities), f"{cls.__name__} declares no capabilities"
+    assert caps.run_ahead == hasattr(cls, "start_run_ahead")
+    assert caps.model == all(hasattr(cls, m) for m in ("attach", "rebuild", "draft_batch", "draft_seconds"))
+    assert caps.lenient == caps.needs_logprobs == (name in LENIENT_DRAFTERS)
+    if name != "arctic" or "arctic" in available_drafters():
+        assert caps.trees == isinstance(getattr(make_drafter(name), "cache", None), RolloutCache)

@@ -6,8 +6,7 @@ import os
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from srt_agent.cache import RolloutCache
 from srt_agent.cache.tree import CompiledTokenTree

@@ -13,8 +13,7 @@ import sys
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from srt_agent.cache import ReferenceTokenTree
 from srt_agent.cache.tree import CompiledTokenTree

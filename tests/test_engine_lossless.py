@@ -9,10 +9,10 @@ import torch
 
 from srt_agent.cache import DRAFTERS, LENIENT_DRAFTERS, Draft, make_drafter
 from srt_agent.engine import Engine, SamplingParams
-from srt_agent.engine.architectures import VERIFIED
 from srt_agent.engine.cost_model import ForwardCostModel
 from srt_agent.engine.model_drafting import ModelDrafter
 from srt_agent.models import tiny_random_model
+from srt_agent.models.architectures import VERIFIED
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
 N_SAMPLES = 3  # a GRPO group per prompt: siblings share the prompt key

@@ -8,9 +8,9 @@ import torch
 
 from srt_agent.cache import Draft
 from srt_agent.engine import Engine, SamplingParams
-from srt_agent.engine.architectures import VERIFIED, UnsupportedModel
 from srt_agent.engine.model_runner import Chunk, ModelRunner, check_model
 from srt_agent.models import tiny_random_model
+from srt_agent.models.architectures import VERIFIED, UnsupportedModel
 
 TOKENS = [5, 17, 33, 2, 99, 140, 7, 64, 200, 3, 12, 250]
 

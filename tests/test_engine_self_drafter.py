@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from srt_agent.cache import make_drafter
+from srt_agent.cache.draft import Draft
 from srt_agent.engine import Engine, SamplingParams
 from srt_agent.engine.cost_model import ForwardCostModel
 from srt_agent.engine.model_drafting import chain_gain, plan_model_drafts
 from srt_agent.engine.quantize import keeps_float, quantized_copy
-from srt_agent.cache.draft import Draft
 from srt_agent.models import tiny_random_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -2,7 +2,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from srt_agent import models
 from srt_agent.cli import app
 from srt_agent.models import (
     EMBEDDED_NAME,
@@ -10,6 +9,7 @@ from srt_agent.models import (
     embedded_gguf_path,
     list_models,
     load_model,
+    loading,
     tiny_random_model,
 )
 
@@ -90,7 +90,7 @@ def test_a_gguf_path_is_converted_once_then_loaded_from_the_cache(smollm2, tmp_p
     def no_second_conversion(*args):
         raise AssertionError("converted again")
 
-    monkeypatch.setattr(models, "_convert_gguf", no_second_conversion)
+    monkeypatch.setattr(loading, "_convert_gguf", no_second_conversion)
     second = load_model(str(link), device="cpu")
     ids = torch.tensor([[1, 2, 3]])
     assert torch.equal(first.model(ids).logits, second.model(ids).logits)

@@ -182,9 +182,9 @@ def test_the_update_is_verl_s_token_mean_loss_over_the_whole_mini_batch(algorith
     """Our packed, micro-batched update against verl's vanilla policy loss on padded rows: token-level
     normalisation by the whole mini-batch's tokens (verl's ``batch_num_tokens``), clip-higher and the dual
     clip (engine log-probs far below the policy's put ratios above ``clip_ratio_c``)."""
+    from srt_agent.config import TrainConfig
     from srt_agent.models import tiny_random_model
     from srt_agent.rl.batch import pack
-    from srt_agent.rl.config import TrainConfig
     from srt_agent.rl.policy import Policy
     from srt_agent.rl.update import update_policy
 
@@ -243,8 +243,8 @@ def test_overlong_shaping_matches_verl_s_dapo_reward_manager(tmp_path, buffer, f
     from verl import DataProto
     from verl.workers.reward_manager.dapo import DAPORewardManager
 
-    from srt_agent.agent.config import EnvConfig
     from srt_agent.agent.trajectory import Trajectory
+    from srt_agent.config import EnvConfig
     from srt_agent.models import load_tokenizer
     from srt_agent.rl.trainer import Trainer
 
@@ -322,3 +322,27 @@ def test_dynamic_sampling_keeps_the_groups_verl_s_dapo_keeps(verl_group_filter):
     expected = verl_group_filter(rewards, groups)
     assert expected == {"c", "e", "f"}
     assert A.informative_groups(rewards, groups) == expected
+
+
+def test_registries_hold_what_the_config_accepts():
+    """The env YAML names an advantage estimator and a policy loss; each name is a registered function."""
+    from srt_agent.config import ADV_ESTIMATORS, POLICY_LOSSES
+
+    assert sorted(A.ADV_ESTIMATOR_REGISTRY) == sorted(ADV_ESTIMATORS)
+    assert sorted(A.POLICY_LOSS_REGISTRY) == sorted(POLICY_LOSSES)
+    assert A.get_adv_estimator_fn("grpo") is A.grpo_advantages and A.get_adv_estimator_fn("gae") is A.gae_advantages
+    with pytest.raises(ValueError, match="unknown adv_estimator 'reinforce'; choose one of"):
+        A.get_adv_estimator_fn("reinforce")
+    with pytest.raises(ValueError, match="unknown loss_mode 'gspo'"):
+        A.get_policy_loss_fn("gspo")
+    with pytest.raises(ValueError, match="already registered"):
+        A.register_policy_loss("vanilla")(lambda *args: None)
+
+
+def test_the_vanilla_loss_reads_its_clip_ratios_from_the_config(batch):
+    from srt_agent.config import TrainConfig
+
+    config = TrainConfig(algorithm="dapo")
+    ours = A.get_policy_loss_fn(config.loss_mode)(batch["old"], batch["new"], batch["adv"], batch["mask"], config)
+    direct = A.policy_loss(batch["old"], batch["new"], batch["adv"], batch["mask"], 0.2, 0.28, 3.0)
+    torch.testing.assert_close(ours[0], direct[0])

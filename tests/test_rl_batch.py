@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from srt_agent.config import LoraConfig
 from srt_agent.models import tiny_random_model
 from srt_agent.rl.batch import Sample, pack
-from srt_agent.rl.config import LoraConfig
 from srt_agent.rl.policy import Policy
 
 

@@ -8,12 +8,18 @@ from pathlib import Path
 import pytest
 
 from srt_agent.agent import EnvConfig, ReToolEnv, arithmetic_tasks, load_tools
-from srt_agent.agent.config import InterpreterConfig
-from srt_agent.agent.datasets import ARITHMETIC_KINDS
 from srt_agent.agent.retool import interpreter_block
+from srt_agent.config import InterpreterConfig
+from srt_agent.datasets import ARITHMETIC_KINDS
 from srt_agent.models import end_token_ids, load_tokenizer
 from srt_agent.rl.evaluate import tool_use_report
-from srt_agent.rl.traces import load_message_traces, messages_sample, procedural_traces, trajectory_sample, turn_end_token
+from srt_agent.rl.traces import (
+    load_message_traces,
+    messages_sample,
+    procedural_traces,
+    trajectory_sample,
+    turn_end_token,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from srt_agent.agent.config import load_env_config
+from srt_agent.config import load_env_config
 from srt_agent.models import cache_root, load_model
 from srt_agent.rl.trainer import Trainer
 

@@ -9,13 +9,12 @@ import pytest
 import torch
 from rl_envs import tiny_env_file
 
-from srt_agent.agent.config import ConfigError, load_env_config
 from srt_agent.agent.controller import MultiTurnController
+from srt_agent.config import ConfigError, load_env_config
 from srt_agent.models import load_tokenizer, tiny_random_model
 from srt_agent.rl.checkpoint import find_checkpoint, load_checkpoint
 from srt_agent.rl.data import PromptSampler
 from srt_agent.rl.trainer import Trainer
-
 
 
 def env_file(tmp_path: Path, **train) -> Path:
@@ -195,7 +194,7 @@ def test_run_ahead_leaves_every_trajectory_and_training_figure_unchanged(tmp_pat
         (tmp_path / str(on)).mkdir()
         path = env_file(tmp_path / str(on))
         text = path.read_text().replace(
-            "calibrate: false}", "calibrate: false, run_ahead: {enabled: %s, slack: 2.0, tokens_per_sequence: 6}}" % str(on).lower()
+            "calibrate: false}", f"calibrate: false, run_ahead: {{enabled: {str(on).lower()}, slack: 2.0, tokens_per_sequence: 6}}}}"
         )
         path.write_text(text)
         out = tmp_path / f"run-{on}"

@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
+from srt_agent.config import TrainConfig
 from srt_agent.models import tiny_random_model
 from srt_agent.rl.batch import Sample
-from srt_agent.rl.config import TrainConfig
 from srt_agent.rl.policy import Policy
 from srt_agent.rl.trainer import compute_advantages
 from srt_agent.rl.update import update_policy

@@ -63,7 +63,7 @@ class ScriptedServer:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
-    def __enter__(self) -> "ScriptedServer":
+    def __enter__(self) -> ScriptedServer:
         self.thread.start()
         return self
 

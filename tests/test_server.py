@@ -8,10 +8,10 @@ import base64
 import socket
 import subprocess
 import sys
-from pathlib import Path
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest

@@ -27,9 +27,9 @@ from verl.workers.rollout.llm_server import LLMServerClient  # noqa: E402
 from verl.workers.rollout.replica import get_rollout_replica_class  # noqa: E402
 
 from srt_agent.agent import Env, StepResult  # noqa: E402
-from srt_agent.agent.datasets import Task  # noqa: E402
 from srt_agent.agent.retool import interpreter_block  # noqa: E402
 from srt_agent.cache import RolloutCache  # noqa: E402
+from srt_agent.datasets import Task  # noqa: E402
 from srt_agent.engine import Engine  # noqa: E402
 from srt_agent.integrations.verl.adapter import SRTServerAdapter  # noqa: E402
 from srt_agent.integrations.verl.affinity import ConsistentHashRing, PromptAffinityRouter  # noqa: E402

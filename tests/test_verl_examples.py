@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from verl.trainer.main_ppo import need_critic, need_reference_policy, validate_config  # noqa: E402
 from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
-from verl.utils.import_utils import load_extern_object, load_class_from_fqn  # noqa: E402
+from verl.utils.import_utils import load_class_from_fqn, load_extern_object  # noqa: E402
 from verl.workers.config import RolloutConfig  # noqa: E402
 from verl.workers.rollout.replica import get_rollout_replica_class  # noqa: E402
 

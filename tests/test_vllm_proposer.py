@@ -17,7 +17,6 @@ from srt_agent.integrations.vllm.exact_sampling import check_exact_seam
 from srt_agent.integrations.vllm.plugin import expand_reference, fix_state
 from srt_agent.integrations.vllm.proposer import ProposerOptions, SRTProposer, check_seam, prompt_key, step_cost_model
 
-
 pytestmark = pytest.mark.slow  # starting a vLLM engine takes ~10 s here
 
 

@@ -42,9 +42,8 @@ def srt_engine(**options):
 
 def generate(llm, prompts: list[list[int]], max_tokens: int = 16, temperature: float = 0.0) -> list[list[int]]:
     """The sampled token ids of each prompt (EOS ignored, no detokenisation)."""
-    from vllm import SamplingParams
-
     import torch
+    from vllm import SamplingParams
 
     torch.set_num_threads(llm.srt_threads)  # another engine's start or a one_thread module may have changed it
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, detokenize=False)

@@ -1,12 +1,12 @@
 """Agent environments, the ReTool multi-turn controller, parsing, rewards, datasets and rollouts."""
 
-from .config import ConfigError, EnvConfig, load_env_config
+from ..config import ConfigError, EnvConfig, RewardConfig, load_env_config
+from ..datasets import Task, arithmetic_tasks, load_tasks, save_tasks
 from .controller import MultiTurnController
-from .datasets import Task, arithmetic_tasks, load_tasks, save_tasks
 from .env import Env, FunctionTool, StepResult, Tool, ToolCallRecord, ToolResult
 from .parsing import ParseError, ToolCall, extract_boxed, parse_tool_call
 from .retool import ReToolEnv
-from .rewards import RewardConfig, answers_match, score_response
+from .rewards import answers_match, score_response
 from .rollout import (
     RolloutSummary,
     build_controller,

@@ -18,9 +18,9 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from ..config import EnvConfig
+from ..datasets import Task
 from .chat import render_prompt, user_turn_text
-from .config import EnvConfig
-from .datasets import Task
 from .env import Env, StepResult, Tool
 from .trajectory import Trajectory
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .datasets import Task
+from ..config import RewardConfig
+from ..datasets import Task
 from .env import Env, StepResult, Tool
 from .parsing import CODE_TOOL_NAME, RETOOL_STOP, ParseError, parse_tool_call
-from .rewards import RewardConfig, score_response
+from .rewards import score_response
 
 
 def interpreter_block(text: str) -> str:

@@ -5,27 +5,8 @@ from __future__ import annotations
 import re
 import threading
 
-from pydantic import BaseModel, ConfigDict
-
+from ..config import RewardConfig
 from .parsing import extract_boxed
-
-
-class RewardConfig(BaseModel):
-    """How a final answer becomes a reward (the `reward:` section of an env config).
-
-    ``turn_penalty`` is subtracted per tool turn (ReTool-style pressure towards fewer, better calls);
-    ``min_reward`` floors the result. ``turn_shaping`` applies verl's ReTool recipe to a wrong answer
-    (:func:`retool_turn_shaped_reward`; use it with ``incorrect: -1``).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    correct: float = 1.0
-    incorrect: float = 0.0
-    turn_penalty: float = 0.0
-    min_reward: float | None = None
-    turn_shaping: bool = False
-    use_math_verify: bool = True
 
 
 def normalize_answer(answer: str) -> str:

@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import EnvConfig
+from ..config import EnvConfig
+from ..datasets import Task
 from .controller import MultiTurnController, ToolWaitStats
-from .datasets import Task
 from .toolconfig import load_tools
 from .trajectory import Trajectory
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .config import ConfigError, InterpreterConfig, read_yaml, validate_config
+from ..config import ConfigError, InterpreterConfig, read_yaml, validate_config
 from .env import Tool, ToolResult
 from .parsing import CODE_TOOL_NAME
 

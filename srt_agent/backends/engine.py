@@ -7,9 +7,10 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ..cache import RolloutCache
+from ..cache import RolloutCache, capabilities
 from ..engine import AsyncEngine, Engine
 from ..engine.run_ahead import WindowPrompt
+from ..engine.stats import cost_table, engine_settings
 
 
 class EngineRunAhead:
@@ -41,7 +42,7 @@ class EngineBackend(AsyncEngine):
 
     def __init__(self, engine: Engine):
         super().__init__(engine)
-        self.drafter_name = getattr(engine.drafter, "name", "none") if engine.drafter is not None else "none"
+        self.drafter_name = engine.drafter.name if engine.drafter is not None else "none"
         self.run_ahead = EngineRunAhead(self) if engine.run_ahead is not None else None
 
     def update_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
@@ -54,8 +55,7 @@ class EngineBackend(AsyncEngine):
         return self.call(lambda engine: engine.stats()).result()
 
     def trees(self) -> RolloutCache | None:
-        cache = getattr(self.engine.drafter, "cache", None)
-        return cache if isinstance(cache, RolloutCache) else None
+        return self.engine.drafter.cache if capabilities(self.engine.drafter).trees else None
 
     def restore_trees(self, cache: RolloutCache) -> None:
         if self.trees() is None:
@@ -63,8 +63,6 @@ class EngineBackend(AsyncEngine):
         self.call(lambda engine: setattr(engine.drafter, "cache", cache)).result()
 
     def step_costs(self) -> tuple[dict, dict]:
-        from ..rl.rollout_trace import cost_table, engine_settings
-
         return self.call(lambda engine: (cost_table(engine.cost_model), engine_settings(engine))).result()
 
     def describe(self) -> str:

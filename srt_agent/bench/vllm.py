@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..agent.config import EnvConfig, load_env_config
+from ..config import EnvConfig, load_env_config
 from ..engine.device_info import detect_device
 from ..rl.metrics import identical_share
 from ..rl.rollouts import RolloutRun, RolloutVariant

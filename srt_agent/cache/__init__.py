@@ -2,8 +2,8 @@
 
 from .arctic import ArcticDrafter
 from .draft import EMPTY_DRAFT, Draft
-from .drafter import Drafter
-from .factory import DRAFTERS, LENIENT_DRAFTERS, MODEL_DRAFTERS, make_drafter
+from .drafter import NO_CAPABILITIES, Drafter, DrafterCapabilities, capabilities
+from .factory import DRAFTERS, LENIENT_DRAFTERS, drafter_unavailable, make_drafter
 from .history import HistoryDrafter
 from .ngram import NgramDrafter
 from .none import NoDrafter
@@ -18,11 +18,12 @@ __all__ = [
     "DRAFTERS",
     "EMPTY_DRAFT",
     "LENIENT_DRAFTERS",
-    "MODEL_DRAFTERS",
+    "NO_CAPABILITIES",
     "ArcticDrafter",
     "CacheStats",
     "Draft",
     "Drafter",
+    "DrafterCapabilities",
     "HistoryDrafter",
     "NgramDrafter",
     "NoDrafter",
@@ -31,6 +32,8 @@ __all__ = [
     "SRTDrafter",
     "SpecRLDrafter",
     "SuffixDrafter",
+    "capabilities",
+    "drafter_unavailable",
     "make_drafter",
     "tree_class",
 ]

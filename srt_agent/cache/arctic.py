@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from .draft import Draft
+from .drafter import DrafterCapabilities
 from .tokens import check_budget, check_tokens
 
 INSTALL_HINT = "install it with `bash scripts/install_arctic.sh` (builds arctic-inference from source into .venv)"
@@ -23,6 +24,7 @@ class ArcticDrafter:
     """arctic-inference's SuffixDecodingCache: per-request prompt tree + global response tree."""
 
     name = "arctic"
+    capabilities = DrafterCapabilities()
 
     def __init__(
         self,

@@ -1,11 +1,42 @@
-"""The interface every drafter implements, so the engine can switch between them by name."""
+"""The interface every drafter implements, so the engine can switch between them by name, and the
+capabilities a drafter declares beyond it."""
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from .draft import Draft
+
+
+@dataclass(frozen=True)
+class DrafterCapabilities:
+    """What a drafter offers beyond the `Drafter` protocol, declared as its class attribute
+    ``capabilities`` so that the engine, the backends and the trainer read flags instead of probing.
+
+    - ``trees``: it keeps per-prompt rollout trees in ``.cache`` (a `RolloutCache`): saved with
+      checkpoints, shared between verl replicas, described in rollout traces;
+    - ``run_ahead``: it takes run-ahead sequences (``start_run_ahead``) into those trees;
+    - ``needs_logprobs``: ``add_tokens`` also takes the sampled tokens' log-probabilities;
+    - ``lenient``: its drafts carry an old policy's log-probabilities and are accepted by the lenient
+      rule with its ``lenience`` (not exactly on-policy);
+    - ``model``: it runs a model bound to the engine's policy (`engine.model_drafting.ModelDrafter`).
+    """
+
+    trees: bool = False
+    run_ahead: bool = False
+    needs_logprobs: bool = False
+    lenient: bool = False
+    model: bool = False
+
+
+NO_CAPABILITIES = DrafterCapabilities()
+
+
+def capabilities(drafter: object) -> DrafterCapabilities:
+    """The capabilities `drafter` declares (none for a drafter that declares none, or for no drafter)."""
+    return getattr(drafter, "capabilities", NO_CAPABILITIES)
 
 
 @runtime_checkable
@@ -14,7 +45,8 @@ class Drafter(Protocol):
 
     Lifecycle per request: ``start_request`` → any number of ``add_tokens`` (sampled or forced
     tokens, in order) and ``draft`` calls → ``stop_request``. ``end_step`` marks a policy-version
-    boundary (an RL training step); drafters that only learn from finished steps use it.
+    boundary (an RL training step); drafters that only learn from finished steps use it. What a drafter
+    can do beyond this it declares in ``capabilities`` (:class:`DrafterCapabilities`).
     """
 
     name: str

@@ -25,10 +25,8 @@ DRAFTERS: dict[str, type | str] = {
     "srt+self": "srt_agent.engine.hybrid_drafter:HybridDrafter",
     "spec-rl": SpecRLDrafter,  # reuses the previous epoch's rollouts with lenient acceptance: not exactly on-policy
 }
-MODEL_DRAFTERS = frozenset({"self", "srt+self"})  # they need an engine's policy to draft
-
 # Drafters whose drafts are accepted leniently (not token for token): their rollouts are not exactly on-policy.
-LENIENT_DRAFTERS = frozenset({"spec-rl"})
+LENIENT_DRAFTERS = frozenset(n for n, cls in DRAFTERS.items() if not isinstance(cls, str) and cls.capabilities.lenient)
 
 
 def make_drafter(name: str, **options) -> Drafter:
@@ -45,3 +43,13 @@ def make_drafter(name: str, **options) -> Drafter:
         return cls(**options)
     except TypeError as exc:
         raise ValueError(f"bad options for drafter {name!r}: {exc}") from None
+
+
+def drafter_unavailable(name: str) -> str | None:
+    """Why the drafter `name` cannot run here (an unknown name, a package that is not installed), or None
+    when it can."""
+    try:
+        make_drafter(name)
+    except ValueError as exc:
+        return str(exc)
+    return None

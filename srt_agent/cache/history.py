@@ -6,6 +6,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from .draft import Draft
+from .drafter import DrafterCapabilities
 from .rollout_cache import RolloutCache
 from .tokens import check_tokens
 
@@ -20,6 +21,7 @@ class HistoryDrafter:
     """Like SRT, but a step's rollouts become visible only at ``end_step()``: no in-step sharing."""
 
     name = "history"
+    capabilities = DrafterCapabilities(trees=True)
 
     def __init__(self, cache: RolloutCache | None = None, **cache_options) -> None:
         if cache is not None and cache_options:

@@ -12,6 +12,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from .draft import Draft
+from .drafter import DrafterCapabilities
 from .tokens import check_budget, check_tokens
 
 
@@ -25,6 +26,7 @@ class NgramDrafter:
     """Prompt-lookup n-gram drafter over each request's own prompt and output."""
 
     name = "ngram"
+    capabilities = DrafterCapabilities()
 
     def __init__(self, prompt_lookup_min: int = 2, prompt_lookup_max: int = 5) -> None:
         if not 1 <= prompt_lookup_min <= prompt_lookup_max:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from .draft import Draft
+from .drafter import DrafterCapabilities
 from .tokens import check_budget, check_tokens
 
 _CHECKED_TAIL = 32  # like the tree drafters, look at (and so validate) only the context's tail
@@ -12,6 +13,7 @@ _CHECKED_TAIL = 32  # like the tree drafters, look at (and so validate) only the
 
 class NoDrafter:
     name = "none"
+    capabilities = DrafterCapabilities()
 
     def __init__(self) -> None:
         self._running: set[Hashable] = set()

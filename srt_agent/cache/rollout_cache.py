@@ -1,5 +1,8 @@
 """`RolloutCache`: one token tree per prompt, under a global byte budget, saved across restarts.
 
+(Longer than 400 lines: the trees, their byte budget with its eviction order, and the file format that
+saves them are one data structure with one set of invariants.)
+
 Each prompt key owns a tree of every rollout produced for it (all samples, all policy versions).
 A running request streams its tokens (sampled or forced) into its prompt's tree as they come, so
 siblings of the same prompt draft from each other within a step. The first ``max_match`` prompt
@@ -17,11 +20,9 @@ real rollout is evicted, and a node-cap rebuild drops them before real ones.
 
 from __future__ import annotations
 
-import glob
 import io
 import json
 import os
-import tempfile
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ..atomic import write_atomic
 from .draft import Draft
 from .tokens import check_budget, check_tokens
 from .tree import tree_class
@@ -223,19 +225,8 @@ class RolloutCache:
         An interrupted save leaves the previous file as it was; the temp file of a writer that was
         killed outright is removed by the next save to the same path.
         """
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _remove_dead_writers_files(path)
-        fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                self._write(f, list(self._prompts))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        prompts = list(self._prompts)
+        write_atomic(path, lambda f: self._write(f, prompts))
 
     @classmethod
     def load(cls, path: str | os.PathLike, backend: str = "auto", **overrides: int) -> RolloutCache:
@@ -426,24 +417,6 @@ class RolloutCache:
         self._evicted += evicted
         for rid in entry.active:
             self._requests[rid].detached = True
-
-
-def _remove_dead_writers_files(path: Path) -> None:
-    """Delete `path`'s temp files (``name.PID.*.tmp``) whose writing process no longer exists."""
-    for tmp in path.parent.glob(f"{glob.escape(path.name)}.*.tmp"):
-        pid = tmp.name[len(path.name) + 1 :].split(".", 1)[0]
-        if pid.isdigit() and not _process_exists(int(pid)):
-            tmp.unlink(missing_ok=True)
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's
-        return True
-    return True
 
 
 def _check_saved(meta: Any, tokens: np.ndarray) -> list[tuple[Hashable, list[int], set[int]]]:

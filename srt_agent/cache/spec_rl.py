@@ -14,6 +14,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from .draft import Draft
+from .drafter import DrafterCapabilities
 from .tokens import check_budget, check_tokens
 
 PUBLISHED_LENIENCE = math.exp(0.5)  # SPEC-RL's released GRPO recipe: log-lenience 0.5
@@ -40,7 +41,7 @@ class SpecRLDrafter:
     """Previous-epoch rollouts as prefix drafts; the engine accepts them by SPEC-RL's lenient rule."""
 
     name = "spec-rl"
-    needs_logprobs = True  # the engine passes sampled tokens' log-probabilities to add_tokens
+    capabilities = DrafterCapabilities(needs_logprobs=True, lenient=True)
 
     def __init__(self, lenience: float = PUBLISHED_LENIENCE) -> None:
         if lenience <= 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from .draft import Draft
+from .drafter import DrafterCapabilities
 from .rollout_cache import RolloutCache
 
 
@@ -16,6 +17,7 @@ class SRTDrafter:
     """
 
     name = "srt"
+    capabilities = DrafterCapabilities(trees=True, run_ahead=True)
 
     def __init__(
         self, cache: RolloutCache | None = None, chain: bool = False, min_prob: float = 0.0, **cache_options

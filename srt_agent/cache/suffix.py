@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from .draft import Draft
+from .drafter import DrafterCapabilities
 from .rollout_cache import RolloutCache
 from .tokens import check_tokens
 
@@ -20,6 +21,7 @@ class SuffixDrafter:
     """Per-request prompt+output tree plus a global response tree (bounded by ``max_global_nodes``)."""
 
     name = "suffix"
+    capabilities = DrafterCapabilities()
 
     def __init__(
         self,

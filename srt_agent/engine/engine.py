@@ -1,13 +1,14 @@
 """The engine: continuous batching with lossless tree speculation (draft → verify in one pass → accept).
 
-Each step drafts for every running sequence, sizes the drafts to the batch with the cost model,
-verifies all of them in one tree-masked forward pass, walks each sequence's tree with the lossless
-sampler (accepting the drafted node that equals the token sampled at that position, then sampling one
-more), keeps the KV of accepted nodes and drops the rest, and applies stop conditions token by token.
-Emitted and forced tokens go into the drafter (the prompt's tree) as they are produced. The one
-exception to losslessness is opt-in: a draft carrying its old policy's log-probabilities (SPEC-RL's reused
-rollouts) is judged by the lenient rule of `lenient.py`, and every token it keeps that the exact sampler
-would not have drawn is counted (``lenient_overrides``).
+(A little over 400 lines: the request API and the step, where scheduling, drafting, run-ahead and
+verification meet, stay in one place so that a step reads from top to bottom.)
+
+Each step the scheduler picks the running sequences (`scheduler.py`), drafting gives each a draft tree
+and sizes the drafts to the batch with the cost model (`drafting.py`), verification runs all of them in
+one tree-masked forward pass and walks each tree with the lossless sampler (`verification.py`), the KV
+of accepted nodes is kept and the rest dropped, and stop conditions apply token by token. Emitted and
+forced tokens go into the drafter (the prompt's tree) as they are produced. Run-ahead rows
+(`run_ahead.py`) ride along in capacity the real sequences leave. Totals and settings: `stats.py`.
 """
 
 from __future__ import annotations
@@ -19,83 +20,33 @@ import secrets
 import time
 import uuid
 from collections.abc import Hashable, Sequence as Seq
-from dataclasses import dataclass, field
 
 import torch
 
 from ..cache.draft import Draft
 from ..cache.drafter import Drafter
+from ..config import EngineConfig
 from ..models import LoadedModel, resolve_device
-from .acceptance import AcceptanceModel
-from .cost_model import ForwardCostModel, choose_drafts
-from .lenient import acceptance_uniform, lenient_accept, target_logprob
-from .model_drafting import DraftRequest, ModelDrafter, plan_model_drafts
+from .cost_model import ForwardCostModel
+from .drafting import Drafting, resolve_drafter
 from .model_runner import Chunk, ModelRunner
 from .params import RequestOutput, SamplingParams
 from .prefix_cache import PrefixCache
 from .prefix_sharing import PrefixSharing
 from .run_ahead import RunAhead, RunAheadOptions
-from .sampler import RowSampling, sample_rows
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
+from .stats import EngineStats
 from .stops import StopChecker
-from .tree import validate_draft
-
-EAGER_LOGITS_ROWS = 64  # up to this many verified rows, all logits come from one LM-head pass
-DRAFTER_CALLS = ("start_request", "add_tokens", "draft", "stop_request", "end_step")
+from .verification import Verifier, chunks_of
 
 log = logging.getLogger(__name__)
-MODEL_ACCEPTANCE_PRIOR = 0.8  # a model drafter's per-token acceptance before any is observed
-
-
-@dataclass
-class EngineStats:
-    """Totals over the engine's lifetime."""
-
-    steps: int = 0
-    tokens: int = 0
-    draft_proposed: int = 0
-    draft_verified: int = 0
-    draft_accepted: int = 0
-    drafter_errors: int = 0
-    drafter_faults: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DRAFTER_CALLS, 0))
-    undrafted_requests: int = 0  # requests whose speculation a drafter fault ended
-    last_drafter_error: str | None = None
-    model_errors: int = 0  # requests ended by a failing forward pass, sampler or non-finite logits
-    prefill_tokens: int = 0  # prompt and forced tokens computed (beyond the one each step decodes from)
-    lenient_overrides: int = 0  # leniently accepted draft tokens the exact sampler would not have drawn
-    draft_s: float = 0.0
-    model_drafted: int = 0  # nodes a model drafter proposed …
-    model_draft_s: float = 0.0  # … and the seconds its passes took
-    drafter_update_s: float = 0.0  # rebuilding a model drafter on weight updates
-    forward_s: float = 0.0
-    bookkeeping_s: float = 0.0
-    last_step: dict = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        out["drafter_faults"] = dict(self.drafter_faults)
-        out["forwards"] = self.steps
-        out["tokens_per_forward"] = self.tokens / self.steps if self.steps else 0.0
-        out["accepted_per_step"] = self.draft_accepted / self.steps if self.steps else 0.0
-        return out
+DEFAULTS = EngineConfig()  # the env YAML's engine: section states the engine's defaults
 
 
 def default_prompt_key(prompt_ids: Seq[int]) -> str:
     """The prompt key of a first turn: a hash of its token ids (GRPO siblings share it)."""
     return hashlib.sha1(repr(list(prompt_ids)).encode()).hexdigest()[:16]
-
-
-def resolve_drafter(drafter: str | Drafter | None) -> Drafter | None:
-    if drafter is None:
-        return None
-    if isinstance(drafter, str):
-        from ..cache import make_drafter
-
-        return make_drafter(drafter)
-    if not isinstance(drafter, Drafter):
-        raise ValueError(f"drafter must be a name or implement the Drafter protocol, got {type(drafter).__name__}")
-    return drafter
 
 
 class Engine:
@@ -117,19 +68,19 @@ class Engine:
     def __init__(
         self,
         model: LoadedModel,
-        drafter: str | Drafter | None = "srt",
-        device: str | torch.device = "auto",
-        max_batch: int = 32,
-        max_context: int = 2048,
+        drafter: str | Drafter | None = DEFAULTS.drafter,
+        device: str | torch.device = DEFAULTS.device,
+        max_batch: int = DEFAULTS.max_batch,
+        max_context: int = DEFAULTS.max_context,
         max_draft_tokens: int = 16,
         adaptive_drafts: bool = True,
         min_draft_gain: float = 0.1,
         max_prefill_tokens: int = 4096,
-        calibrate: bool = True,
+        calibrate: bool = DEFAULTS.calibrate,
         run_ahead: RunAheadOptions | None = None,
-        prefix_sharing: bool = True,
+        prefix_sharing: bool = DEFAULTS.prefix_sharing,
         prefix_block_size: int = 16,
-        prefix_cache_tokens: int = 8192,
+        prefix_cache_tokens: int = DEFAULTS.prefix_cache_tokens,
     ):
         if max_batch < 1 or max_context < 2 or max_draft_tokens < 0:
             raise ValueError("need max_batch >= 1, max_context >= 2 and max_draft_tokens >= 0")
@@ -137,7 +88,7 @@ class Engine:
             raise ValueError("need prefix_block_size >= 1 and prefix_cache_tokens >= 0")
         self.loaded = model
         self.device = resolve_device(device)
-        self.drafter = resolve_drafter(drafter)
+        drafter = resolve_drafter(drafter)
         self.max_context = max_context
         self.max_draft_tokens = max_draft_tokens
         self.adaptive_drafts = adaptive_drafts
@@ -146,16 +97,39 @@ class Engine:
         self.prefix = self._prefix_sharing(prefix_block_size, prefix_cache_tokens) if prefix_sharing else None
         self.scheduler = Scheduler(max_batch, max_prefill_tokens, self.prefix)
         self.stops = StopChecker(frozenset(model.eos_token_ids), max_context, model.tokenizer)
-        self.cost_model = ForwardCostModel()
-        self.acceptance = AcceptanceModel()  # of tree drafts
-        self.model_acceptance = AcceptanceModel()  # of model drafts
         self.sequences: dict[str, Sequence] = {}
         self.totals = EngineStats()
-        self.run_ahead = RunAhead(self, run_ahead) if run_ahead is not None else None
-        if isinstance(self.drafter, ModelDrafter):
+        self.drafting = Drafting(
+            drafter, ForwardCostModel(), self.totals, self.runner.vocab_size, max_draft_tokens, max_context,
+            adaptive_drafts, min_draft_gain,
+        )
+        self.verifier = Verifier(self.runner, drafter, self.totals)
+        self.run_ahead = None
+        if run_ahead is not None:
+            self.run_ahead = RunAhead(
+                run_ahead, drafter=drafter, scheduler=self.scheduler, runner=self.runner, cost_model=self.cost_model,
+                stops=self.stops, sequences=self.sequences,
+            )
+        if self.drafting.capabilities.model:
             self.drafter.attach(model.model, self.device, max_batch, max_context, calibrate)
-        if calibrate and max_draft_tokens > 0 and getattr(self.drafter, "name", "none") != "none":
+        if calibrate and max_draft_tokens > 0 and self.drafter is not None and self.drafter.name != "none":
             self.calibrate()
+
+    @property
+    def drafter(self) -> Drafter | None:
+        """The drafter (None: plain decoding)."""
+        return self.drafting.drafter
+
+    @property
+    def cost_model(self) -> ForwardCostModel:
+        """The forward-cost model: it sizes drafts to the batch, and run-ahead rows to the idle capacity."""
+        return self.drafting.cost_model
+
+    @cost_model.setter
+    def cost_model(self, model: ForwardCostModel) -> None:
+        self.drafting.cost_model = model
+        if self.run_ahead is not None:
+            self.run_ahead.cost_model = model
 
     def _prefix_sharing(self, block_size: int, cache_tokens: int) -> PrefixSharing:
         kv = self.runner.kv
@@ -193,7 +167,7 @@ class Engine:
             forced = prompt[len(seq.tokens) :]
             seq.begin_call(prompt, params, seed)
             if forced and seq.drafting:
-                self._call_drafter("add_tokens", seq, forced)
+                self.drafting.call("add_tokens", seq, forced)
             if self.scheduler.take_held(request_id) is not None:
                 self.scheduler.resume(seq)
             else:  # evicted: prefill again
@@ -205,7 +179,7 @@ class Engine:
         seq = Sequence(request_id, key, prompt, params, seed, call_start=len(prompt))
         if self.drafter is not None:
             seq.drafting = True
-            self._call_drafter("start_request", seq, key, prompt)
+            self.drafting.call("start_request", seq, key, prompt)
         self.sequences[request_id] = seq
         self.scheduler.add(seq)
         return request_id
@@ -246,46 +220,11 @@ class Engine:
         sched.release(seq)
         if seq.drafting:
             seq.drafting = False
-            self._call_drafter("stop_request", seq)
+            self.drafting.call("stop_request", seq)
 
     def idle_capacity(self) -> int:
         """Batch slots not needed by running or queued requests."""
         return self.scheduler.idle_capacity()
-
-    # ----- the drafter's fault boundary -----------------------------------------------------------
-
-    def _call_drafter(self, method: str, seq: Sequence | None, *args: object) -> None:
-        """Call a drafter method for `seq` (None: `end_step`) behind a fault boundary (see `_drafter_fault`)."""
-        try:
-            if seq is None:
-                getattr(self.drafter, method)(*args)
-            else:
-                getattr(self.drafter, method)(seq.request_id, *args)
-        except Exception as exc:  # noqa: BLE001 - a failing drafter costs speed, never a request
-            self._drafter_fault(method, seq, exc)
-
-    def _drafter_fault(self, method: str, seq: Sequence | None, exc: Exception) -> None:
-        """Count and log a drafter fault; the request it concerns decodes without drafts from then on.
-
-        The drafter's record of that request may be incomplete, so the request is stopped there (best
-        effort: a raise there is part of the same fault) and never drafted for again. Other requests are
-        untouched.
-        """
-        t = self.totals
-        t.drafter_errors += 1
-        t.drafter_faults[method] += 1
-        where = f" for request {seq.request_id!r}" if seq is not None else ""
-        t.last_drafter_error = f"{method}{where}: {type(exc).__name__}: {exc}"
-        report = log.warning if t.drafter_faults[method] == 1 else log.debug
-        report("drafter %r failed in %s; %s", getattr(self.drafter, "name", "?"), t.last_drafter_error,
-               "that request decodes without drafts" if seq is not None else "drafting goes on")
-        if seq is not None and seq.drafting:
-            seq.drafting = False
-            t.undrafted_requests += 1
-            try:
-                self.drafter.stop_request(seq.request_id)
-            except Exception:  # noqa: BLE001 - the same fault, already counted
-                pass
 
     # ----- policy ---------------------------------------------------------------------------------
 
@@ -300,7 +239,7 @@ class Engine:
         self.runner.load_weights(state)
         if self.prefix is not None:
             self.prefix.clear()
-        if isinstance(self.drafter, ModelDrafter):
+        if self.drafting.capabilities.model:
             self.totals.drafter_update_s += self.drafter.rebuild()
         for seq in self.sequences.values():
             seq.num_cached = seq.stored_blocks = 0
@@ -310,7 +249,7 @@ class Engine:
     def end_step(self) -> None:
         """A training step ended: tell the drafter (policy-version boundary)."""
         if self.drafter is not None:
-            self._call_drafter("end_step", None)
+            self.drafting.call("end_step", None)
 
     def stats(self) -> dict:
         out = self.totals.as_dict()
@@ -321,8 +260,8 @@ class Engine:
             cost_fixed_s=self.cost_model.fixed_s,
             cost_per_token_s=self.cost_model.per_token_s,
             cost_per_sequence_s=self.cost_model.per_sequence_s,
-            model_draft_tested=self.model_acceptance.nodes_tested,  # model-drafted nodes whose parent was accepted …
-            model_draft_accepted=self.model_acceptance.nodes_accepted,  # … and those accepted themselves
+            model_draft_tested=self.drafting.model_acceptance.nodes_tested,  # model-drafted nodes whose parent was accepted …
+            model_draft_accepted=self.drafting.model_acceptance.nodes_accepted,  # … and those accepted themselves
         )
         if self.run_ahead is not None:
             out["run_ahead"] = self.run_ahead.stats.as_dict()
@@ -350,14 +289,10 @@ class Engine:
             for _ in range(2):
                 t0 = time.perf_counter()
                 self.runner.logits(self.runner.forward(chunks))
-                self._sync()
+                self.runner.synchronize()
                 best = min(best, time.perf_counter() - t0)
             samples.append((sequences * n, best, sequences))
         self.cost_model.calibrate(samples)
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     # ----- the step -------------------------------------------------------------------------------
 
@@ -371,27 +306,25 @@ class Engine:
         if self.run_ahead is not None:
             self.run_ahead.make_room()
         seqs = self.scheduler.schedule()
-        drafts, draft_s = self._draft(seqs)
-        base = sum(len(s.pending()) for s in seqs)
-        if self.adaptive_drafts and any(len(d) for d in drafts):
-            makespan = not self.scheduler.waiting  # nothing queued: the last sequence to finish sets the time
-            drafts = choose_drafts(drafts, base, self.cost_model, self.min_draft_gain, makespan, self._calibrate)
-        chunks = self._chunks(seqs, drafts)
+        makespan = not self.scheduler.waiting  # nothing queued: the last sequence to finish sets the time
+        drafts, draft_s = self.drafting.draft(seqs, makespan)
+        drafts = self.drafting.choose(seqs, drafts, makespan)
+        chunks = chunks_of(seqs, drafts)
         ahead = self.run_ahead.plan(seqs, chunks) if self.run_ahead is not None else []
         if not seqs and not ahead:
             return []
         all_seqs, all_chunks = seqs + [s for s, _ in ahead], chunks + [c for _, c in ahead]
         t0 = time.perf_counter()
         try:
-            emitted, accepted, faults = self._forward_and_verify(all_seqs, all_chunks, drafts + [Draft()] * len(ahead))
+            emitted, accepted, faults = self.verifier.forward_and_verify(all_seqs, all_chunks, drafts + [Draft()] * len(ahead))
             batched = True
         except Exception:  # noqa: BLE001 - the batched pass failed: find out whose fault it is
             if ahead:  # run-ahead rows never risk a real step twice: they go, the real rows retry alone
                 self.run_ahead.abandon()
                 ahead = []
             drafts = [Draft() for _ in seqs]
-            chunks = all_chunks = self._chunks(seqs, drafts)
-            emitted, accepted, faults = self._forward_one_by_one(seqs, chunks, drafts)
+            chunks = all_chunks = chunks_of(seqs, drafts)
+            emitted, accepted, faults = self.verifier.forward_one_by_one(seqs, chunks, drafts)
             batched = False
         forward_s = time.perf_counter() - t0  # the forward pass, the LM head and sampling
         total = sum(len(c) for c in all_chunks)
@@ -405,10 +338,8 @@ class Engine:
         if not seqs:
             return []
         if batched:
-            for acceptance, source in ((self.acceptance, "tree"), (self.model_acceptance, "model")):
-                picked = [i for i, d in enumerate(drafts) if d.source == source]
-                acceptance.observe([drafts[i] for i in picked], [accepted[i] for i in picked])
-        self._compact(seqs, chunks, accepted)
+            self.drafting.observe(drafts, accepted)
+        self.verifier.compact(chunks, accepted)
         finished = []
         for i, (seq, chunk, draft, em, acc, ds) in enumerate(zip(seqs, chunks, drafts, emitted, accepted, draft_s)):
             kept = self._append(seq, em)
@@ -442,40 +373,7 @@ class Engine:
         t.draft_s += sum(draft_s)
         t.forward_s += forward_s
         t.bookkeeping_s += book_s
-        t.last_step = dict(sequences=len(seqs), tokens_fed=total, draft_verified=sum(len(d) for d in drafts), forward_s=forward_s,
-                           step_s=step_s, run_ahead_rows=sum(len(c) for _, c in ahead))
         return outputs
-
-    @staticmethod
-    def _chunks(seqs: list[Sequence], drafts: list[Draft]) -> list[Chunk]:
-        return [Chunk(s.slot, s.num_cached, s.pending() + d.token_ids, len(s.pending()), d.parents) for s, d in zip(seqs, drafts)]
-
-    def _forward_and_verify(
-        self, seqs: list[Sequence], chunks: list[Chunk], drafts: list[Draft]
-    ) -> tuple[list[list[tuple[int, float]]], list[list[int]], dict[int, str]]:
-        """One forward pass and the walk of every draft tree. Changes no sequence: on a raise the step can
-        run again (the pass writes KV only at positions no sequence counts as cached)."""
-        hidden = self.runner.forward(chunks)
-        out = self._verify(seqs, chunks, drafts, hidden)
-        self._sync()
-        return out
-
-    def _forward_one_by_one(
-        self, seqs: list[Sequence], chunks: list[Chunk], drafts: list[Draft]
-    ) -> tuple[list[list[tuple[int, float]]], list[list[int]], dict[int, str]]:
-        """The step's pass for each sequence alone (after the batched one raised): only a sequence whose own
-        pass fails is charged with the fault."""
-        emitted, accepted, faults = [], [], {}
-        for i, (seq, chunk, draft) in enumerate(zip(seqs, chunks, drafts)):
-            try:
-                (em,), (acc,), fault = self._forward_and_verify([seq], [chunk], [draft])
-            except Exception as exc:  # noqa: BLE001 - this request's fault, no one else's
-                em, acc, fault = [], [], {0: f"the forward pass or sampling failed: {type(exc).__name__}: {exc}"}
-            emitted.append(em)
-            accepted.append(acc)
-            if fault:
-                faults[i] = fault[0]
-        return emitted, accepted, faults
 
     def _model_fault(self, seq: Sequence, message: str) -> None:
         """End `seq` with an error; its KV (possibly NaN, which attention masks do not hide) is wiped."""
@@ -485,170 +383,6 @@ class Engine:
             self.runner.clear_slot(seq.slot)
         self.totals.model_errors += 1
         log.warning("request %r ended: %s", seq.request_id, message)
-
-    def _calibrate(self, draft: Draft) -> Draft:
-        """The draft with scores calibrated by the acceptance observed for its source."""
-        return (self.model_acceptance if draft.source == "model" else self.acceptance).calibrate(draft)
-
-    def _draft(self, seqs: list[Sequence]) -> tuple[list[Draft], list[float]]:
-        budgets = [
-            min(self.max_draft_tokens, s.params.max_tokens - s.num_generated - 1, self.max_context - len(s.tokens) - 1)
-            if s.drafting else 0
-            for s in seqs
-        ]
-        drafts, times = [], []
-        for seq, budget in zip(seqs, budgets):
-            t0 = time.perf_counter()
-            draft = self._draft_one(seq, budget) if budget > 0 else Draft()
-            drafts.append(draft)
-            times.append(time.perf_counter() - t0)
-        if isinstance(self.drafter, ModelDrafter) and max(budgets, default=0) > 0:
-            self._draft_with_model(seqs, budgets, drafts, times)
-        self.totals.draft_proposed += sum(len(d) for d in drafts)
-        return drafts, times
-
-    def _draft_one(self, seq: Sequence, budget: int) -> Draft:
-        """The drafter's draft for `seq`, checked; a raise or a malformed tree is a drafter fault."""
-        try:
-            draft = self.drafter.draft(seq.request_id, seq.tokens, budget).truncated(budget)
-            validate_draft(draft, self.runner.vocab_size)
-        except Exception as exc:  # noqa: BLE001 - a failing drafter costs speed, never correctness
-            self._drafter_fault("draft", seq, exc)
-            return Draft()
-        if not draft.scores:
-            draft.scores = [1.0] * len(draft)
-        return draft
-
-    def _draft_with_model(self, seqs: list[Sequence], budgets: list[int], drafts: list[Draft], times: list[float]) -> None:
-        """Replace drafts by the model drafter's where the draft plan expects that to pay (in place)."""
-        t0 = time.perf_counter()
-        requests = [
-            DraftRequest(s.request_id, s.tokens, b, RowSampling(s.params.temperature, s.params.top_p, s.params.top_k, s.seed, 0))
-            for s, b in zip(seqs, budgets)
-        ]
-        if self.adaptive_drafts:
-            plan = plan_model_drafts(
-                [self._calibrate(d) for d in drafts],
-                budgets,
-                self.model_acceptance.rate(prior=MODEL_ACCEPTANCE_PRIOR),
-                self.cost_model,
-                lambda chosen, depth: self.drafter.draft_seconds([requests[i] for i in chosen], depth),
-                sum(len(s.pending()) for s in seqs),
-                self.min_draft_gain,
-                makespan=not self.scheduler.waiting,
-            )
-            depth, chosen = plan.depth, plan.sequences
-        else:  # verify everything: the model drafts wherever the free drafter has nothing
-            depth, chosen = max(budgets), [i for i, (d, b) in enumerate(zip(drafts, budgets)) if b > 0 and not len(d)]
-        if not depth or not chosen:
-            return
-        try:
-            model_drafts = self.drafter.draft_batch([requests[i] for i in chosen], depth)
-            for d, i in zip(model_drafts, chosen):
-                validate_draft(d, self.runner.vocab_size)
-                drafts[i] = d.truncated(budgets[i])
-        except Exception as exc:  # noqa: BLE001 - a failing drafter costs speed, never correctness
-            self._drafter_fault("draft", None, exc)
-            return
-        elapsed = time.perf_counter() - t0
-        for i in chosen:
-            times[i] += elapsed / len(chosen)
-        self.totals.model_drafted += sum(len(drafts[i]) for i in chosen)
-        self.totals.model_draft_s += elapsed
-
-    def _verify(
-        self, seqs: list[Sequence], chunks: list[Chunk], drafts: list[Draft], hidden: torch.Tensor
-    ) -> tuple[list[list[tuple[int, float]]], list[list[int]], dict[int, str]]:
-        """Walk every sequence's draft tree level by level with the lossless sampler.
-
-        Returns per sequence the emitted (token, logprob) pairs and the accepted draft nodes, and the
-        sequences (by index) whose next logits were not finite (NaN or +inf), with what went wrong: their
-        walk stops there, after the tokens plain decoding would also have emitted.
-        """
-        offsets, off = [], 0
-        for chunk in chunks:
-            offsets.append(off)
-            off += len(chunk)
-        children = [{(p, t): i for i, (p, t) in enumerate(zip(d.parents, d.token_ids))} for d in drafts]
-        emitted: list[list[tuple[int, float]]] = [[] for _ in seqs]
-        accepted: list[list[int]] = [[] for _ in seqs]
-        node = [-1] * len(seqs)
-        faults: dict[int, str] = {}
-        active = list(range(len(seqs)))
-        # Rows that may need logits: each chunk's last pending token and its draft nodes. Few of them:
-        # one LM-head pass over all (the head's weights are read once). Many: level by level, only
-        # the rows on accepted paths.
-        candidates = [offsets[i] + c.num_pending - 1 + j for i, c in enumerate(chunks) for j in range(len(c.parents) + 1)]
-        eager = None
-        if len(candidates) <= max(EAGER_LOGITS_ROWS, 2 * len(seqs)):
-            eager = dict(zip(candidates, self.runner.logits(hidden[candidates])))
-        while active:
-            rows = [offsets[i] + chunks[i].num_pending - 1 + (node[i] + 1 if node[i] >= 0 else 0) for i in active]
-            logits = torch.stack([eager[r] for r in rows]) if eager is not None else self.runner.logits(hidden[rows])
-            broken = (torch.isnan(logits) | (logits == float("inf"))).any(dim=-1)
-            if bool(broken.any()):
-                fine = [j for j, bad in enumerate(broken.tolist()) if not bad]
-                for j, bad in enumerate(broken.tolist()):
-                    if bad:
-                        i = active[j]
-                        position = len(seqs[i].tokens) + len(emitted[i])
-                        faults[i] = f"the model produced non-finite logits (NaN or +inf) for position {position}"
-                active, logits = [active[j] for j in fine], logits[fine]
-                if not active:
-                    break
-            specs = []
-            for i in active:
-                p = seqs[i].params
-                position = len(seqs[i].tokens) + len(emitted[i])
-                specs.append(RowSampling(p.temperature, p.top_p, p.top_k, seqs[i].seed, position))
-            tokens, logprobs = sample_rows(logits, specs)
-            still = []
-            for j, (i, token, lp) in enumerate(zip(active, tokens, logprobs)):
-                if drafts[i].old_logprobs is None:
-                    child = children[i].get((node[i], token))
-                else:
-                    picked = self._lenient(drafts[i], node[i], logits[j], specs[j], token, lp)
-                    if picked is None:  # the reused draft ran out after accepted nodes: the next step goes on with it
-                        continue
-                    token, lp, child = picked
-                emitted[i].append((token, lp))
-                if child is not None:
-                    accepted[i].append(child)
-                    node[i] = child
-                    still.append(i)
-            active = still
-        return emitted, accepted, faults
-
-    def _lenient(
-        self, draft: Draft, node: int, logits: torch.Tensor, spec: RowSampling, sampled: int, sampled_lp: float
-    ) -> tuple[int, float, int | None] | None:
-        """SPEC-RL's rule at the child of `node` in a reused draft (see `lenient`): the token emitted at
-        this position, its log-probability, and the accepted node (None: rejected, so the exact sample is
-        emitted and the walk stops). None when the draft ran out after an accepted node: every reused
-        position is judged leniently, so no exact token follows (the next step drafts on from there)."""
-        child = next((k for k, parent in enumerate(draft.parents) if parent == node), None)
-        if child is None:
-            return None if node >= 0 else (sampled, sampled_lp, None)
-        token = draft.token_ids[child]
-        new = target_logprob(logits, spec, token)
-        lenience = getattr(self.drafter, "lenience", 1.0)
-        if not lenient_accept(new, draft.old_logprobs[child], lenience, acceptance_uniform(spec.seed, spec.position)):
-            return sampled, sampled_lp, None
-        if token != sampled:
-            self.totals.lenient_overrides += 1
-        return token, new, child
-
-    def _compact(self, seqs: list[Sequence], chunks: list[Chunk], accepted: list[list[int]]) -> None:
-        """Move accepted draft nodes' KV right after the pending tokens, in path order."""
-        slots, src, dst = [], [], []
-        for chunk, acc in zip(chunks, accepted):
-            base = chunk.start + chunk.num_pending
-            for depth, node in enumerate(acc):
-                if node != depth:
-                    slots.append(chunk.slot)
-                    src.append(base + node)
-                    dst.append(base + depth)
-        self.runner.move_kv(slots, src, dst)
 
     def _append(self, seq: Sequence, emitted: list[tuple[int, float]]) -> int:
         """Append tokens one by one, stopping exactly where plain decoding would; returns how many."""
@@ -666,9 +400,9 @@ class Engine:
             seq.finish("error", error=f"checking stop conditions failed: {type(exc).__name__}: {exc}")
         if seq.drafting and kept:
             added = [seq.tokens[len(seq.tokens) - kept :]]
-            if getattr(self.drafter, "needs_logprobs", False):  # a drafter that reuses rollouts with their log-probs
+            if self.drafting.capabilities.needs_logprobs:  # a drafter that reuses rollouts with their log-probs
                 added.append(seq.logprobs[len(seq.logprobs) - kept :])
-            self._call_drafter("add_tokens", seq, *added)
+            self.drafting.call("add_tokens", seq, *added)
         return kept
 
     def _finish(self, seq: Sequence) -> RequestOutput:

@@ -16,6 +16,7 @@ from collections.abc import Hashable, Sequence
 import torch
 
 from ..cache.draft import Draft
+from ..cache.drafter import DrafterCapabilities
 from ..cache.srt import SRTDrafter
 from .model_drafting import DraftRequest
 from .self_drafter import SelfDrafter
@@ -25,6 +26,7 @@ class HybridDrafter:
     """SRT trees (``.tree``, whose ``.cache`` is the rollout cache) plus a self-drafter (``.model``)."""
 
     name = "srt+self"
+    capabilities = DrafterCapabilities(trees=True, run_ahead=True, model=True)
 
     def __init__(self, quantization: str = "auto", tree_width: int = 1, **tree_options) -> None:
         self.tree = SRTDrafter(**tree_options)

@@ -82,7 +82,7 @@ class KVCache:
         """Copy the first `length` entries of one slot into another, in every layer."""
         self.copy_to(self, src_slot, 0, dst_slot, 0, length)
 
-    def copy_to(self, other: "KVCache", src_slot: int, src_start: int, dst_slot: int, dst_start: int, length: int) -> None:
+    def copy_to(self, other: KVCache, src_slot: int, src_start: int, dst_slot: int, dst_start: int, length: int) -> None:
         """Copy `length` entries of `src_slot` from `src_start` into `other`'s `dst_slot` at `dst_start`, in
         every layer (`other` may be this cache: a slot's prefix into another slot)."""
         pairs = zip(self.keys, self.values, other.keys, other.values)

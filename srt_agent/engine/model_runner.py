@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .architectures import check_model
+from ..models.architectures import check_model
 from .device_info import detect_device
 from .kv_cache import KVCache
 from .packed_linear import pack_model_linears, should_pack
@@ -136,6 +136,11 @@ class ModelRunner:
         with torch.no_grad():
             self.model.load_state_dict(state, strict=True)
 
+    def synchronize(self) -> None:
+        """Wait until the device has run everything queued (CUDA; nothing to wait for on CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def clear_slot(self, slot: int) -> None:
         """Zero a slot's keys and values: NaN left there would leak through the masks into its next user."""
         self.kv.clear(slot)
@@ -156,7 +161,7 @@ class LogitHead:
     softcap: float | None = None  # Gemma 2/3's final_logit_softcapping
 
     @classmethod
-    def of(cls, model: torch.nn.Module) -> "LogitHead":
+    def of(cls, model: torch.nn.Module) -> LogitHead:
         config = model.config
         return cls(
             lm_head=model.get_output_embeddings(),

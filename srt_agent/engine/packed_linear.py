@@ -18,7 +18,6 @@ import os
 import torch
 import torch.nn.functional as F
 
-
 PACK_ROWS_HINT = 16  # oneDNN picks the blocked layout for this many rows (a verification step's size)
 
 

@@ -70,7 +70,12 @@ def quantized_copy(model: torch.nn.Module, scheme: str) -> torch.nn.Module:
             quantize_dynamic(clone.float(), {n: per_channel_dynamic_qconfig for n in names}, inplace=True)
         return clone
     try:
-        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, Int4WeightOnlyConfig, PerRow, quantize_
+        from torchao.quantization import (
+            Float8DynamicActivationFloat8WeightConfig,
+            Int4WeightOnlyConfig,
+            PerRow,
+            quantize_,
+        )
     except ImportError as exc:
         raise ValueError(f"the {scheme} drafter needs torchao (pip install torchao): {exc}") from None
     if scheme == "int4":

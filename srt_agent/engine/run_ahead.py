@@ -1,6 +1,9 @@
 """Run-ahead generation: capacity a rollout step leaves idle is spent on continuations of prompts that
 come soon; their tokens enter the prompts' trees and nothing else.
 
+(A little over 400 lines: the window, the per-step row plan and the row-cost rule are one policy that
+is read together; the replay benchmark reuses the cost rule from here.)
+
 **Bubbles.** ``tail``: real sequences run but fewer than the device serves at nearly the same cost, so
 run-ahead rows ride along while the cost model predicts the step grows by at most ``slack`` of its
 cost. ``tools``: every real sequence is parked on its environment (a tool call); a run-ahead step may
@@ -24,44 +27,19 @@ and a new weight version drops them all (their KV is stale).
 from __future__ import annotations
 
 import random
-from collections.abc import Hashable, Sequence as Seq
+from collections.abc import Hashable, Mapping, Sequence as Seq
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
-from .model_runner import Chunk
+from ..cache.drafter import Drafter, capabilities
+from ..config import RUN_AHEAD_BUBBLES as BUBBLES, RunAheadOptions
+from .cost_model import ForwardCostModel
+from .model_runner import Chunk, ModelRunner
 from .params import SamplingParams
+from .scheduler import Scheduler
 from .sequence import Sequence, Status, common_prefix
+from .stops import StopChecker
 
-if TYPE_CHECKING:
-    from .engine import Engine
-
-BUBBLES = ("tail", "tools", "update")
-STARTS = ("prompt", "branch")
 PHASES = ("rollout", "update")
-
-
-@dataclass
-class RunAheadOptions:
-    """How the engine runs ahead (see the module docstring)."""
-
-    bubbles: tuple[str, ...] = ("tail", "tools")
-    slack: float = 0.1  # a step may grow by this fraction of its predicted cost
-    tokens_per_sequence: int = 48
-    budget_tokens: int = 4096  # run-ahead tokens per window (an RL step), at most
-    start: str = "prompt"
-    max_sequences: int = 0  # run-ahead sequences at once (0: as many as there are free slots)
-    max_prefill_tokens: int = 512  # prefill per step in the update bubble (no real step to protect)
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        self.bubbles = tuple(self.bubbles)
-        bad = [b for b in self.bubbles if b not in BUBBLES]
-        if bad:
-            raise ValueError(f"unknown run-ahead bubble(s) {bad}; choose from {list(BUBBLES)}")
-        if self.start not in STARTS:
-            raise ValueError(f"unknown run-ahead start {self.start!r}; choose one of {list(STARTS)}")
-        if self.slack < 0 or self.tokens_per_sequence < 1 or self.budget_tokens < 0 or self.max_sequences < 0:
-            raise ValueError("run-ahead needs slack >= 0, tokens_per_sequence >= 1, budget_tokens >= 0, max_sequences >= 0")
 
 
 @dataclass
@@ -115,14 +93,31 @@ class _Runner:
 
 
 class RunAhead:
-    """The engine's run-ahead: picks rows for each step, absorbs their tokens, yields to real work."""
+    """The engine's run-ahead: picks rows for each step, absorbs their tokens, yields to real work.
 
-    def __init__(self, engine: Engine, options: RunAheadOptions | None = None):
-        drafter = engine.drafter
-        if drafter is None or not hasattr(drafter, "start_run_ahead"):
-            name = getattr(drafter, "name", "none")
+    It works with the engine's parts, which it is given: the `drafter` whose trees it fills, the
+    `scheduler` whose free slots it borrows, the `runner` that holds the KV, the `cost_model` that prices
+    its rows, the `stops` that end its sequences, and the engine's real `sequences` (by request id, read
+    only: run-ahead sequences are never among them).
+    """
+
+    def __init__(
+        self,
+        options: RunAheadOptions | None,
+        *,
+        drafter: Drafter | None,
+        scheduler: Scheduler,
+        runner: ModelRunner,
+        cost_model: ForwardCostModel,
+        stops: StopChecker,
+        sequences: Mapping[str, Sequence],
+    ):
+        if not capabilities(drafter).run_ahead:
+            name = drafter.name if drafter is not None else "none"
             raise ValueError(f"run-ahead needs a drafter that keeps per-prompt trees (srt); {name!r} has none")
-        self.engine = engine
+        self.drafter, self.scheduler, self.runner, self.stops = drafter, scheduler, runner, stops
+        self.cost_model = cost_model
+        self.sequences = sequences
         self.options = options or RunAheadOptions()
         self.window: list[WindowPrompt] = []
         self.phase: str | None = None
@@ -174,7 +169,7 @@ class RunAhead:
 
     def make_room(self) -> None:
         """Give up the slots that waiting real requests need (before the scheduler admits them)."""
-        sched = self.engine.scheduler
+        sched = self.scheduler
         need = len(sched.waiting) - len(sched.free_slots)
         while need > 0 and self.active:
             self._end(self.active[-1])
@@ -182,14 +177,14 @@ class RunAhead:
             need -= 1
 
     def _bubble(self, real: list[Sequence]) -> str | None:
-        sched = self.engine.scheduler
+        sched = self.scheduler
         if self.phase is None or self.spent >= self.budget or sched.waiting:
             return None
         if real:
             return "tail" if "tail" in self.options.bubbles and self.phase == "rollout" else None
         if self.phase == "update":
             return "update" if "update" in self.options.bubbles else None
-        parked = any(s.status is Status.HELD for s in self.engine.sequences.values())
+        parked = any(s.status is Status.HELD for s in self.sequences.values())
         return "tools" if parked and "tools" in self.options.bubbles else None
 
     def ready(self) -> bool:
@@ -205,7 +200,7 @@ class RunAhead:
         bubble = self._bubble(real)
         if bubble is None:
             return []
-        cost = RowCost(self.engine.cost_model, bubble, self.options, sum(len(c) for c in real_chunks), len(real))
+        cost = RowCost(self.cost_model, bubble, self.options, sum(len(c) for c in real_chunks), len(real))
         planned: list[tuple[Sequence, Chunk]] = []
         for runner in list(self.active):
             k = cost.fit(len(runner.seq.tokens) - runner.seq.num_cached)
@@ -250,7 +245,7 @@ class RunAhead:
             if runner is None:
                 continue
             if i in broken:
-                self.engine.runner.clear_slot(seq.slot)  # NaN KV: attention masks do not hide it
+                self.runner.clear_slot(seq.slot)  # NaN KV: attention masks do not hide it
                 self._end(runner)
                 self.stats.dropped += 1
                 continue
@@ -264,24 +259,24 @@ class RunAhead:
                 continue
             seq.tokens.append(out[0][0])
             self._store(runner, seq.tokens[-1:])
-            if self.engine.stops.check(seq) is not None or self.spent >= self.budget:
+            if self.stops.check(seq) is not None or self.spent >= self.budget:
                 self._end(runner)
 
     # ----- internals ------------------------------------------------------------------------------
 
     def _may_start(self) -> bool:
-        limit = self.options.max_sequences or self.engine.scheduler.num_slots
-        return len(self.active) < limit and bool(self.engine.scheduler.free_slots)
+        limit = self.options.max_sequences or self.scheduler.num_slots
+        return len(self.active) < limit and bool(self.scheduler.free_slots)
 
     def _live(self) -> list[Sequence]:
         """Sequences with KV in a slot: real ones (running or parked) and run-ahead ones."""
-        real = [s for s in self.engine.sequences.values() if s.slot is not None and s.status is not Status.WAITING]
+        real = [s for s in self.sequences.values() if s.slot is not None and s.status is not Status.WAITING]
         return real + [r.seq for r in self.active]
 
     def _eligible(self) -> list[WindowPrompt]:
         """Window prompts that may get a new sequence now, fewest run-ahead tokens (done, running and
         to prefill) first; the current step's only while their group has a live request."""
-        live_keys = {s.prompt_key for s in self.engine.sequences.values()}
+        live_keys = {s.prompt_key for s in self.sequences.values()}
         running: dict[Hashable, int] = {}
         for r in self.active:
             running[r.prompt.prompt_key] = running.get(r.prompt.prompt_key, 0) + 1
@@ -310,9 +305,9 @@ class RunAhead:
     def _rollouts(self, prompt: WindowPrompt) -> list[list[int]]:
         """Responses of the prompt's real rollouts: live ones from the engine, finished ones from its tree."""
         n = len(prompt.prompt_ids)
-        live = [s.tokens[n:] for s in self.engine.sequences.values()
+        live = [s.tokens[n:] for s in self.sequences.values()
                 if s.prompt_key == prompt.prompt_key and s.tokens[:n] == prompt.prompt_ids]
-        cache = self.engine.drafter.cache
+        cache = self.drafter.cache
         lead = len(cache.prompt_tail(prompt.prompt_ids))
         stored = [s[lead:] for s in cache.sequences(prompt.prompt_key, run_ahead=False)]
         return live + [s for s in stored if s not in live]
@@ -328,17 +323,16 @@ class RunAhead:
         return best, shared
 
     def _start(self, prompt: WindowPrompt, context: list[int], source: Sequence | None, shared: int, bubble: str) -> _Runner:
-        engine = self.engine
         self._ids += 1
         params = replace(prompt.params, max_tokens=self.options.tokens_per_sequence, seed=None)
         seq = Sequence(f"run-ahead-{self._ids}", prompt.prompt_key, list(context), params,
                        self._rng.getrandbits(63), call_start=len(context), status=Status.RUNNING)
-        seq.slot = engine.scheduler.free_slots.pop()
+        seq.slot = self.scheduler.free_slots.pop()
         if source is not None and shared > 0:
-            engine.runner.copy_prefix(source.slot, seq.slot, shared)
+            self.runner.copy_prefix(source.slot, seq.slot, shared)
             self.stats.copied_tokens += shared
         seq.num_cached = shared
-        engine.drafter.start_run_ahead(seq.request_id, prompt.prompt_key, context)
+        self.drafter.start_run_ahead(seq.request_id, prompt.prompt_key, context)
         runner = _Runner(seq, prompt, bubble)
         self.active.append(runner)
         self.stats.sequences += 1
@@ -351,7 +345,7 @@ class RunAhead:
         return Chunk(seq.slot, seq.num_cached, tokens, len(tokens))
 
     def _store(self, runner: _Runner, tokens: list[int]) -> None:
-        self.engine.drafter.add_tokens(runner.seq.request_id, tokens)
+        self.drafter.add_tokens(runner.seq.request_id, tokens)
         n = len(tokens)
         self.spent += n
         self.per_prompt[runner.prompt.prompt_key] = self.per_prompt.get(runner.prompt.prompt_key, 0) + n
@@ -365,8 +359,8 @@ class RunAhead:
         if seq.num_generated:
             self.written.append((runner.prompt.prompt_key, seq.tokens[: seq.call_start], seq.output_ids))
         self.active.remove(runner)
-        self.engine.drafter.stop_request(runner.seq.request_id)
-        self.engine.scheduler.release(runner.seq)
+        self.drafter.stop_request(runner.seq.request_id)
+        self.scheduler.release(runner.seq)
 
 
 class RowCost:
@@ -378,7 +372,7 @@ class RowCost:
     ``max_prefill_tokens`` bound a pass.
     """
 
-    def __init__(self, model, bubble: str, options: RunAheadOptions, real_tokens: int, real_seqs: int):
+    def __init__(self, model: ForwardCostModel, bubble: str, options: RunAheadOptions, real_tokens: int, real_seqs: int):
         self.model, self.bubble, self.options = model, bubble, options
         self.real_tokens, self.real_seqs = real_tokens, real_seqs
         self.tokens = self.seqs = 0

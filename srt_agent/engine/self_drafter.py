@@ -30,10 +30,11 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..cache.draft import Draft
+from ..cache.drafter import DrafterCapabilities
 from ..cache.tokens import check_budget, check_tokens
 from .cost_model import ForwardCostModel
-from .model_drafting import DraftRequest
 from .device_info import detect_device
+from .model_drafting import DraftRequest
 from .model_runner import Chunk, ModelRunner
 from .quantize import SCHEMES, check_scheme, default_scheme, quantized_copy
 from .sampler import RowSampling, perturbed_logits
@@ -58,6 +59,7 @@ class SelfDrafter:
     """
 
     name = "self"
+    capabilities = DrafterCapabilities(model=True)
 
     def __init__(self, quantization: str = "auto", tree_width: int = 1) -> None:
         if quantization != "auto" and quantization not in SCHEMES:
@@ -183,7 +185,7 @@ class SelfDrafter:
 
     def draft_batch(self, requests: list[DraftRequest], depth: int) -> list[Draft]:
         """Draft up to `depth` levels for every request together (one pass per level)."""
-        runner = self._runner()
+        self._runner()  # raises unless an engine attached the policy
         drafts = [Draft(source="model") for _ in requests]
         live = [i for i, r in enumerate(requests) if r.budget > 0 and self._take_slot(r, requests)]
         if not live or depth < 1:

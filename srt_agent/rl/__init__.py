@@ -1,7 +1,8 @@
 """RL training with SRT rollouts: ReTool's cold start, GRPO / DAPO / PPO, checkpoints and reports.
 
 Import the pieces from their modules (``srt_agent.rl.trainer.Trainer``, ``srt_agent.rl.algorithms``, …);
-this package's own namespace resolves them lazily, since the env config imports ``rl.config``.
+this package's own namespace resolves them lazily, so importing one module does not load the trainer.
+The ``train:`` and ``cold_start:`` config sections are in :mod:`srt_agent.config`.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ import importlib
 
 _EXPORTS = {
     "Trainer": "trainer",
-    "TrainConfig": "config",
-    "ColdStartConfig": "config",
     "Policy": "policy",
     "Sample": "batch",
     "pack": "batch",

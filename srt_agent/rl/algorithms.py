@@ -1,7 +1,11 @@
 """RL algorithms as small pure functions over tensors and a response mask, found by name.
 
 They follow verl's ``core_algos`` (same formulas, same metric names) so results carry over, and are
-tested against it on the same tensors. Per-token tensors are flat (the packed tokens of a
+tested against it on the same tensors. As there, advantage estimators and policy losses sit in
+registries: ``@register_adv_est("name")`` and ``@register_policy_loss("name")`` add one, and
+:func:`get_adv_estimator_fn` / :func:`get_policy_loss_fn` find it by the name the env YAML gives
+(``train.adv_estimator``, ``train.loss_mode``; the config lists the names so that reading it needs no
+torch, and a test keeps both lists equal). Per-token tensors are flat (the packed tokens of a
 micro-batch) or padded ``[batch, length]``; aggregation takes an optional per-token sequence index for
 the ``seq-mean-*`` modes and global normalizers, so micro-batched gradient accumulation gives the loss of
 the whole mini-batch.
@@ -10,11 +14,57 @@ the whole mini-batch.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean")
-KL_PENALTIES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+from ..config import KL_PENALTIES, LOSS_AGG_MODES
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
+
+F = TypeVar("F", bound=Callable)
+ADV_ESTIMATOR_REGISTRY: dict[str, Callable] = {}
+POLICY_LOSS_REGISTRY: dict[str, Callable] = {}
+
+
+def _register(registry: dict[str, Callable], kind: str, name: str) -> Callable[[F], F]:
+    def decorate(fn: F) -> F:
+        if registry.get(name, fn) is not fn:
+            raise ValueError(f"{kind} {name!r} is already registered ({registry[name].__name__})")
+        registry[name] = fn
+        return fn
+
+    return decorate
+
+
+def _lookup(registry: dict[str, Callable], kind: str, name: str) -> Callable:
+    try:
+        return registry[name]
+    except KeyError:
+        raise ValueError(f"unknown {kind} {name!r}; choose one of {sorted(registry)}") from None
+
+
+def register_adv_est(name: str) -> Callable[[F], F]:
+    """Register an advantage estimator under `name` (``train.adv_estimator``)."""
+    return _register(ADV_ESTIMATOR_REGISTRY, "adv_estimator", name)
+
+
+def get_adv_estimator_fn(name: str) -> Callable:
+    """The advantage estimator registered as `name`; ValueError naming the known ones otherwise."""
+    return _lookup(ADV_ESTIMATOR_REGISTRY, "adv_estimator", name)
+
+
+def register_policy_loss(name: str) -> Callable[[F], F]:
+    """Register a policy loss under `name` (``train.loss_mode``). It is called as
+    ``fn(old_logprobs, logprobs, advantages, mask, config, weights)`` with the run's `TrainConfig` and
+    returns the per-token loss (aggregated by :func:`agg_loss`) and its metrics."""
+    return _register(POLICY_LOSS_REGISTRY, "loss_mode", name)
+
+
+def get_policy_loss_fn(name: str) -> Callable:
+    """The policy loss registered as `name`; ValueError naming the known ones otherwise."""
+    return _lookup(POLICY_LOSS_REGISTRY, "loss_mode", name)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -34,6 +84,7 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 # ----- advantages -----------------------------------------------------------------------------------
 
 
+@register_adv_est("grpo")
 def grpo_advantages(
     scores: torch.Tensor, groups: Sequence[Hashable], norm_by_std: bool = True, eps: float = 1e-6
 ) -> torch.Tensor:
@@ -54,6 +105,7 @@ def grpo_advantages(
     return out
 
 
+@register_adv_est("gae")
 def gae_advantages(
     rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,9 +147,6 @@ def informative_groups(rewards: Sequence[float], groups: Sequence[Hashable]) -> 
     for r, g in zip(rewards, groups):
         seen.setdefault(g, []).append(round(float(r), 9))
     return {g for g, values in seen.items() if len(values) == 1 or len(set(values)) > 1}
-
-
-ADVANTAGE_ESTIMATORS: dict[str, Callable] = {"grpo": grpo_advantages, "gae": gae_advantages}
 
 
 # ----- losses ---------------------------------------------------------------------------------------
@@ -173,6 +222,21 @@ def policy_loss(
         "actor/pg_clipfrac_lower": masked_mean(torch.gt(clipped, loss3).float() * (advantages < 0).float(), mask).detach(),
     }
     return loss, metrics
+
+
+@register_policy_loss("vanilla")
+def vanilla_policy_loss(
+    old_logprobs: torch.Tensor,
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: TrainConfig,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """verl's ``vanilla`` loss: :func:`policy_loss` with the config's clip ratios."""
+    return policy_loss(
+        old_logprobs, logprobs, advantages, mask, config.clip_ratio_low, config.clip_ratio_high, config.clip_ratio_c, weights
+    )
 
 
 def value_loss(

@@ -7,15 +7,14 @@ cursor, metrics history) and one ``rollout_cache-<drafter>.npz`` per drafter tha
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..atomic import atomic_folder, write_atomic
 from ..cache import RolloutCache
 
 STATE_FILE = "state.pt"
@@ -38,20 +37,12 @@ def save_checkpoint(
     """Write step `step`'s checkpoint under ``out_dir/checkpoints``; keep the newest `keep`. `rng` is the
     RNG state to store (default: the current one)."""
     root = Path(out_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     target = root / f"step-{step:06d}"
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
-    try:
+    with atomic_folder(target, fsync=True) as tmp:
         torch.save({**state, "step": step, "rng": rng if rng is not None else rng_state()}, tmp / STATE_FILE)
         for name, cache in caches.items():
             cache.save(tmp / f"rollout_cache-{name}.npz")
-        _fsync_dir(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-        _write_atomic(root / LATEST, target.name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    write_atomic(root / LATEST, target.name)
     for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return target
@@ -104,18 +95,3 @@ def load_checkpoint(path: Path) -> tuple[dict, dict[str, Path]]:
         raise ValueError(f"checkpoint {folder} is unreadable: {type(exc).__name__}: {exc}") from None
     caches = {p.stem.removeprefix("rollout_cache-"): p for p in folder.glob("rollout_cache-*.npz")}
     return state, caches
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(folder: Path) -> None:
-    for p in folder.iterdir():
-        with open(p, "rb") as f:
-            os.fsync(f.fileno())

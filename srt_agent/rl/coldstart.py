@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,9 +15,10 @@ from pathlib import Path
 
 import torch
 
-from ..agent.config import EnvConfig
-from ..agent.datasets import arithmetic_tasks
 from ..agent.trajectory import Trajectory
+from ..atomic import atomic_folder, write_atomic
+from ..config import EnvConfig
+from ..datasets import arithmetic_tasks
 from ..models import LoadedModel, cache_root
 from .batch import Sample
 from .evaluate import ToolUseReport
@@ -188,26 +186,13 @@ def finish_report(result: ColdStartResult, evaluate: Evaluator | None) -> None:
     result.after = evaluate("after cold start")
     folder = cold_start_dir(result.key)
     if folder.is_dir():
-        _write_json_atomic(folder / "report.json", result.report())
+        write_atomic(folder / "report.json", json.dumps(result.report(), indent=2))
 
 
 def _save(folder: Path, result: ColdStartResult, trajectories: list[Trajectory]) -> None:
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder.parent))
-    try:
+    with atomic_folder(folder) as tmp:
         torch.save(result.weights, tmp / "weights.pt")
         with (tmp / "traces.jsonl").open("w") as f:
             for traj in trajectories:
                 f.write(json.dumps(traj.to_json()) + "\n")
         (tmp / "report.json").write_text(json.dumps(result.report(), indent=2))
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)

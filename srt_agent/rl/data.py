@@ -6,7 +6,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..agent.datasets import Task
+from ..datasets import Task
 
 
 @dataclass

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from ..agent.parsing import CODE_TOOL_NAME
-from ..agent.rewards import RewardConfig, score_response
+from ..agent.rewards import score_response
 from ..agent.trajectory import Trajectory
+from ..config import RewardConfig
 
 
 @dataclass

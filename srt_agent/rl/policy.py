@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import LoraConfig
 from .algorithms import entropy_from_logits
 from .batch import MicroBatch
-from .config import LoraConfig
 
 
 @dataclass

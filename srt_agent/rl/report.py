@@ -10,6 +10,7 @@ from rich.table import Table
 
 from .evaluate import interval_text
 
+
 def visit_label(revisit: float) -> str:
     """How a step's prompts stand to the trees: ``new`` (a first visit) or ``seen`` (rolled out before)."""
     return "seen" if revisit else "new"

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..agent.config import EnvConfig
 from ..agent.controller import MultiTurnController
-from ..agent.datasets import Task
 from ..agent.rollout import RolloutSummary, build_controller, run_rollouts
 from ..agent.trajectory import Trajectory
 from ..backends import RolloutBackend, RunAheadControl
 from ..cache import RolloutCache
+from ..config import EnvConfig
+from ..datasets import Task
 from ..engine.run_ahead import RunAheadOptions, WindowPrompt
 from ..models import LoadedModel
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from ..agent.chat import render_prompt, user_turn_text
 from ..agent.controller import MultiTurnController
-from ..agent.datasets import Task, read_rows
 from ..agent.retool import interpreter_block
 from ..agent.trajectory import Trajectory
+from ..datasets import Task, read_rows
 from ..engine.params import RequestOutput, SamplingParams
 from .batch import Sample
 

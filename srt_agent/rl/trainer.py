@@ -22,17 +22,25 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from ..agent.config import ConfigError, EnvConfig, load_env_config
-from ..agent.datasets import arithmetic_tasks
 from ..agent.rollout import summarize, write_jsonl
 from ..agent.toolconfig import load_tools
 from ..agent.trajectory import Trajectory
 from ..backends.vllm import VLLM_IDENTICAL_NOTE
 from ..cache import DRAFTERS, LENIENT_DRAFTERS, RolloutCache
+from ..config import ConfigError, EnvConfig, load_env_config
+from ..datasets import arithmetic_tasks
 from ..models import LoadedModel, load_model
 from . import algorithms
 from .batch import Sample
-from .checkpoint import find_checkpoint, holds_run, load_checkpoint, rng_state, run_folder, save_checkpoint, set_rng_state
+from .checkpoint import (
+    find_checkpoint,
+    holds_run,
+    load_checkpoint,
+    rng_state,
+    run_folder,
+    save_checkpoint,
+    set_rng_state,
+)
 from .coldstart import ColdStartResult, finish_report, run_cold_start
 from .data import PromptSampler
 from .evaluate import ToolUseReport, tool_use_report
@@ -41,8 +49,8 @@ from .policy import Policy
 from .progress import phase_bar
 from .report import step_table, story_lines, write_report
 from .rollouts import PolicyRollouts, RolloutRun, RolloutVariant, stats_delta
-from .trackers import Tracker, make_trackers
 from .traces import trajectory_sample
+from .trackers import Tracker, make_trackers
 from .update import logprob_mismatch, needs_old_pass, score_samples, update_policy
 
 

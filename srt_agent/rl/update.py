@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .algorithms import agg_loss, kl_penalty, policy_loss, value_loss
+from ..config import TrainConfig
+from .algorithms import agg_loss, get_policy_loss_fn, kl_penalty, value_loss
 from .batch import Sample, pack
-from .config import TrainConfig
 from .policy import Policy
 
 
@@ -176,7 +176,7 @@ def _micro_loss(
         weights = torch.clamp(torch.exp(old - engine_lp), max=cfg.tis_cap)
     adv = batch.per_target(samples, "advantages").to(device)
     agg = dict(mode=cfg.loss_agg_mode, seq_index=batch.seq_index.to(device), num_tokens=num_tokens, num_seqs=num_seqs)
-    pg, pg_metrics = policy_loss(old, lp, adv, mask, cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c, weights)
+    pg, pg_metrics = get_policy_loss_fn(cfg.loss_mode)(old, lp, adv, mask, cfg, weights)
     pg_loss = agg_loss(pg, mask, **agg)
     loss = pg_loss
     parts: dict[str, float] = {k: float(v) for k, v in pg_metrics.items()}

@@ -71,7 +71,7 @@ class CgroupLimiter:
     pids_base: Path
 
     @classmethod
-    def detect(cls, root: Path = CGROUP_ROOT) -> "CgroupLimiter | None":
+    def detect(cls, root: Path = CGROUP_ROOT) -> CgroupLimiter | None:
         """A limiter when this process may create memory- and pids-limited groups, else None."""
         if os.geteuid() != 0:
             return None

@@ -53,7 +53,7 @@ class CodeInterpreter:
             raise ValueError(f"max_output_chars must be positive, got {self.max_output_chars!r}")
 
     @classmethod
-    def from_config(cls, config: dict) -> "CodeInterpreter":
+    def from_config(cls, config: dict) -> CodeInterpreter:
         """Build from a tool config's ``config`` section (see tools/code_interpreter.yaml): `sandbox`
         names the kind, `max_output_chars` is the interpreter's; verl's own keys (`type`, …) are
         ignored; the rest are sandbox options. A config written for verl's former SandboxFusion tool

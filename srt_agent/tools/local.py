@@ -1,5 +1,9 @@
 """The embedded code sandbox: bubblewrap namespaces plus rlimits, one throwaway sandbox per run.
 
+(Longer than 400 lines because a run's isolation is one sequence, from the bubblewrap arguments to the
+file descriptors, the cgroup and the classification of the outcome, and splitting it would scatter the
+security review of one boundary over several files.)
+
 Each run gets its own user, PID, network, IPC and UTS namespaces (no network at all), a read-only
 view of the system (`/usr`, the library directories, a few harmless files of `/etc`, and the
 interpreter's own prefix), a private size-capped `/tmp`, and rlimits on CPU time, address space,
@@ -43,7 +47,16 @@ from pathlib import Path
 
 from .base import SandboxResult, SandboxUnavailable, is_memory_error
 from .cgroup import CgroupLimiter
-from .files import COLLECTOR, SCRATCH, SCRATCH_IN_WORKDIR, WORKDIR, check_names, read_collected, sandbox_path, workdir_relative
+from .files import (
+    COLLECTOR,
+    SCRATCH,
+    SCRATCH_IN_WORKDIR,
+    WORKDIR,
+    check_names,
+    read_collected,
+    sandbox_path,
+    workdir_relative,
+)
 from .process import ProcessOutcome, run_capped
 from .runtime import runtime_python, venv_of
 from .seccomp import seccomp_program
@@ -314,7 +327,7 @@ class LocalSandbox:
         result.files = fetched
         return result
 
-    def _bwrap_argv(self, run: "_Run", fds: "_RunFds") -> list[str]:
+    def _bwrap_argv(self, run: _Run, fds: _RunFds) -> list[str]:
         argv = [
             self._bwrap,
             "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
@@ -381,7 +394,7 @@ class LocalSandbox:
     def _fetch_limit(self) -> int:
         return self.max_file_mb << 20
 
-    def _run_bwrap(self, run: "_Run") -> tuple[ProcessOutcome, bool, bool, dict[str, bytes]]:
+    def _run_bwrap(self, run: _Run) -> tuple[ProcessOutcome, bool, bool, dict[str, bytes]]:
         """Run under bwrap; returns (outcome, whether the program started, whether it was OOM-killed,
         the files fetched).
 
@@ -448,7 +461,7 @@ class LocalSandbox:
             if cgroup is not None:
                 cgroup.remove()
 
-    def _run_unsandboxed(self, run: "_Run") -> tuple[ProcessOutcome, dict[str, bytes]]:
+    def _run_unsandboxed(self, run: _Run) -> tuple[ProcessOutcome, dict[str, bytes]]:
         with tempfile.TemporaryDirectory(prefix="srt-unsandboxed-") as workdir:
             program = Path(workdir) / Path(run.program).name
             program.write_text(run.code)

@@ -11,8 +11,8 @@ import selectors
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 _CHUNK = 65536
 

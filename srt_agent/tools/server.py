@@ -17,9 +17,10 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
-from typing import Iterator, Literal, Optional
+from typing import Literal
 
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field, field_validator
@@ -45,10 +46,10 @@ class RunCodeRequest(BaseModel):
     code: str
     language: Literal[SANDBOX_FUSION_LANGUAGES + ("python3",)]  # type: ignore[valid-type]
     compile_timeout: float = 10
-    run_timeout: Optional[float] = None  # None: the server's default
+    run_timeout: float | None = None  # None: the server's default
     memory_limit_MB: int = -1
-    stdin: Optional[str] = None
-    files: dict[str, Optional[str]] = Field(default_factory=dict)
+    stdin: str | None = None
+    files: dict[str, str | None] = Field(default_factory=dict)
     fetch_files: list[str] = Field(default_factory=list)
 
     @field_validator("fetch_files")
@@ -59,20 +60,20 @@ class RunCodeRequest(BaseModel):
 
 class CommandRunResult(BaseModel):
     status: Literal["Finished", "Error", "TimeLimitExceeded"]
-    execution_time: Optional[float] = None
-    return_code: Optional[int] = None
-    stdout: Optional[str] = None
-    stderr: Optional[str] = None
+    execution_time: float | None = None
+    return_code: int | None = None
+    stdout: str | None = None
+    stderr: str | None = None
 
 
 class RunCodeResponse(BaseModel):
     status: Literal["Success", "Failed", "SandboxError"]
     message: str = ""
-    compile_result: Optional[CommandRunResult] = None
-    run_result: Optional[CommandRunResult] = None
-    executor_pod_name: Optional[str] = None
+    compile_result: CommandRunResult | None = None
+    run_result: CommandRunResult | None = None
+    executor_pod_name: str | None = None
     files: dict[str, str] = Field(default_factory=dict)
-    srt_status: Optional[SandboxStatus] = None
+    srt_status: SandboxStatus | None = None
     truncated: bool = False
 
 

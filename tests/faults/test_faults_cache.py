@@ -18,8 +18,7 @@ import time
 import numpy as np
 import pytest
 from faults_report import FaultRecord
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from injection import InjectedFault
 
 from srt_agent.cache import RolloutCache

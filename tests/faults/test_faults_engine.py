@@ -13,11 +13,10 @@ from dataclasses import dataclass
 
 import pytest
 from faults_report import FaultRecord
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from injection import InjectedFault, engine_leaks
 
-import srt_agent.engine.engine as engine_module
+import srt_agent.engine.verification as verification_module
 from srt_agent.cache import make_drafter
 from srt_agent.engine import Engine, RequestOutput, SamplingParams
 
@@ -213,7 +212,7 @@ class ModelFault:
     def __init__(self, kind: str, model, poison: int, seed: int, position: int):
         self.kind, self.poison, self.seed, self.position = kind, poison, seed, position
         self.embeddings = model.model.get_input_embeddings()
-        self.real_sample_rows = engine_module.sample_rows
+        self.real_sample_rows = verification_module.sample_rows
         self.fired = 0
 
     def __enter__(self):
@@ -222,12 +221,12 @@ class ModelFault:
         elif self.kind == "NaN logits":
             self.handle = self.embeddings.register_forward_hook(self._nan)
         else:
-            engine_module.sample_rows = self._sample_rows
+            verification_module.sample_rows = self._sample_rows
         return self
 
     def __exit__(self, *exc):
         if self.kind == "sampler raises":
-            engine_module.sample_rows = self.real_sample_rows
+            verification_module.sample_rows = self.real_sample_rows
         else:
             self.handle.remove()
 

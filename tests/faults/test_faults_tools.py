@@ -22,8 +22,8 @@ from faults_report import FaultRecord
 from injection import HostState, InjectedFault, engine_leaks, host_leaks
 
 from srt_agent.agent import EnvConfig, MultiTurnController, ReToolEnv, arithmetic_tasks, load_tools
-from srt_agent.agent.config import InterpreterConfig
 from srt_agent.agent.env import ToolResult
+from srt_agent.config import InterpreterConfig
 from srt_agent.engine import AsyncEngine, Engine
 from srt_agent.models import load_model
 from srt_agent.tools import LocalSandbox

@@ -15,6 +15,7 @@ from vllm_engines import engine, generate, srt_engine, tokens
 
 from srt_agent.integrations.vllm.proposer import prompt_key
 
+
 @pytest.fixture(autouse=True, scope="module")
 def single_threaded():
     """vLLM binds its own threads: this module keeps torch's count (tests/faults/conftest.py sets it to 1)."""

@@ -17,11 +17,11 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from ...agent.config import EnvConfig, load_env_config
 from ...agent.controller import MultiTurnController
-from ...agent.datasets import Task
 from ...agent.rollout import build_controller, run_rollouts
 from ...agent.trajectory import Trajectory
+from ...config import EnvConfig, load_env_config
+from ...datasets import Task
 from ...models import LoadedModel, end_token_ids
 
 

@@ -24,12 +24,12 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 from verl.tools.base_tool import BaseTool
 
-from ...agent.config import EnvConfig, SamplingConfig
 from ...agent.controller import MultiTurnController
-from ...agent.datasets import Task
 from ...agent.env import ToolResult
-from ...agent.rewards import RewardConfig, retool_turn_shaped_reward
+from ...agent.rewards import retool_turn_shaped_reward
 from ...agent.trajectory import Trajectory
+from ...config import EnvConfig, RewardConfig, SamplingConfig
+from ...datasets import Task
 from ...engine import RequestOutput, SamplingParams
 from ...models import end_token_ids
 from .wire import from_token_output, to_verl_sampling

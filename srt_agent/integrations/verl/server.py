@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from verl.workers.rollout.replica import TokenOutput
 
+from ...cache import capabilities
 from ...engine import AsyncEngine, Engine, RequestOutput
 from ...models import load_model
 from ..turns import HeldTurns
@@ -187,10 +188,10 @@ class SRTServer:
 
     # ---- trees -----------------------------------------------------------------------------------
     def _cache(self, engine: Engine):
-        cache = getattr(engine.drafter, "cache", None)
-        if cache is None or not hasattr(cache, "export_prompt"):
-            raise ValueError(f"the {getattr(engine.drafter, 'name', 'none')!r} drafter keeps no per-prompt trees")
-        return cache
+        if not capabilities(engine.drafter).trees:
+            name = engine.drafter.name if engine.drafter is not None else "none"
+            raise ValueError(f"the {name!r} drafter keeps no per-prompt trees")
+        return engine.drafter.cache
 
     async def export_prompt(self, prompt_key: Hashable) -> bytes | None:
         """The prompt's tree as bytes, or None when this replica has none."""
@@ -212,9 +213,8 @@ class SRTServer:
 
         def collect(engine: Engine) -> dict:
             out = engine.stats()
-            cache = getattr(engine.drafter, "cache", None)
-            if cache is not None:
-                out["cache"] = vars(cache.stats())
+            if capabilities(engine.drafter).trees:
+                out["cache"] = vars(engine.drafter.cache.stats())
             out["held"] = len(self.held)
             return out
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ...models import EMBEDDED_NAME, TINY_PREFIX, _hf_dir_for, cache_root, load_tokenizer, tiny_random_model
+from ...models.loading import EMBEDDED_NAME, TINY_PREFIX, _hf_dir_for, cache_root, load_tokenizer, tiny_random_model
 
 # vLLM's CPU attention supports head sizes 32, 64, 80, …: hidden 128 over 4 heads gives 32.
 TINY_HIDDEN = 128

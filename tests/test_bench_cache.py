@@ -6,8 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from srt_agent.cache import Draft, make_drafter
-from srt_agent.cache.bench import (
+from srt_agent.bench.cache import (
     METRICS,
     WorkloadSpec,
     accepted_tokens,
@@ -15,6 +14,7 @@ from srt_agent.cache.bench import (
     make_workload,
     run_drafter,
 )
+from srt_agent.cache import Draft, make_drafter
 from srt_agent.cli import app
 
 

@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .config import EngineConfig, load_env_config, validate_config
-from .rollout import build_controller, run_rollouts
-from .trajectory import Trajectory
+from ..agent.rollout import build_controller, run_rollouts
+from ..agent.trajectory import Trajectory
+from ..config import EngineConfig, load_env_config, validate_config
 
 
 @dataclass

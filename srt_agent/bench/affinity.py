@@ -18,10 +18,10 @@ from typing import Any
 
 from verl.workers.rollout.router import GlobalRequestLoadBalancer
 
-from ...cache import SRTDrafter
-from ...cache.bench import WorkloadSpec, make_workload, run_drafter
-from ...cache.draft import Draft
-from .affinity import PromptAffinityRouter
+from ..cache import SRTDrafter
+from ..cache.draft import Draft
+from ..integrations.verl.affinity import PromptAffinityRouter
+from .cache import WorkloadSpec, make_workload, run_drafter
 
 POLICIES = ("affinity", "affinity-bounded", "verl-default")
 BOUNDED_LOAD_FACTOR = 1.25

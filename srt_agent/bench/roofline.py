@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from ..engine.device_info import detect_device
+from ..engine.model_runner import Chunk, ModelRunner
+from ..engine.packed_linear import set_packing
 from ..models import LoadedModel
-from .device_info import detect_device
-from .model_runner import Chunk, ModelRunner
-from .packed_linear import set_packing
 
 STEP_SHAPES = [(1, 1), (1, 2), (1, 4), (1, 8), (1, 16), (1, 32), (8, 1), (32, 1)]  # (sequences, tokens each)
 GEMM_ROWS = (1, 2, 4, 8, 16, 32, 64, 256)
@@ -65,7 +65,7 @@ class ModelCost:
     attention_macs_per_key: int  # per query token and cached key: q·k and p·v, all layers and heads
 
     @classmethod
-    def of(cls, runner: ModelRunner) -> "ModelCost":
+    def of(cls, runner: ModelRunner) -> ModelCost:
         model = runner.model
         head = model.get_output_embeddings()
         layers = runner.decoder.layers if hasattr(runner.decoder, "layers") else runner.decoder.h
@@ -113,7 +113,7 @@ def measure_gemm(runner: ModelRunner, sync, reps: int, clock: str, rows: tuple[i
     for m in rows:
         xs = [torch.randn(m, w.shape[1], device=w.device, dtype=w.dtype) for w in weights]
 
-        def run() -> None:
+        def run(xs: list[torch.Tensor] = xs) -> None:
             for x, w in zip(xs, weights):
                 F.linear(x, w)
 
@@ -166,7 +166,7 @@ def run_roofline(model: LoadedModel, context: int = 512, reps: int = 5, profile:
         for _ in range(reps):  # alternate packed and plain linears so both see the same machine
             for packed in [True, False] if runner.packed_linears else [False]:
                 set_packing(runner.model, packed)
-                step = lambda: runner.logits(runner.forward(chunks))  # noqa: E731
+                step = lambda chunks=chunks: runner.logits(runner.forward(chunks))  # noqa: E731
                 times[packed] = min(times[packed], _best_time(step, sync, 1, clock, min_s=0.0))
         set_packing(runner.model, runner.packed_linears)
         seconds = times[runner.packed_linears]

@@ -64,7 +64,7 @@ class TracedStep:
 
     step: int
     trajectories: list[TracedTrajectory]
-    cost: dict  # ForwardCostModel figures when the step began (see `cost_table`)
+    cost: dict  # ForwardCostModel figures when the step began (see `srt_agent.engine.stats.cost_table`)
     run_ahead: list[TracedRunAhead] = field(default_factory=list)
     wall_s: float = 0.0
 
@@ -106,25 +106,6 @@ class RolloutTrace:
             return cls(**data, steps=steps)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path} is not a rollout trace: {exc}") from None
-
-
-def engine_settings(engine) -> dict:
-    """What the replay needs to know of an engine: its batch, context and draft settings and its
-    drafter's tree options."""
-    cache = getattr(engine.drafter, "cache", None)
-    return dict(
-        engine=dict(max_batch=engine.scheduler.num_slots, max_context=engine.max_context, max_draft_tokens=engine.max_draft_tokens,
-                    min_draft_gain=engine.min_draft_gain, adaptive_drafts=engine.adaptive_drafts),
-        cache=dict(max_depth=cache.max_depth, max_match=cache.max_match, max_bytes=cache.max_bytes) if hasattr(cache, "max_depth") else {},
-    )
-
-
-def cost_table(model: ForwardCostModel) -> dict:
-    """A cost model's figures: the linear fit and every measured shape."""
-    return {
-        "fixed_s": model.fixed_s, "per_token_s": model.per_token_s, "per_sequence_s": model.per_sequence_s,
-        "shapes": model.measured(),
-    }
 
 
 def cost_model_of(table: dict) -> ForwardCostModel:

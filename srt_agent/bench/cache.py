@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from .arctic import ArcticDrafter
-from .draft import Draft
-from .drafter import Drafter
-from .factory import make_drafter
+from ..cache.arctic import ArcticDrafter
+from ..cache.draft import Draft
+from ..cache.drafter import Drafter
+from ..cache.factory import drafter_unavailable, make_drafter
 
 MODES = ("sequential", "lockstep")
 DRAFTERS = ("srt", "ngram", "suffix", "history", "arctic")
@@ -188,12 +188,7 @@ def run_drafter(
 
 def available_drafters() -> list[str]:
     """The benchmark's drafters that can run here (arctic only when arctic-inference imports)."""
-    names = list(DRAFTERS)
-    try:
-        make_drafter("arctic")
-    except ValueError:
-        names.remove("arctic")
-    return names
+    return [name for name in DRAFTERS if drafter_unavailable(name) is None]
 
 
 def cache_benchmark(

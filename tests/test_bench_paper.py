@@ -8,11 +8,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from srt_agent.rl import paper_bench
-from srt_agent.rl.rollouts import PolicyRollouts
-from srt_agent.rl.paper_bench import (
-    Method, PaperBenchConfig, ablation_table, available_methods, merge_results, paper_table, plot_paper, run_paper_bench,
+from srt_agent.bench import paper as paper_bench
+from srt_agent.bench.paper import (
+    Method,
+    PaperBenchConfig,
+    ablation_table,
+    available_methods,
+    merge_results,
+    paper_table,
+    plot_paper,
+    run_paper_bench,
 )
+from srt_agent.rl.rollouts import PolicyRollouts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

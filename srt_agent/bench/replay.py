@@ -21,7 +21,7 @@ from ..cache import make_drafter
 from ..cache.draft import Draft
 from ..engine.acceptance import AcceptanceModel
 from ..engine.cost_model import choose_drafts
-from ..engine.run_ahead import RunAheadOptions, RowCost
+from ..engine.run_ahead import RowCost, RunAheadOptions
 from .rollout_trace import RolloutTrace, TracedRunAhead, TracedStep, TracedTrajectory, cost_model_of
 
 TREE_DRAFTERS = ("srt", "history")

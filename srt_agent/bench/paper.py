@@ -27,10 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..agent.config import EnvConfig, load_env_config
-from ..cache import DRAFTERS, LENIENT_DRAFTERS, make_drafter
+from ..cache import DRAFTERS, LENIENT_DRAFTERS, drafter_unavailable, make_drafter
+from ..config import EnvConfig, load_env_config
+from ..rl.rollouts import RolloutRun, RolloutVariant
 from .ablation import TraceRecorder
-from .rollouts import RolloutRun, RolloutVariant
 
 
 @dataclass(frozen=True)
@@ -98,15 +98,10 @@ def available_methods(names: tuple[str, ...]) -> tuple[list[Method], dict[str, s
         method = known[name]
         if method.drafter not in DRAFTERS:
             skipped[name] = f"drafter {method.drafter!r} is not in this build (drafters: {', '.join(sorted(DRAFTERS))})"
-            continue
-        try:
-            make_drafter(method.drafter)
-        except ValueError as exc:  # e.g. arctic-inference not installed
-            skipped[name] = str(exc)
-            continue
-        except TypeError:  # a drafter built by its engine (it needs the policy): it exists, the engine makes it
-            pass
-        runnable.append(method)
+        elif (reason := drafter_unavailable(method.drafter)) is not None:  # e.g. arctic-inference not installed
+            skipped[name] = reason
+        else:
+            runnable.append(method)
     return runnable, skipped
 
 
@@ -178,7 +173,7 @@ def run_algorithm(
     """One RL run of `algorithm` with every method regenerating each step; its rows and per-method cells."""
     from rich.console import Console
 
-    from .trainer import Trainer
+    from ..rl.trainer import Trainer
 
     config = bench_env(cfg, algorithm, samples, prompts)
     variants = method_variants(methods, config)
@@ -329,7 +324,7 @@ def paper_table(result: dict) -> str:
     lines = ["| " + " | ".join(f"{g}<br>{h}" if g else h for g, h in zip(group, head)) + " |",
              "|---|" + "---:|" * (len(head) - 1)]
     best = {}
-    for title, key, _ in BLOCKS:
+    for _, key, _ in BLOCKS:
         for run in runs:
             exact = [c[key] for c in run["cells"].values() if c["exact"]]
             best[(key, run["algorithm"])] = min(exact) if exact else None

@@ -19,11 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..agent.config import EnvConfig, load_env_config
+from ..config import EnvConfig, load_env_config
 from ..engine.run_ahead import RunAheadOptions, WindowPrompt
+from ..rl.rollouts import RolloutRun, RolloutVariant
 from .replay import replay
 from .rollout_trace import RolloutTrace, TracedRunAhead, TracedStep, TracedTrajectory
-from .rollouts import RolloutRun, RolloutVariant
 
 STAGES = ("history", "srt", "srt+run-ahead")
 
@@ -119,7 +119,7 @@ def run_ablation(cfg: AblationConfig, log: Callable[[str], None] = print) -> dic
     from rich.console import Console
 
     from ..models import load_model
-    from .trainer import Trainer
+    from ..rl.trainer import Trainer
 
     config = ablation_env(cfg)
     variants = ablation_variants(config, cfg.starts)
@@ -194,8 +194,8 @@ def measure_update_bubble(config: EnvConfig, loaded, samples_per_update: int = 8
     import torch
 
     from ..agent.rollout import build_controller
-    from .bench import UpdateBenchConfig, packed_update, workload
-    from .policy import Policy
+    from ..rl.policy import Policy
+    from .update import UpdateBenchConfig, packed_update, workload
 
     bench = UpdateBenchConfig(prompts=max(1, samples_per_update // config.n_samples), samples=config.n_samples,
                               prompt_tokens=150, response_tokens=200, tool_tokens=30)

@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .batch import Sample, pack
-from .config import LoraConfig
-from .policy import Policy
+from ..config import LoraConfig
+from ..rl.batch import Sample, pack
+from ..rl.policy import Policy
 
 
 @dataclass
@@ -30,6 +30,7 @@ class UpdateBenchConfig:
     response_tokens: int = 110
     tool_tokens: int = 20
     micro_batch_tokens: int = 768
+    hf_batch_size: int = 8  # sequences per forward/backward of the plain HF baseline
     lora_rank: int = 16
     repeats: int = 3
     seed: int = 0
@@ -108,7 +109,7 @@ def run_update_bench(cfg: UpdateBenchConfig, report: Callable[[str, float], None
     times: dict[str, list[float]] = {name: [] for name in methods}
     for _ in range(cfg.repeats):
         for name, (fn, optimizer) in methods.items():
-            seconds = _time(lambda: fn(optimizer))
+            seconds = _time(lambda fn=fn, optimizer=optimizer: fn(optimizer))
             times[name].append(seconds)
             if report is not None:
                 report(name, seconds)

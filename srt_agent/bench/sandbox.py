@@ -5,11 +5,11 @@ from __future__ import annotations
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
 
-from .base import CodeSandbox
-from .local import LocalSandbox
+from ..tools.base import CodeSandbox
+from ..tools.local import LocalSandbox
 
 PROGRAM = "import math\nprint(sum(math.isqrt(i) for i in range(1000)))\n"
 
@@ -44,7 +44,7 @@ def bench_sandboxes(sandboxes: dict[str, CodeSandbox], runs: int = 20, workers: 
     result: dict = {"program": PROGRAM, "bare_python": bare}
     for name, sandbox in sandboxes.items():
         result[name] = {
-            "latency": _latencies(lambda: sandbox.run(PROGRAM), runs),
+            "latency": _latencies(lambda sandbox=sandbox: sandbox.run(PROGRAM), runs),
             "throughput": [_throughput(sandbox, runs, n) for n in workers],
         }
     return result

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from srt_agent.agent.datasets import (
+from srt_agent.agent.rewards import score_response
+from srt_agent.datasets import (
     ARITHMETIC_KINDS,
     RETOOL_SYSTEM_PROMPT,
     Task,
@@ -15,7 +16,6 @@ from srt_agent.agent.datasets import (
     load_tasks,
     save_tasks,
 )
-from srt_agent.agent.rewards import score_response
 
 
 def test_arithmetic_tasks_are_seeded_and_cover_every_kind():
@@ -101,8 +101,8 @@ def test_missing_and_unknown_files(tmp_path):
 
 
 def test_few_shot_example_is_a_correct_retool_exchange():
-    from srt_agent.agent.datasets import RETOOL_EXAMPLE
     from srt_agent.agent.parsing import parse_tool_call
+    from srt_agent.datasets import RETOOL_EXAMPLE
 
     task = arithmetic_tasks(1, seed=0, few_shot=True)[0]
     assert [m["role"] for m in task.prompt] == ["system", "user", "assistant", "user"]

@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ..engine import Engine
+from ..engine.params import SamplingParams
 from ..models import LoadedModel, load_model
-from .engine import Engine
-from .params import SamplingParams
 
 QUESTIONS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -59,7 +59,7 @@ class EngineBenchConfig:
     notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def quick(cls) -> "EngineBenchConfig":
+    def quick(cls) -> EngineBenchConfig:
         return cls(model="tiny-llama", prompts=2, samples=1, epochs=2, max_tokens=8, batches=(1, 4), methods=("none", "srt", "self", "srt+self"), threads=1)
 
 
@@ -193,15 +193,15 @@ def run_hf(loaded, config, prompts, prompt_lookup: bool, report) -> list[dict]:
 
 def available_methods(methods: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """(methods that can run here, notes on those skipped)."""
-    from ..cache import make_drafter
+    from ..cache import drafter_unavailable
 
     ok, notes = [], []
     for m in methods:
-        try:
-            make_drafter(m)
+        reason = drafter_unavailable(m)
+        if reason is None:
             ok.append(m)
-        except ValueError as exc:
-            notes.append(f"skipped {m}: {exc}")
+        else:
+            notes.append(f"skipped {m}: {reason}")
     return ok, notes
 
 

@@ -1,0 +1,82 @@
+"""`srt-agent sandbox …`: serve the sandbox, run one program in it, measure it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from .common import PLAIN, console, reported, sandbox_app, write_json
+
+
+@sandbox_app.command("serve")
+def sandbox_serve(
+    port: int = typer.Option(8080, help="TCP port."),
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0 for all)."),
+    workers: int = typer.Option(4, min=1, help="Programs run at the same time."),
+    timeout_s: float = typer.Option(10.0, help="Default run timeout; requests may ask for up to --max-timeout-s."),
+    max_timeout_s: float = typer.Option(60.0, help="Cap on a request's run_timeout."),
+    memory_mb: int = typer.Option(512, help="Default address-space limit; requests may ask for up to --max-memory-mb."),
+    max_memory_mb: int = typer.Option(4096, help="Cap on a request's memory_limit_MB."),
+    max_output_bytes: int = typer.Option(65536, help="Cap on stdout+stderr per run."),
+    max_request_bytes: int = typer.Option(8 << 20, min=1, help="Larger request bodies are refused (413)."),
+    allow_unsandboxed: bool = typer.Option(False, help="Run without bubblewrap if it is missing (no isolation)."),
+    python: str | None = typer.Option(None, help="Interpreter or venv programs run with (default: the sandbox runtime when built, see docs/sandbox.md)."),
+):
+    """A SandboxFusion-compatible server (/run_code, /v1/ping, /v1/runtime) on the local bubblewrap sandbox."""
+    from ..tools import LocalSandbox, SandboxUnavailable
+    from ..tools.server import ServerConfig, serve
+
+    with reported(SandboxUnavailable, code=1, message=PLAIN):
+        sandbox = LocalSandbox(
+            timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes, allow_unsandboxed=allow_unsandboxed,
+            python=python,
+        )
+    console.print(f"sandbox python: {sandbox.interpreter}", highlight=False)
+    config = ServerConfig(
+        sandbox, workers=workers, max_timeout_s=max_timeout_s, max_memory_mb=max_memory_mb, max_request_bytes=max_request_bytes
+    )
+    serve(config, host=host, port=port)
+
+
+@sandbox_app.command("run")
+def sandbox_run(
+    program: Path = typer.Argument(..., help="A Python file to run ('-' reads the program from stdin)."),
+    kind: str = typer.Option("local", help="Sandbox: local, sandbox_fusion or docker."),
+    timeout_s: float = typer.Option(10.0, help="Wall-clock limit."),
+):
+    """Run one program in a sandbox and print its SandboxResult as JSON."""
+    import sys
+
+    from ..tools import SandboxUnavailable, make_sandbox
+
+    code = sys.stdin.read() if str(program) == "-" else program.read_text()
+    with reported(SandboxUnavailable, ValueError, code=1, message=PLAIN):
+        sandbox = make_sandbox(kind, timeout_s=timeout_s)
+    print(json.dumps(sandbox.run(code).to_dict(), indent=2))
+
+
+@sandbox_app.command("bench")
+def sandbox_bench(
+    runs: int = typer.Option(20, min=1, help="Programs per measurement."),
+    workers: list[int] = typer.Option([1, 4], help="Concurrent callers for the throughput runs."),
+    server: bool = typer.Option(True, help="Also measure through `sandbox serve` (started in-process)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the result here."),
+):
+    """Latency and throughput of the local sandbox (and its server) against a bare Python start."""
+    from contextlib import nullcontext
+
+    from ..bench.sandbox import bench_sandboxes
+    from ..tools import LocalSandbox, SandboxFusionSandbox
+    from ..tools.server import ServerConfig, running_server
+
+    local = LocalSandbox(timeout_s=30)
+    context = running_server(ServerConfig(local, workers=max(workers))) if server else nullcontext(None)
+    with context as endpoint:
+        sandboxes = {"local": local}
+        if endpoint:
+            sandboxes["server"] = SandboxFusionSandbox(endpoint, timeout_s=30)
+        result = bench_sandboxes(sandboxes, runs=runs, workers=tuple(workers))
+    console.print_json(data=result)
+    write_json(result, json_out)

@@ -1,0 +1,430 @@
+"""The env config (``envs/*.yaml``), the root of every run: pydantic models and a loader whose errors
+name the file and the bad key.
+
+One file holds the whole schema, in the order of an env YAML, so that a reader finds every key and its
+default in one place (which is why it runs a little over 400 lines): the rollout environment (model,
+tasks, tools, limits, sampling, rewards), the engine, and the ``train:`` and ``cold_start:`` sections.
+It imports nothing heavy (no torch, no engine), so reading and checking a config costs milliseconds.
+Relative paths inside a config (dataset, tools, cold-start traces) are resolved against its folder.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .datasets import Task, arithmetic_tasks, load_tasks
+
+M = TypeVar("M", bound=BaseModel)
+
+# Names `srt_agent.rl.algorithms` implements, listed here so that checking a config needs no torch.
+AdvEstimator = Literal["grpo", "gae"]  # its registered advantage estimators
+PolicyLossMode = Literal["vanilla"]  # its registered policy losses
+ADV_ESTIMATORS = get_args(AdvEstimator)
+POLICY_LOSSES = get_args(PolicyLossMode)
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean")
+KL_PENALTIES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+
+ALGORITHMS = ("grpo", "dapo", "ppo")
+# What each algorithm sets unless the config says otherwise.
+PRESETS: dict[str, dict] = {
+    "grpo": dict(adv_estimator="grpo", clip_ratio_low=0.2, clip_ratio_high=0.2, loss_agg_mode="token-mean"),
+    "dapo": dict(
+        adv_estimator="grpo",
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        loss_agg_mode="token-mean",
+        dynamic_sampling=True,
+        overlong_buffer=64,
+        kl_coef=0.0,
+    ),
+    "ppo": dict(adv_estimator="gae", clip_ratio_low=0.2, clip_ratio_high=0.2, loss_agg_mode="token-mean"),
+}
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be read or does not validate; the message names the file and the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ----- the rollout environment -----------------------------------------------------------------------
+
+
+class DatasetConfig(_Strict):
+    """Where tasks come from: ``source: arithmetic`` (procedural, seeded) or a ``.jsonl``/``.parquet`` path."""
+
+    source: str = "arithmetic"
+    n: int = Field(32, ge=1, description="number of procedural tasks")
+    seed: int = 0
+    few_shot: bool = Field(False, description="open procedural tasks with a worked ReTool example")
+    limit: int | None = Field(None, ge=1, description="use at most this many tasks")
+
+    def tasks(self, limit: int | None = None) -> list[Task]:
+        """The tasks this section names (at most `limit`, or the section's own limit)."""
+        caps = [x for x in (limit, self.limit) if x is not None]
+        limit = min(caps) if caps else None
+        if self.source == "arithmetic":
+            return arithmetic_tasks(self.n if limit is None else min(self.n, limit), self.seed, few_shot=self.few_shot)
+        return load_tasks(self.source, limit)
+
+
+class SamplingConfig(_Strict):
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    seed: int | None = 0
+
+
+class InterpreterConfig(_Strict):
+    max_output_chars: int = Field(1024, ge=16, description="interpreter output cap (characters)")
+    timeout_s: float | None = Field(None, gt=0, description="overrides the tool config's timeout")
+
+
+class RewardConfig(_Strict):
+    """How a final answer becomes a reward (the `reward:` section of an env config).
+
+    ``turn_penalty`` is subtracted per tool turn (ReTool-style pressure towards fewer, better calls);
+    ``min_reward`` floors the result. ``turn_shaping`` applies verl's ReTool recipe to a wrong answer
+    (:func:`srt_agent.agent.rewards.retool_turn_shaped_reward`; use it with ``incorrect: -1``).
+    """
+
+    correct: float = 1.0
+    incorrect: float = 0.0
+    turn_penalty: float = 0.0
+    min_reward: float | None = None
+    turn_shaping: bool = False
+    use_math_verify: bool = True
+
+
+# ----- the engine ------------------------------------------------------------------------------------
+
+RUN_AHEAD_BUBBLES = ("tail", "tools", "update")
+RUN_AHEAD_STARTS = ("prompt", "branch")
+
+
+@dataclass
+class RunAheadOptions:
+    """How the engine runs ahead (see `srt_agent.engine.run_ahead`); the env YAML's
+    ``engine.run_ahead`` section (:class:`RunAheadConfig`) takes its defaults from here."""
+
+    bubbles: tuple[str, ...] = ("tail", "tools")
+    slack: float = 0.1  # a step may grow by this fraction of its predicted cost
+    tokens_per_sequence: int = 48
+    budget_tokens: int = 4096  # run-ahead tokens per window (an RL step), at most
+    start: str = "prompt"
+    max_sequences: int = 0  # run-ahead sequences at once (0: as many as there are free slots)
+    max_prefill_tokens: int = 512  # prefill per step in the update bubble (no real step to protect)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.bubbles = tuple(self.bubbles)
+        bad = [b for b in self.bubbles if b not in RUN_AHEAD_BUBBLES]
+        if bad:
+            raise ValueError(f"unknown run-ahead bubble(s) {bad}; choose from {list(RUN_AHEAD_BUBBLES)}")
+        if self.start not in RUN_AHEAD_STARTS:
+            raise ValueError(f"unknown run-ahead start {self.start!r}; choose one of {list(RUN_AHEAD_STARTS)}")
+        if self.slack < 0 or self.tokens_per_sequence < 1 or self.budget_tokens < 0 or self.max_sequences < 0:
+            raise ValueError("run-ahead needs slack >= 0, tokens_per_sequence >= 1, budget_tokens >= 0, max_sequences >= 0")
+
+
+_RUN_AHEAD = RunAheadOptions()
+
+
+class RunAheadConfig(_Strict):
+    """Run-ahead generation in the training drafter's engine (``srt-agent train``): idle capacity fills
+    the trees of prompts that come soon with continuations under the current policy, never trained on.
+    Defaults: the engine's (:class:`RunAheadOptions`)."""
+
+    enabled: bool = False
+    bubbles: list[Literal["tail", "tools", "update"]] = Field(
+        default_factory=lambda: list(_RUN_AHEAD.bubbles),
+        description="tail: beside the last running sequences; tools: while all wait on tools; update: during the policy update",
+    )
+    window: int = Field(0, ge=0, description="look-ahead prompts of the coming steps (0: the next step's batch)")
+    tokens_per_sequence: int = Field(_RUN_AHEAD.tokens_per_sequence, ge=1, description="tokens per run-ahead sequence, at most")
+    budget_tokens: int = Field(_RUN_AHEAD.budget_tokens, ge=0, description="run-ahead tokens per step, at most")
+    slack: float = Field(_RUN_AHEAD.slack, ge=0, description="how much a step may grow, as a share of its predicted cost")
+    start: Literal["prompt", "branch"] = Field(
+        _RUN_AHEAD.start, description="start from the prompt or from where rollouts disagreed"
+    )
+    max_sequences: int = Field(_RUN_AHEAD.max_sequences, ge=0, description="run-ahead sequences at once (0: every free slot)")
+
+    def options(self, seed: int = 0) -> RunAheadOptions | None:
+        """The engine's `RunAheadOptions`, or None when run-ahead is off."""
+        if not self.enabled:
+            return None
+        return RunAheadOptions(
+            bubbles=tuple(self.bubbles), slack=self.slack, tokens_per_sequence=self.tokens_per_sequence,
+            budget_tokens=self.budget_tokens, start=self.start, max_sequences=self.max_sequences, seed=seed,
+        )
+
+
+class VLLMOptions(_Strict):
+    """How the vLLM backend runs (``engine.backend: vllm``)."""
+
+    speculative_tokens: int = Field(8, ge=1, description="draft tokens per step (srt, ngram, suffix)")
+    enforce_eager: bool = Field(True, description="skip torch.compile (start-up in seconds instead of minutes)")
+    kv_cache_gib: float = Field(1.0, gt=0, description="KV cache per engine (VLLM_CPU_KVCACHE_SPACE) unless set in the environment")
+    threads: int | None = Field(None, ge=1, description="CPUs vLLM's OpenMP threads bind to (default: all this process may use)")
+    block_size: int | None = Field(
+        32, ge=1, description="KV-cache block size in tokens (the prefix cache's granularity: GRPO siblings and later "
+        "turns reuse whole blocks only; vLLM's CPU attention needs a multiple of 32); null: vLLM's default (128 on CPU)"
+    )
+    exact_sampling: bool = Field(
+        True, description="sample as our engine does (position-keyed noise): a seeded request's tokens do not depend on "
+        "drafts or batch, and equal our engine's; off: vLLM's own sampler (equal in distribution only)"
+    )
+
+
+class EngineConfig(_Strict):
+    backend: Literal["engine", "vllm", "auto"] = Field(
+        "engine", description="engine: ours; vllm: vLLM in this process; auto: vLLM where installed and the drafter has a vLLM counterpart"
+    )
+    vllm: VLLMOptions = Field(default_factory=VLLMOptions)
+    drafter: str = "srt"
+    device: str = "auto"
+    max_batch: int = Field(32, ge=1)
+    max_context: int = Field(2048, ge=16)
+    calibrate: bool = Field(True, description="measure step costs at start-up (sizes drafts from the first step)")
+    run_ahead: RunAheadConfig = Field(default_factory=RunAheadConfig)
+    prefix_sharing: bool = Field(True, description="reuse the KV of cached prompt prefixes (GRPO siblings, system prompts)")
+    prefix_cache_tokens: int = Field(8192, ge=0, description="tokens of KV kept in the prefix cache's block pool")
+
+    @field_validator("drafter")
+    @classmethod
+    def _known_drafter(cls, value: str) -> str:
+        from .cache import DRAFTERS
+
+        if value not in DRAFTERS:
+            raise ValueError(f"unknown drafter {value!r}; choose one of {sorted(DRAFTERS)}")
+        return value
+
+
+# ----- training --------------------------------------------------------------------------------------
+
+
+class LoraConfig(_Strict):
+    """LoRA adapters through peft (``rank: 0`` trains every weight)."""
+
+    rank: int = Field(0, ge=0, description="0 = full fine-tuning")
+    alpha: float = Field(32.0, gt=0)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+
+class TrainConfig(_Strict):
+    """One RL run (the ``train:`` section): algorithm, batch shape, optimizer, losses, what to compare and log.
+
+    ``algorithm`` picks a preset (GRPO, DAPO or PPO); every field left out takes the preset's value, so
+    ``algorithm: dapo`` alone gives clip-higher (0.2 / 0.28), dynamic sampling, token-level loss and the
+    overlong penalty.
+    """
+
+    algorithm: Literal["grpo", "dapo", "ppo"] = "grpo"
+    steps: int = Field(4, ge=1)
+    prompts_per_step: int = Field(4, ge=1, description="prompts per step; each is sampled n_samples times")
+    seed: int = 0
+    lr: float = Field(1e-6, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    ppo_epochs: int = Field(1, ge=1, description="passes over each step's batch")
+    mini_batches: int = Field(1, ge=1, description="optimizer steps per pass")
+    micro_batch_tokens: int = Field(768, ge=64, description="packed tokens per forward/backward (attention is dense within one)")
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    # policy loss
+    adv_estimator: AdvEstimator | None = None
+    norm_adv_by_std: bool = True
+    loss_mode: PolicyLossMode = Field("vanilla", description="the policy loss, as verl's loss_mode")
+    loss_agg_mode: str | None = None
+    clip_ratio_low: float | None = Field(None, gt=0)
+    clip_ratio_high: float | None = Field(None, gt=0)
+    clip_ratio_c: float = Field(3.0, gt=1)
+    entropy_coef: float = 0.0
+    kl_coef: float | None = Field(None, ge=0, description="KL loss to the reference (start) policy; 0 = none")
+    kl_penalty: str = "low_var_kl"
+    # log-probs
+    old_logprobs: Literal["trainer", "engine"] = "trainer"
+    tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling cap (engine vs trainer)")
+    logprob_mismatch_warn: float = Field(0.05, gt=0, description="flag a step whose mean |Δ log-prob| exceeds this")
+    # DAPO
+    dynamic_sampling: bool | None = None
+    max_sampling_rounds: int = Field(3, ge=1, description="rollout rounds per step to fill the batch (dynamic sampling)")
+    overlong_buffer: int | None = Field(None, ge=0)
+    overlong_penalty: float = Field(1.0, ge=0)
+    # PPO
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(1.0, ge=0, le=1)
+    value_coef: float = Field(0.5, ge=0)
+    cliprange_value: float = Field(0.5, gt=0)
+    # bookkeeping
+    compare: list[str] = Field(default_factory=list, description="drafters that regenerate every step for timing")
+    checkpoint_every: int = Field(1, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    loggers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(default_factory=lambda: ["tensorboard"])
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data):
+        if isinstance(data, dict):
+            algorithm = data.get("algorithm", "grpo")
+            if algorithm not in PRESETS:
+                raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {list(ALGORITHMS)}")
+            data = {**PRESETS[algorithm], **{k: v for k, v in data.items() if v is not None}}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"unknown loss_agg_mode {self.loss_agg_mode!r}; choose one of {list(LOSS_AGG_MODES)}")
+        if self.kl_penalty not in KL_PENALTIES:
+            raise ValueError(f"unknown kl_penalty {self.kl_penalty!r}; choose one of {list(KL_PENALTIES)}")
+        self.kl_coef = self.kl_coef or 0.0
+        self.dynamic_sampling = bool(self.dynamic_sampling)
+        self.overlong_buffer = self.overlong_buffer or 0
+        return self
+
+
+class ColdStartConfig(_Strict):
+    """ReTool's cold start: SFT on code-integrated traces before RL, and the held-out tool-use report."""
+
+    enabled: bool = True
+    source: str = Field("procedural", description="'procedural' or a .jsonl/.parquet of verl multi-turn SFT rows")
+    n: int = Field(64, ge=1, description="procedural traces to generate")
+    seed: int = Field(1000, description="seed of the procedural tasks (distinct from the RL dataset's)")
+    epochs: int = Field(1, ge=1)
+    lr: float = Field(3e-5, gt=0)
+    batch_size: int = Field(8, ge=1, description="traces per optimizer step")
+    eval_tasks: int = Field(12, ge=0, description="held-out tasks for the before/after report (0: skip)")
+    eval_seed: int = 2000
+
+    def source_path(self, base: Path) -> Path | None:
+        """The traces file, resolved against the config's folder (None for procedural traces)."""
+        if self.source == "procedural":
+            return None
+        path = Path(self.source)
+        return path if path.is_absolute() else (base / path).resolve()
+
+
+# ----- the whole file --------------------------------------------------------------------------------
+
+
+class EnvConfig(_Strict):
+    """One rollout environment: model, tasks, tools, turn and token limits, sampling, rewards."""
+
+    name: str = "env"
+    env: str = Field("srt_agent.agent.retool.ReToolEnv", description="dotted path of the Env class")
+    env_options: dict[str, Any] = Field(default_factory=dict, description="extra keyword arguments for the Env")
+    model: str = "smollm2"
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    tools: Path | None = Field(None, description="tool config (verl's format)")
+    n_samples: int = Field(1, ge=1, description="samples per task (a GRPO group)")
+    max_turns: int = Field(4, ge=1)
+    max_tokens_per_turn: int = Field(256, ge=1)
+    max_response_tokens: int = Field(1024, ge=1, description="budget over all turns, tool tokens included")
+    max_concurrent: int | None = Field(None, ge=1, description="trajectories in flight at once (default: all)")
+    tool_timeout_s: float = Field(120.0, gt=0, description="a tool call still running after this is a 'timeout'")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    interpreter: InterpreterConfig = Field(default_factory=InterpreterConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig, description="RL training (srt-agent train)")
+    cold_start: ColdStartConfig = Field(default_factory=ColdStartConfig, description="SFT before RL")
+
+    @field_validator("env")
+    @classmethod
+    def _dotted(cls, value: str) -> str:
+        if "." not in value:
+            raise ValueError(f"expected a dotted path like 'package.module.Class', got {value!r}")
+        return value
+
+    def env_class(self) -> type:
+        """Import the Env class named by ``env``."""
+        return import_dotted(self.env)
+
+
+def import_dotted(path: str) -> Any:
+    """Import ``package.module.Name``."""
+    module_name, _, attr = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot import {path!r}: {exc}") from None
+
+
+def read_yaml(path: str | Path) -> dict:
+    """Parse a YAML mapping; malformed YAML raises :class:`ConfigError` naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: malformed YAML: {problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def validate_config(model: type[M], data: dict, path: str | Path) -> M:
+    """Validate `data` against `model`; every error names the file and the dotted key."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            key = ".".join(str(part) for part in err["loc"]) or "(top level)"
+            lines.append(f"{path}: {key}: {err['msg']}")
+        raise ConfigError("\n".join(lines)) from None
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Set dotted keys from ``KEY=VALUE`` strings (values parsed as YAML), e.g. ``train.lr=1e-5``."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. train.steps=8")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML") from None
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def load_env_config(path: str | Path, overrides: list[str] | None = None) -> EnvConfig:
+    """Read and validate an env YAML (with ``KEY=VALUE`` overrides); relative paths become absolute."""
+    path = Path(path)
+    config = validate_config(EnvConfig, apply_overrides(read_yaml(path), overrides or []), path)
+    base = path.resolve().parent
+    if config.tools is not None and not config.tools.is_absolute():
+        config.tools = (base / config.tools).resolve()
+    if config.dataset.source != "arithmetic":
+        source = Path(config.dataset.source)
+        config.dataset.source = str(source if source.is_absolute() else (base / source).resolve())
+    traces = config.cold_start.source_path(base)
+    if traces is not None:
+        config.cold_start.source = str(traces)
+    return config

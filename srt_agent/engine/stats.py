@@ -1,0 +1,66 @@
+"""What an engine reports about itself beyond its outputs: its running totals (:class:`EngineStats`),
+its settings and its step-cost table.
+
+The trainer records the settings and the cost table with every rollout step (through the backend's
+``step_costs``), and the replay benchmark reruns a recorded step from them without the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..cache.drafter import capabilities
+from .cost_model import ForwardCostModel
+
+DRAFTER_CALLS = ("start_request", "add_tokens", "draft", "stop_request", "end_step")
+
+
+@dataclass
+class EngineStats:
+    """Totals over the engine's lifetime."""
+
+    steps: int = 0
+    tokens: int = 0
+    draft_proposed: int = 0
+    draft_verified: int = 0
+    draft_accepted: int = 0
+    drafter_errors: int = 0
+    drafter_faults: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DRAFTER_CALLS, 0))
+    undrafted_requests: int = 0  # requests whose speculation a drafter fault ended
+    last_drafter_error: str | None = None
+    model_errors: int = 0  # requests ended by a failing forward pass, sampler or non-finite logits
+    prefill_tokens: int = 0  # prompt and forced tokens computed (beyond the one each step decodes from)
+    lenient_overrides: int = 0  # leniently accepted draft tokens the exact sampler would not have drawn
+    draft_s: float = 0.0
+    model_drafted: int = 0  # nodes a model drafter proposed …
+    model_draft_s: float = 0.0  # … and the seconds its passes took
+    drafter_update_s: float = 0.0  # rebuilding a model drafter on weight updates
+    forward_s: float = 0.0
+    bookkeeping_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["drafter_faults"] = dict(self.drafter_faults)
+        out["forwards"] = self.steps
+        out["tokens_per_forward"] = self.tokens / self.steps if self.steps else 0.0
+        out["accepted_per_step"] = self.draft_accepted / self.steps if self.steps else 0.0
+        return out
+
+
+def engine_settings(engine) -> dict:
+    """What the replay needs to know of an `Engine`: its batch, context and draft settings and its
+    drafter's tree options."""
+    cache = engine.drafter.cache if capabilities(engine.drafter).trees else None
+    return dict(
+        engine=dict(max_batch=engine.scheduler.num_slots, max_context=engine.max_context, max_draft_tokens=engine.max_draft_tokens,
+                    min_draft_gain=engine.min_draft_gain, adaptive_drafts=engine.adaptive_drafts),
+        cache=dict(max_depth=cache.max_depth, max_match=cache.max_match, max_bytes=cache.max_bytes) if cache is not None else {},
+    )
+
+
+def cost_table(model: ForwardCostModel) -> dict:
+    """A cost model's figures: the linear fit and every measured shape."""
+    return {
+        "fixed_s": model.fixed_s, "per_token_s": model.per_token_s, "per_sequence_s": model.per_sequence_s,
+        "shapes": model.measured(),
+    }
