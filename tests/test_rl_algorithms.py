@@ -237,7 +237,7 @@ class _OverlongBuffer(dict):
 
 
 @pytest.mark.parametrize("buffer,factor", [(4, 1.0), (6, 0.5)])
-def test_overlong_shaping_matches_verl_s_dapo_reward_manager(tmp_path, buffer, factor):
+def test_overlong_shaping_matches_verl_s_dapo_reward_manager(buffer, factor):
     """The trainer's DAPO reward (score + soft overlong punishment) against verl's DAPORewardManager on
     responses of every length up to the budget."""
     from verl import DataProto
@@ -246,7 +246,7 @@ def test_overlong_shaping_matches_verl_s_dapo_reward_manager(tmp_path, buffer, f
     from srt_agent.agent.trajectory import Trajectory
     from srt_agent.config import EnvConfig
     from srt_agent.models import load_tokenizer
-    from srt_agent.rl.trainer import Trainer
+    from srt_agent.rl.samples import shaped_reward
 
     budget = 16
     lengths = list(range(1, budget + 1))
@@ -269,8 +269,7 @@ def test_overlong_shaping_matches_verl_s_dapo_reward_manager(tmp_path, buffer, f
     expected = manager(data).sum(-1).tolist()
 
     config = EnvConfig(max_response_tokens=budget, train={"algorithm": "dapo", "overlong_buffer": buffer, "overlong_penalty": factor})
-    trainer = Trainer(config, tmp_path)
-    ours = [trainer._reward(Trajectory("r", 0, 0, [5, 5, 5], response_ids=[7] * n, reward=s)) for n, s in zip(lengths, scores)]
+    ours = [shaped_reward(Trajectory("r", 0, 0, [5, 5, 5], response_ids=[7] * n, reward=s), config) for n, s in zip(lengths, scores)]
     assert ours == pytest.approx(expected, abs=1e-6)
     assert min(o - s for o, s in zip(ours, scores)) == pytest.approx(-factor)  # the full punishment is reached
     assert ours[: budget - buffer] == scores[: budget - buffer]  # and nothing before the buffer

@@ -169,14 +169,14 @@ def test_ctrl_c_leaves_a_checkpoint_that_resumes_exactly(tmp_path, monkeypatch, 
 
         monkeypatch.setattr(PolicyRollouts, "run", interrupted_run)
     else:
-        update = trainer_module.update_policy
+        update = trainer_module.update_step
 
         def interrupted_update(*args, **kwargs):
             calls.append(1)
             os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, held until the step is recorded and saved
             return update(*args, **kwargs)
 
-        monkeypatch.setattr(trainer_module, "update_policy", interrupted_update)
+        monkeypatch.setattr(trainer_module, "update_step", interrupted_update)
     report = Trainer.from_env_file(config, part, loaded=tiny()).run()
     assert report["interrupted"] and [m["step"] for m in report["steps"]] == [1.0]
     assert load_checkpoint(part)[0]["step"] == 1 and report["checkpoint"] == str(find_checkpoint(part))

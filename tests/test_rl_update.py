@@ -11,8 +11,7 @@ from srt_agent.config import TrainConfig
 from srt_agent.models import tiny_random_model
 from srt_agent.rl.batch import Sample
 from srt_agent.rl.policy import Policy
-from srt_agent.rl.trainer import compute_advantages
-from srt_agent.rl.update import update_policy
+from srt_agent.rl.update import compute_advantages, update_policy
 
 
 def samples() -> list[Sample]:

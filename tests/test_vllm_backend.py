@@ -268,6 +268,22 @@ def test_drafters_vllm_lacks_are_refused_by_name(model_dir, tiny):
     assert choose_backend("auto", "history") == ("engine", "engine.backend: auto, and vLLM has no counterpart of drafter 'history'")
 
 
+def test_a_model_vllm_cannot_serve_falls_back_under_auto_and_is_refused_under_vllm():
+    """tiny-llama's heads (16 wide) are not among vLLM's CPU attention sizes: auto takes our engine and
+    says why in its one line; backend: vllm stops with that reason."""
+    from srt_agent.integrations.vllm.models import unservable
+
+    tiny16 = load_model("tiny-llama", dtype=torch.float32, device="cpu")
+    problem = unservable(tiny16)
+    assert problem is not None and "head sizes" in problem and "has 16" in problem
+    lines = []
+    made = make_backend(EnvConfig(model="tiny-llama", engine={"backend": "auto", "calibrate": False}), tiny16, log=lines.append)
+    made.close()
+    assert made.name == "engine" and "engine.backend: auto, and vLLM's CPU attention runs head sizes" in lines[0]
+    with pytest.raises(ValueError, match="has 16"):
+        make_backend(EnvConfig(model="tiny-llama", engine={"backend": "vllm"}), tiny16)
+
+
 def test_missing_vllm_is_one_clear_line(monkeypatch):
     """A test double of the environment: `find_spec` answers as if vLLM were not installed."""
     real = importlib.util.find_spec

@@ -17,9 +17,10 @@ __all__ = [
 ]
 
 
-def choose_backend(requested: str, drafter: str, run_ahead: bool = False) -> tuple[str, str]:
+def choose_backend(requested: str, drafter: str, run_ahead: bool = False, model_problem: str | None = None) -> tuple[str, str]:
     """(backend, why) for ``engine.backend: requested``: ``vllm`` fails with one line when vLLM is missing
-    or cannot run the drafter; ``auto`` takes vLLM where it can, else our engine, and says why."""
+    or cannot run the drafter or the model (`model_problem`: why vLLM cannot serve it); ``auto`` takes vLLM
+    where it can, else our engine, and says why."""
     if requested not in BACKENDS:
         raise ValueError(f"unknown backend {requested!r}; choose one of {', '.join(BACKENDS)}")
     if requested == "engine":
@@ -31,6 +32,8 @@ def choose_backend(requested: str, drafter: str, run_ahead: bool = False) -> tup
         check_vllm_drafter(drafter)
         if run_ahead:
             raise ValueError("run-ahead runs in our engine only; turn engine.run_ahead off for the vLLM backend")
+        if model_problem:
+            raise ValueError(model_problem)
         return "vllm", "engine.backend: vllm"
     if missing:
         return "engine", f"engine.backend: auto, and {missing}"
@@ -38,6 +41,8 @@ def choose_backend(requested: str, drafter: str, run_ahead: bool = False) -> tup
         return "engine", f"engine.backend: auto, and vLLM has no counterpart of drafter {drafter!r}"
     if run_ahead:
         return "engine", "engine.backend: auto, and run-ahead runs in our engine only"
+    if model_problem:
+        return "engine", f"engine.backend: auto, and {model_problem}"
     return "vllm", "engine.backend: auto, and vLLM is installed"
 
 
@@ -46,7 +51,12 @@ def make_backend(config, loaded, drafter: str | None = None, run_ahead=None,
     """The backend the env config asks for, serving `loaded` with `drafter` (default: the config's);
     `log` gets one line saying which backend runs and why."""
     drafter = drafter or config.engine.drafter
-    backend, why = choose_backend(config.engine.backend, drafter, run_ahead is not None)
+    problem = None
+    if config.engine.backend != "engine" and not vllm_missing():
+        from ..integrations.vllm.models import unservable
+
+        problem = unservable(loaded)
+    backend, why = choose_backend(config.engine.backend, drafter, run_ahead is not None, problem)
     if backend == "engine":
         made = engine_backend(config, loaded, drafter, run_ahead)
     else:

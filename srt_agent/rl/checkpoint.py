@@ -1,4 +1,5 @@
-"""Checkpoints of an RL run, written atomically: a step's folder appears whole or not at all.
+"""Checkpoints of an RL run, written atomically: a step's folder appears whole or not at all; the run
+folder that holds them (a new run never takes another's); Ctrl-C held while a checkpoint is written.
 
 ``OUT/checkpoints/step-000004/`` holds ``state.pt`` (policy, optimizer, scheduler, RNG states, data
 cursor, metrics history) and one ``rollout_cache-<drafter>.npz`` per drafter that keeps trees;
@@ -7,8 +8,13 @@ cursor, metrics history) and one ``rollout_cache-<drafter>.npz`` per drafter tha
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -95,3 +101,63 @@ def load_checkpoint(path: Path) -> tuple[dict, dict[str, Path]]:
         raise ValueError(f"checkpoint {folder} is unreadable: {type(exc).__name__}: {exc}") from None
     caches = {p.stem.removeprefix("rollout_cache-"): p for p in folder.glob("rollout_cache-*.npz")}
     return state, caches
+
+
+@dataclass
+class SavedStep:
+    """A finished step's trees and RNG state, kept until its checkpoint is written (or an interrupt
+    writes it: the interrupted step's rollouts have changed both since)."""
+
+    step: int
+    rng: dict
+    trees: dict[str, bytes]
+
+    @classmethod
+    def now(cls, step: int, caches: dict[str, RolloutCache]) -> SavedStep:
+        return cls(step, rng_state(), {name: cache.to_bytes() for name, cache in caches.items()})
+
+    def caches(self) -> dict[str, RolloutCache]:
+        return {name: RolloutCache.from_bytes(data) for name, data in self.trees.items()}
+
+
+def claim_out_dir(out_dir: Path, resume: Path | None, replace_run: bool) -> None:
+    """Make `out_dir` this run's folder and prove it writable, or raise ConfigError before any work starts.
+
+    A folder holding another run is refused (resuming continues its own run); with `replace_run` the
+    other run's checkpoints, rollouts and report are removed first."""
+    from ..config import ConfigError
+
+    if holds_run(out_dir):
+        if replace_run:
+            for name in ("checkpoints", "rollouts"):
+                shutil.rmtree(out_dir / name, ignore_errors=True)
+            (out_dir / "report.json").unlink(missing_ok=True)
+        elif resume is None or run_folder(resume).resolve() != out_dir.resolve():
+            raise ConfigError(
+                f"{out_dir} already holds a run: continue it with --resume {out_dir}, "
+                "or start a new one in another folder with --out"
+            )
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"output directory {out_dir} is not writable: {exc.strerror or exc}") from None
+
+
+@contextlib.contextmanager
+def deferred_interrupt() -> Iterator[list]:
+    """Hold Ctrl-C until the block ends (an update or a checkpoint is never left half done); yields a
+    list that is non-empty once a Ctrl-C is held."""
+    caught: list = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+    previous = signal.signal(signal.SIGINT, lambda *args: caught.append(args))
+    try:
+        yield caught
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            raise KeyboardInterrupt

@@ -6,6 +6,7 @@ hash of the model, the traces' settings and the SFT settings, so a second run go
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -49,6 +50,21 @@ class ColdStartResult:
     seconds: float = 0.0
     cached: bool = False
     key: str = ""
+
+    @classmethod
+    def from_report(cls, report: dict, weights: dict[str, torch.Tensor] | None = None) -> ColdStartResult:
+        """The result a :meth:`report` describes (with `weights` where they were kept)."""
+        return cls(
+            weights=weights or {},
+            traces=report["traces"],
+            trained_tokens=report["trained_tokens"],
+            history=report["sft"],
+            before=ToolUseReport(**report["before"]) if report.get("before") else None,
+            after=ToolUseReport(**report["after"]) if report.get("after") else None,
+            seconds=report["seconds"],
+            cached=report.get("cached", False),
+            key=report.get("key", ""),
+        )
 
     def report(self) -> dict:
         return {
@@ -149,17 +165,7 @@ def run_cold_start(
         report = json.loads((folder / "report.json").read_text())
         weights = torch.load(folder / "weights.pt", map_location="cpu", weights_only=True)
         log(f"cold start: cached ({folder})")
-        return ColdStartResult(
-            weights=weights,
-            traces=report["traces"],
-            trained_tokens=report["trained_tokens"],
-            history=report["sft"],
-            before=ToolUseReport(**report["before"]) if report.get("before") else None,
-            after=ToolUseReport(**report["after"]) if report.get("after") else None,
-            seconds=report["seconds"],
-            cached=True,
-            key=key,
-        )
+        return dataclasses.replace(ColdStartResult.from_report(report, weights), cached=True, key=key)
     start = time.perf_counter()
     before = evaluate("before cold start") if evaluate is not None else None
     samples, trajectories = build_samples(config, controller_args, loaded, phase)
@@ -196,3 +202,17 @@ def _save(folder: Path, result: ColdStartResult, trajectories: list[Trajectory])
             for traj in trajectories:
                 f.write(json.dumps(traj.to_json()) + "\n")
         (tmp / "report.json").write_text(json.dumps(result.report(), indent=2))
+
+
+def cold_start_line(cold: ColdStartResult) -> str:
+    """One line on the cold start: traces, time, held-out tool use before and after."""
+    text = f"cold start: {cold.traces} traces, {cold.trained_tokens} trained tokens" + (
+        " (cached)" if cold.cached else f", {cold.seconds:.0f} s"
+    )
+    if cold.before and cold.after:
+        b, a = cold.before, cold.after
+        text += (
+            f"; held-out tool calls {b.tool_call_rate:.0%} → {a.tool_call_rate:.0%}, clean code runs "
+            f"{b.code_ok_rate:.0%} → {a.code_ok_rate:.0%}, accuracy {b.accuracy:.0%} → {a.accuracy:.0%}"
+        )
+    return text

@@ -12,7 +12,11 @@ from dataclasses import asdict, dataclass, field
 from ..agent.parsing import CODE_TOOL_NAME
 from ..agent.rewards import score_response
 from ..agent.trajectory import Trajectory
-from ..config import RewardConfig
+from ..config import EnvConfig, RewardConfig
+from ..datasets import Task, arithmetic_tasks
+
+#: the figures a held-out evaluation reports (``val/<name>`` in the trackers)
+HELD_OUT_FIGURES = ("accuracy", "tool_call_rate", "code_ok_rate", "mean_reward")
 
 
 @dataclass
@@ -98,3 +102,12 @@ def tool_use_report(trajectories: Sequence[Trajectory]) -> ToolUseReport:
         mean_reward=sum(rewards) / n,
         intervals=intervals,
     )
+
+
+def held_out_tasks(config: EnvConfig) -> list[Task]:
+    """``cold_start.eval_tasks`` procedural tasks seen neither in the RL dataset nor in the cold start."""
+    cs = config.cold_start
+    seen = {t.prompt[-1]["content"] for t in config.dataset.tasks()}
+    seen |= {t.prompt[-1]["content"] for t in arithmetic_tasks(cs.n, cs.seed, few_shot=config.dataset.few_shot)}
+    candidates = arithmetic_tasks(cs.eval_tasks * 2, cs.eval_seed, few_shot=config.dataset.few_shot)
+    return [t for t in candidates if t.prompt[-1]["content"] not in seen][: cs.eval_tasks]

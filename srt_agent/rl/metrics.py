@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from ..agent.rollout import RolloutSummary
+from ..agent.rollout import RolloutSummary, summarize
 from ..agent.trajectory import Trajectory
 from .batch import Sample
 from .evaluate import tool_use_report
+from .rollouts import RolloutRun
 
 
 def _stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
@@ -63,3 +65,77 @@ def identical_share(reference: Sequence[Trajectory], other: Sequence[Trajectory]
     if not reference:
         return 1.0
     return sum(a.response_ids == b.response_ids for a, b in zip(reference, other)) / len(reference)
+
+
+@dataclass
+class _NoWaits:
+    waits: int = 0
+    wait_s: float = 0.0
+    idle_slot_s: float = 0.0
+
+
+def merged_summary(runs: Sequence[RolloutRun]) -> RolloutSummary:
+    """One rollout summary over several runs (a step's rollout rounds)."""
+    trajectories = [t for run in runs for t in run.trajectories]
+    merged = summarize(trajectories, _NoWaits(), sum(run.wall_s for run in runs))
+    merged.tool_wait_s = sum(run.summary.tool_wait_s for run in runs)
+    merged.idle_slot_s_during_tool_waits = sum(run.summary.idle_slot_s_during_tool_waits for run in runs)
+    return merged
+
+
+def run_ahead_metrics(runs: Sequence[RolloutRun], gen_s: float) -> dict[str, float]:
+    """What run-ahead did during these rollout runs: tokens put into the trees (per bubble), the
+    share of the forward passes' rows it fed, and its predicted share of the generation time."""
+    stats = [run.run_ahead for run in runs if run.run_ahead is not None]
+    if not stats:
+        return {}
+    keys = ("tokens", "rows", "real_rows", "sequences", "preempted", "added_s", "tokens_upcoming", "prefill_tokens",
+            "copied_tokens")
+    total = {k: sum(s[k] for s in stats) for k in keys}
+    out = {f"run_ahead/{k}": float(v) for k, v in total.items()}
+    for bubble in stats[0]["tokens_by_bubble"]:
+        out[f"run_ahead/tokens_{bubble}"] = float(sum(s["tokens_by_bubble"][bubble] for s in stats))
+    out["run_ahead/row_share"] = total["rows"] / max(total["rows"] + total["real_rows"], 1)
+    out["run_ahead/time_share"] = total["added_s"] / gen_s if gen_s > 0 else 0.0
+    return out
+
+
+def compare_metrics(name: str, main: Sequence[RolloutRun], runs: Sequence[RolloutRun]) -> dict[str, float]:
+    """``compare/<name>/…``: a compared drafter's regeneration of the step (`runs`) against the training
+    drafter's (`main`): its time, the speedup (its time / ours), time per generated token, drafting figures
+    and the share of trajectories identical to ours."""
+    wall, main_wall = sum(run.wall_s for run in runs), sum(run.wall_s for run in main)
+    summary, main_tokens = merged_summary(runs), merged_summary(main).model_tokens
+    out = {
+        f"compare/{name}/gen_s": wall,
+        f"compare/{name}/speedup": wall / main_wall if main_wall > 0 else 0.0,
+        # time per generated token, theirs over ours: what compares speed when the trajectories differ
+        f"compare/{name}/token_speedup": (wall / max(summary.model_tokens, 1)) / (main_wall / main_tokens)
+        if main_wall > 0 and main_tokens else 0.0,
+        f"compare/{name}/tokens_per_forward": summary.tokens_per_forward,
+        f"compare/{name}/accepted_per_forward": summary.draft_accepted / summary.forwards if summary.forwards else 0.0,
+        f"compare/{name}/identical": identical_share([t for r in main for t in r.trajectories],
+                                                     [t for r in runs for t in r.trajectories]),
+    }
+    out.update({f"compare/{name}/{k}": v for k, v in run_ahead_metrics(runs, wall).items()})
+    return out
+
+
+def speed_totals(history: Sequence[dict[str, float]], compared: Sequence[str]) -> dict[str, float | None]:
+    """Over a run's steps, per compared drafter: its generation time over ours (all steps, first visits,
+    revisits) and the mean identical share; our total generation and update time."""
+    totals: dict[str, float | None] = {}
+    gen = sum(m.get("timing_s/gen", 0.0) for m in history)
+    for name in compared:
+        if gen > 0:
+            totals[f"speedup_vs_{name}"] = sum(m.get(f"compare/{name}/gen_s", 0.0) for m in history) / gen
+        for label, revisit in (("first", 0.0), ("revisit", 1.0)):
+            chosen = [m for m in history if m.get("training/revisit") == revisit]
+            mine = sum(m.get("timing_s/gen", 0.0) for m in chosen)
+            if mine > 0:
+                totals[f"speedup_vs_{name}_{label}"] = sum(m.get(f"compare/{name}/gen_s", 0.0) for m in chosen) / mine
+        shares = [m.get(f"compare/{name}/identical", 0.0) for m in history]
+        totals[f"identical_vs_{name}"] = sum(shares) / len(shares) if shares else None
+    totals["gen_s"] = gen
+    totals["update_s"] = sum(m.get("timing_s/update_actor", 0.0) for m in history)
+    return totals

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import LoraConfig
+from ..config import EnvConfig, LoraConfig
 from .algorithms import entropy_from_logits
 from .batch import MicroBatch
 
@@ -142,3 +142,20 @@ class Policy:
             self.value_head.load_state_dict(
                 {k[11:]: v for k, v in state.items() if k.startswith("value_head.")}, strict=True
             )
+
+
+def build_policy(config: EnvConfig, model: torch.nn.Module):
+    """(policy, AdamW, warm-up scheduler, frozen reference or None) for an RL run of `config` on `model`; the
+    reference is the start policy when the config has a KL loss (with LoRA the adapters off serve as it)."""
+    train = config.train
+    dtype = getattr(torch, train.dtype)
+    policy = Policy(model, config.sampling.temperature, train.lora, value_head=train.adv_estimator == "gae", dtype=dtype)
+    reference = None
+    if train.kl_coef > 0 and policy.lora is None:
+        reference = Policy(model, config.sampling.temperature, dtype=dtype)
+        for p in reference.parameters():
+            p.requires_grad_(False)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+    warmup = train.warmup_steps * train.mini_batches * train.ppo_epochs
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup) if warmup else 1.0)
+    return policy, optimizer, scheduler, reference

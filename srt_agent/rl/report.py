@@ -212,3 +212,27 @@ def write_report(out_dir: Path, report: dict) -> dict[str, Path]:
         paths["plots"] = plot_history(report["steps"], report.get("compare", []), report["drafter"], out_dir / "plots.png",
                                       report.get("held_out"))
     return paths
+
+
+def step_warnings(metrics: dict[str, float], warn_above: float, drafter: str,
+                  compared_why: dict[str, str]) -> list[str]:
+    """Console lines for what went wrong in a step: engine and trainer log-probs apart by more than
+    `warn_above`, skipped non-finite updates, and compared drafters whose rollouts were not identical to
+    `drafter`'s (`compared_why[name]`: why that can happen)."""
+    lines = []
+    step = metrics["step"]
+    diff = metrics.get("training/rollout_logprob_diff_mean")
+    if diff is not None and diff > warn_above:
+        lines.append(
+            f"[red]step {step:.0f}: engine and trainer log-probs differ by {diff:.4f} on average "
+            f"(max {metrics.get('training/rollout_logprob_diff_max', 0):.4f}) — the rollouts may not be on-policy[/red]"
+        )
+    if metrics.get("training/nonfinite_updates", 0):
+        lines.append(f"[red]step {step:.0f}: non-finite loss or gradient; "
+                     f"{metrics['training/nonfinite_updates']:.0f} optimizer step(s) skipped[/red]")
+    for name, why in compared_why.items():
+        share = metrics.get(f"compare/{name}/identical", 1.0)
+        if share < 1.0:
+            lines.append(f"[yellow]step {step:.0f}: {name}'s rollouts match {share:.0%} of {drafter}'s "
+                         f"token for token ({why})[/yellow]")
+    return lines

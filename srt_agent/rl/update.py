@@ -14,8 +14,10 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..config import TrainConfig
+from . import algorithms
 from .algorithms import agg_loss, get_policy_loss_fn, kl_penalty, value_loss
 from .batch import Sample, pack
+from .metrics import sample_metrics
 from .policy import Policy
 
 
@@ -200,3 +202,71 @@ def _micro_loss(
         parts["critic/vf_clipfrac"] = float(clipped.float().mean())
         parts["critic/vpred_mean"] = float(scores.values.detach().mean())
     return loss, parts, tokens, lp.detach()
+
+
+def trained_tokens(samples: Sequence[Sample], cfg: TrainConfig) -> int:
+    """Tokens an update trains on, counted over all its passes (what :func:`update_step` reports as it goes)."""
+    return cfg.ppo_epochs * sum(s.trained_tokens for s in samples)
+
+
+def update_step(
+    policy: Policy,
+    reference: Policy | None,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    samples: list[Sample],
+    cfg: TrainConfig,
+    seed: int,
+    on_tokens: Callable[[int], None] | None = None,
+) -> dict[str, float]:
+    """One RL step's policy update: the old policy's (and the reference's) log-probs where the config needs
+    them, advantages, then :func:`update_policy`; verl-named metrics and timings."""
+    out: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if needs_old_pass(cfg) or cfg.adv_estimator == "gae":
+        logprobs, values = score_samples(policy, samples, cfg.micro_batch_tokens)
+        for s, lp in zip(samples, logprobs):
+            s.old_logprobs = lp
+        if values is not None:
+            for s, v in zip(samples, values):
+                s.values = v
+    if cfg.kl_coef > 0:
+        ref_logprobs, _ = score_samples(reference or policy, samples, cfg.micro_batch_tokens, reference=reference is None)
+        for s, lp in zip(samples, ref_logprobs):
+            s.ref_logprobs = lp
+    out["timing_s/old_log_prob"] = time.perf_counter() - t0
+    compute_advantages(samples, cfg)
+    t0 = time.perf_counter()
+    generator = torch.Generator().manual_seed(seed)
+    out.update(update_policy(policy, optimizer, samples, cfg, generator, scheduler, on_tokens=on_tokens))
+    out["timing_s/update_actor"] = time.perf_counter() - t0
+    out.update(logprob_mismatch(samples, [s.old_logprobs or [] for s in samples]))
+    out.update(sample_metrics(samples))
+    out["perf/trained_tokens"] = float(sum(s.trained_tokens for s in samples))
+    out["perf/update_tokens"] = float(sum(len(s) for s in samples))
+    return out
+
+
+def compute_advantages(samples: Sequence[Sample], train: TrainConfig) -> None:
+    """Fill every sample's per-token ``advantages`` (and ``returns`` for GAE) from its reward."""
+    if train.adv_estimator == "grpo":
+        scores = torch.tensor([s.reward for s in samples], dtype=torch.float64)
+        adv = algorithms.grpo_advantages(scores, [s.group for s in samples], train.norm_adv_by_std)
+        for s, a in zip(samples, adv.tolist()):
+            s.advantages = [a if m else 0.0 for m in s.response_mask]
+        return
+    length = max(len(s.response_ids) for s in samples)
+    mask = torch.zeros(len(samples), length)
+    rewards = torch.zeros(len(samples), length)
+    values = torch.zeros(len(samples), length)
+    for i, s in enumerate(samples):
+        mask[i, : len(s.response_mask)] = torch.tensor(s.response_mask, dtype=torch.float32)
+        values[i, : len(s.values)] = torch.tensor(s.values)
+        last = max((j for j, m in enumerate(s.response_mask) if m), default=None)
+        if last is not None:
+            rewards[i, last] = s.reward
+    adv, returns = algorithms.gae_advantages(rewards, values, mask, train.gamma, train.lam)
+    for i, s in enumerate(samples):
+        n = len(s.response_ids)
+        s.advantages = adv[i, :n].tolist()
+        s.returns = returns[i, :n].tolist()

@@ -101,7 +101,6 @@ def exact_sample(runner: Any, logits: torch.Tensor, spec: Any) -> Any:
     docstring). Draft rows are sampled depth by depth, each depth only for the requests whose drafts were
     accepted so far: rows past a rejection are never sampled."""
     from vllm.v1.outputs import SamplerOutput
-    from vllm.v1.sample.sampler import Sampler
 
     metadata = runner.input_batch.sampling_metadata
     problem = unsupported(metadata)

@@ -71,15 +71,25 @@ def _saved(loaded, target: Path) -> Path:
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 
+def unservable(loaded) -> str | None:
+    """Why vLLM cannot serve `loaded` here (a CPU model whose attention head size vLLM's CPU kernels lack),
+    or None."""
+    config = loaded.model.config
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    on_cpu = next(loaded.model.parameters()).device.type == "cpu"
+    if on_cpu and head not in VLLM_CPU_HEAD_SIZES:
+        return (f"vLLM's CPU attention runs head sizes {VLLM_CPU_HEAD_SIZES}; {loaded.name} has {head} "
+                "(use a model directory, e.g. srt_agent.integrations.vllm.tiny_model_dir())")
+    return None
+
+
 def loaded_model_dir(loaded) -> Path:
     """An HF directory holding exactly `loaded`'s weights (saved once per content, under the user cache),
     for a model that was not loaded from one (e.g. ``tiny-<arch>``): vLLM must serve the policy the
     trainer trains, not another random model of the same name."""
-    config = loaded.model.config
-    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if head not in VLLM_CPU_HEAD_SIZES:
-        raise ValueError(f"vLLM's CPU attention runs head sizes {VLLM_CPU_HEAD_SIZES}; {loaded.name} has {head} "
-                         "(use a model directory, e.g. srt_agent.integrations.vllm.tiny_model_dir())")
+    problem = unservable(loaded)
+    if problem is not None:
+        raise ValueError(problem)
     digest = hashlib.sha256()
     for name, tensor in sorted(loaded.model.state_dict().items()):
         digest.update(name.encode())
