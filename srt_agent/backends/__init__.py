@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from .base import RolloutBackend, RunAheadControl
 from .engine import EngineBackend, engine_backend
-from .vllm import VLLM_DRAFTERS, VLLMUnavailable, check_vllm_drafter, vllm_missing
+from .vllm_engine import VLLM_DRAFTERS, VLLMUnavailable, check_vllm_drafter, vllm_missing
 
 BACKENDS = ("engine", "vllm", "auto")
 

@@ -5,6 +5,10 @@ rewards (DAPO: overlong shaping, dynamic sampling that refills the batch) → ad
 (packed micro-batches, gradient accumulation) → the engines receive the new weights in memory →
 ``end_step``. The per-prompt trees persist across steps. ``compare`` drafters regenerate every step from
 the same weights and seeds (their tokens must be identical; only their time differs).
+
+(A little over 400 lines: the Trainer is one run's lifecycle (cold start, steps, Ctrl-C, resume, report)
+over state its phases share; what a step computes lives in samples.py, update.py, metrics.py,
+checkpoint.py, evaluate.py and report.py.)
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from rich.console import Console
 from ..agent.rollout import write_jsonl
 from ..agent.toolconfig import load_tools
 from ..agent.trajectory import Trajectory
-from ..backends.vllm import VLLM_IDENTICAL_NOTE
+from ..backends.vllm_engine import VLLM_IDENTICAL_NOTE
 from ..cache import DRAFTERS, LENIENT_DRAFTERS, RolloutCache
 from ..config import ConfigError, EnvConfig, load_env_config
 from ..models import LoadedModel, load_model

