@@ -173,7 +173,10 @@ class VLLMOptions(_Strict):
     speculative_tokens: int = Field(8, ge=1, description="draft tokens per step (srt, ngram, suffix)")
     enforce_eager: bool = Field(True, description="skip torch.compile (start-up in seconds instead of minutes)")
     kv_cache_gib: float = Field(1.0, gt=0, description="KV cache per engine (VLLM_CPU_KVCACHE_SPACE) unless set in the environment")
-    threads: int | None = Field(None, ge=1, description="CPUs vLLM's OpenMP threads bind to (default: all this process may use)")
+    threads: int | None = Field(
+        None, ge=1, description="CPUs vLLM's OpenMP threads bind to (default: all this process may use but one, which "
+        "the agent side needs: the controller, the tokenizer and the sandboxed tool runs)"
+    )
     block_size: int | None = Field(
         32, ge=1, description="KV-cache block size in tokens (the prefix cache's granularity: GRPO siblings and later "
         "turns reuse whole blocks only; vLLM's CPU attention needs a multiple of 32); null: vLLM's default (128 on CPU)"

@@ -129,6 +129,8 @@ class VLLMEngine:
 
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up chatter would bury the run's own lines
         warnings.filterwarnings("ignore", message=".*reduce_op.*", category=FutureWarning)  # vLLM's kernel scan
+        if threads is None:  # leave a CPU to the agent side: a parallel region stalls whenever a thread is preempted
+            threads = max(1, len(os.sched_getaffinity(0)) - 1) if hasattr(os, "sched_getaffinity") else None
         for key, value in cpu_env(threads, kv_cache_gib, in_process=True).items():
             if key == "VLLM_ENABLE_V1_MULTIPROCESSING":
                 os.environ[key] = value  # the live proposer and the weight reload need the worker here
