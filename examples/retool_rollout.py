@@ -1,6 +1,6 @@
 """ReTool rollouts from Python: load an env config, run it, look at the trajectories.
 
-    python examples/retool_rollout.py --model smollm2 --limit 2 --n 2
+python examples/retool_rollout.py --model smollm2 --limit 2 --n 2
 """
 
 from __future__ import annotations
@@ -29,11 +29,15 @@ def main(argv: list[str] | None = None) -> None:
         controller.engine.close()
     for traj in trajectories:
         calls = ", ".join(f"{call.name}:{call.status}" for call in traj.tool_calls) or "no tool calls"
-        print(f"task {traj.task_index} sample {traj.sample_index}: reward {traj.reward:+.2f}, "
-              f"{traj.num_turns} turns, {traj.model_tokens} model + {len(traj.response_ids) - traj.model_tokens} "
-              f"tool tokens, {calls}, {traj.finish_reason}")
-    print(f"mean reward {summary.mean_reward:.3f}, tokens per forward {summary.tokens_per_forward:.2f}, "
-          f"draft acceptance {summary.acceptance:.1%}")
+        print(
+            f"task {traj.task_index} sample {traj.sample_index}: reward {traj.reward:+.2f}, "
+            f"{traj.num_turns} turns, {traj.model_tokens} model + {len(traj.response_ids) - traj.model_tokens} "
+            f"tool tokens, {calls}, {traj.finish_reason}"
+        )
+    print(
+        f"mean reward {summary.mean_reward:.3f}, tokens per forward {summary.tokens_per_forward:.2f}, "
+        f"draft acceptance {summary.acceptance:.1%}"
+    )
 
 
 if __name__ == "__main__":

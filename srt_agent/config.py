@@ -132,7 +132,9 @@ class RunAheadOptions:
         if self.start not in RUN_AHEAD_STARTS:
             raise ValueError(f"unknown run-ahead start {self.start!r}; choose one of {list(RUN_AHEAD_STARTS)}")
         if self.slack < 0 or self.tokens_per_sequence < 1 or self.budget_tokens < 0 or self.max_sequences < 0:
-            raise ValueError("run-ahead needs slack >= 0, tokens_per_sequence >= 1, budget_tokens >= 0, max_sequences >= 0")
+            raise ValueError(
+                "run-ahead needs slack >= 0, tokens_per_sequence >= 1, budget_tokens >= 0, max_sequences >= 0"
+            )
 
 
 _RUN_AHEAD = RunAheadOptions()
@@ -149,21 +151,32 @@ class RunAheadConfig(_Strict):
         description="tail: beside the last running sequences; tools: while all wait on tools; update: during the policy update",
     )
     window: int = Field(0, ge=0, description="look-ahead prompts of the coming steps (0: the next step's batch)")
-    tokens_per_sequence: int = Field(_RUN_AHEAD.tokens_per_sequence, ge=1, description="tokens per run-ahead sequence, at most")
+    tokens_per_sequence: int = Field(
+        _RUN_AHEAD.tokens_per_sequence, ge=1, description="tokens per run-ahead sequence, at most"
+    )
     budget_tokens: int = Field(_RUN_AHEAD.budget_tokens, ge=0, description="run-ahead tokens per step, at most")
-    slack: float = Field(_RUN_AHEAD.slack, ge=0, description="how much a step may grow, as a share of its predicted cost")
+    slack: float = Field(
+        _RUN_AHEAD.slack, ge=0, description="how much a step may grow, as a share of its predicted cost"
+    )
     start: Literal["prompt", "branch"] = Field(
         _RUN_AHEAD.start, description="start from the prompt or from where rollouts disagreed"
     )
-    max_sequences: int = Field(_RUN_AHEAD.max_sequences, ge=0, description="run-ahead sequences at once (0: every free slot)")
+    max_sequences: int = Field(
+        _RUN_AHEAD.max_sequences, ge=0, description="run-ahead sequences at once (0: every free slot)"
+    )
 
     def options(self, seed: int = 0) -> RunAheadOptions | None:
         """The engine's `RunAheadOptions`, or None when run-ahead is off."""
         if not self.enabled:
             return None
         return RunAheadOptions(
-            bubbles=tuple(self.bubbles), slack=self.slack, tokens_per_sequence=self.tokens_per_sequence,
-            budget_tokens=self.budget_tokens, start=self.start, max_sequences=self.max_sequences, seed=seed,
+            bubbles=tuple(self.bubbles),
+            slack=self.slack,
+            tokens_per_sequence=self.tokens_per_sequence,
+            budget_tokens=self.budget_tokens,
+            start=self.start,
+            max_sequences=self.max_sequences,
+            seed=seed,
         )
 
 
@@ -172,24 +185,32 @@ class VLLMOptions(_Strict):
 
     speculative_tokens: int = Field(8, ge=1, description="draft tokens per step (srt, ngram, suffix)")
     enforce_eager: bool = Field(True, description="skip torch.compile (start-up in seconds instead of minutes)")
-    kv_cache_gib: float = Field(1.0, gt=0, description="KV cache per engine (VLLM_CPU_KVCACHE_SPACE) unless set in the environment")
+    kv_cache_gib: float = Field(
+        1.0, gt=0, description="KV cache per engine (VLLM_CPU_KVCACHE_SPACE) unless set in the environment"
+    )
     threads: int | None = Field(
-        None, ge=1, description="CPUs vLLM's OpenMP threads bind to (default: all this process may use but one, which "
-        "the agent side needs: the controller, the tokenizer and the sandboxed tool runs)"
+        None,
+        ge=1,
+        description="CPUs vLLM's OpenMP threads bind to (default: all this process may use but one, which "
+        "the agent side needs: the controller, the tokenizer and the sandboxed tool runs)",
     )
     block_size: int | None = Field(
-        32, ge=1, description="KV-cache block size in tokens (the prefix cache's granularity: GRPO siblings and later "
-        "turns reuse whole blocks only; vLLM's CPU attention needs a multiple of 32); null: vLLM's default (128 on CPU)"
+        32,
+        ge=1,
+        description="KV-cache block size in tokens (the prefix cache's granularity: GRPO siblings and later "
+        "turns reuse whole blocks only; vLLM's CPU attention needs a multiple of 32); null: vLLM's default (128 on CPU)",
     )
     exact_sampling: bool = Field(
-        True, description="sample as our engine does (position-keyed noise): a seeded request's tokens do not depend on "
-        "drafts or batch, and equal our engine's; off: vLLM's own sampler (equal in distribution only)"
+        True,
+        description="sample as our engine does (position-keyed noise): a seeded request's tokens do not depend on "
+        "drafts or batch, and equal our engine's; off: vLLM's own sampler (equal in distribution only)",
     )
 
 
 class EngineConfig(_Strict):
     backend: Literal["engine", "vllm", "auto"] = Field(
-        "engine", description="engine: ours; vllm: vLLM in this process; auto: vLLM where installed and the drafter has a vLLM counterpart"
+        "engine",
+        description="engine: ours; vllm: vLLM in this process; auto: vLLM where installed and the drafter has a vLLM counterpart",
     )
     vllm: VLLMOptions = Field(default_factory=VLLMOptions)
     drafter: str = "srt"
@@ -198,7 +219,9 @@ class EngineConfig(_Strict):
     max_context: int = Field(2048, ge=16)
     calibrate: bool = Field(True, description="measure step costs at start-up (sizes drafts from the first step)")
     run_ahead: RunAheadConfig = Field(default_factory=RunAheadConfig)
-    prefix_sharing: bool = Field(True, description="reuse the KV of cached prompt prefixes (GRPO siblings, system prompts)")
+    prefix_sharing: bool = Field(
+        True, description="reuse the KV of cached prompt prefixes (GRPO siblings, system prompts)"
+    )
     prefix_cache_tokens: int = Field(8192, ge=0, description="tokens of KV kept in the prefix cache's block pool")
 
     @field_validator("drafter")
@@ -242,7 +265,9 @@ class TrainConfig(_Strict):
     warmup_steps: int = Field(0, ge=0)
     ppo_epochs: int = Field(1, ge=1, description="passes over each step's batch")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per pass")
-    micro_batch_tokens: int = Field(768, ge=64, description="packed tokens per forward/backward (attention is dense within one)")
+    micro_batch_tokens: int = Field(
+        768, ge=64, description="packed tokens per forward/backward (attention is dense within one)"
+    )
     dtype: Literal["float32", "bfloat16"] = "float32"
     lora: LoraConfig = Field(default_factory=LoraConfig)
     # policy loss
@@ -262,7 +287,9 @@ class TrainConfig(_Strict):
     logprob_mismatch_warn: float = Field(0.05, gt=0, description="flag a step whose mean |Δ log-prob| exceeds this")
     # DAPO
     dynamic_sampling: bool | None = None
-    max_sampling_rounds: int = Field(3, ge=1, description="rollout rounds per step to fill the batch (dynamic sampling)")
+    max_sampling_rounds: int = Field(
+        3, ge=1, description="rollout rounds per step to fill the batch (dynamic sampling)"
+    )
     overlong_buffer: int | None = Field(None, ge=0)
     overlong_penalty: float = Field(1.0, ge=0)
     # PPO

@@ -151,9 +151,11 @@ def _prime_count(rng: random.Random) -> tuple[str, int, str]:
         "    return x > 1 and all(x % d for d in range(2, int(x ** 0.5) + 1))\n\n"
         f"print(sum(1 for x in range({n}) if is_prime(x)))"
     )
-    return f"How many prime numbers are less than {n}?", sum(
-        1 for x in range(2, n) if all(x % d for d in range(2, math.isqrt(x) + 1))
-    ), code
+    return (
+        f"How many prime numbers are less than {n}?",
+        sum(1 for x in range(2, n) if all(x % d for d in range(2, math.isqrt(x) + 1))),
+        code,
+    )
 
 
 def _shopping(rng: random.Random) -> tuple[str, int, str]:

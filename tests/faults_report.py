@@ -53,7 +53,10 @@ def summarize(path: str) -> str:
     rows: dict[str, list[FaultRecord]] = defaultdict(list)
     for r in records:
         rows[r.boundary].append(r)
-    lines = ["| boundary | kinds | faults injected | bystanders | bystanders affected | leaks |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| boundary | kinds | faults injected | bystanders | bystanders affected | leaks |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for boundary, group in [*sorted(rows.items()), ("**total**", records)]:
         kinds = len(_kinds(group)) if group is not records else sum(len(_kinds(g)) for g in rows.values())
         totals = [sum(getattr(r, f) for r in group) for f in ("injected", "bystanders", "affected", "leaks")]

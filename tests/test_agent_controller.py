@@ -113,7 +113,10 @@ def test_code_block_runs_in_the_sandbox_and_output_comes_back_as_forced_tokens(t
         assert all(lp == 0.0 for lp, m in zip(traj.response_logprobs, traj.response_mask) if m == 0)
         assert all(lp <= 0.0 for lp, m in zip(traj.response_logprobs, traj.response_mask) if m == 1)
         assert traj.num_turns == 2 and traj.forwards >= 1 and traj.tool_time_s > 0
-        assert traj.messages[-1]["role"] == "assistant" and "<interpreter>\n42\n</interpreter>" in traj.messages[-1]["content"]
+        assert (
+            traj.messages[-1]["role"] == "assistant"
+            and "<interpreter>\n42\n</interpreter>" in traj.messages[-1]["content"]
+        )
     # 4 episodes on 8 slots: at least 4 slots sit idle through every tool wait
     assert ctrl.waits.waits == 4 and ctrl.waits.wait_s > 0
     assert ctrl.waits.idle_slot_s >= 4 * ctrl.waits.wait_s
@@ -203,7 +206,15 @@ def test_token_budget_and_turn_limit(tiny, tools):
 
 def test_user_observations_go_through_the_chat_template(tiny):
     (traj,) = run(controller(tiny, Hinting, n_samples=1, max_turns=3), arithmetic_tasks(1))
-    assert [m["role"] for m in traj.messages] == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
+    assert [m["role"] for m in traj.messages] == [
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
     assert [m["content"] for m in traj.messages if m["role"] == "user"][1:] == ["hint 0", "hint 1"]
     forced_ids = [ids for mask, ids in segments(traj) if mask == 0]
     forced = [tiny.tokenizer.decode(ids) for ids in forced_ids]
@@ -257,7 +268,9 @@ def test_other_episodes_finish_while_one_waits_on_its_tool(tiny):
         Task([{"role": "user", "content": "slow"}], "1"),
         Task([{"role": "user", "content": "quick"}], "1", extra_info={"prefix": "no code here"}),
     ]
-    ctrl = controller(tiny, PrefilledReTool, {"code_interpreter": FunctionTool("code_interpreter", slow_tool)}, n_samples=1)
+    ctrl = controller(
+        tiny, PrefilledReTool, {"code_interpreter": FunctionTool("code_interpreter", slow_tool)}, n_samples=1
+    )
     try:
         asyncio.run(ctrl.run(tasks, on_done=lambda t: finished.setdefault(t.task_index, time.perf_counter())))
     finally:

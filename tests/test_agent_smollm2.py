@@ -31,6 +31,8 @@ def test_retool_arith_with_smollm2(smollm2):
     assert ran, "SmolLM2 wrote no runnable code block in any of the 4 trajectories"
     traj, call = ran[0]
     forced = [t for t, m in zip(traj.response_ids, traj.response_mask) if m == 0]
-    assert "<interpreter>" in smollm2.tokenizer.decode(forced) and call.output.strip() in smollm2.tokenizer.decode(forced)
+    assert "<interpreter>" in smollm2.tokenizer.decode(forced) and call.output.strip() in smollm2.tokenizer.decode(
+        forced
+    )
     assert traj.num_turns == 2
     assert summary.tool_calls >= 1 and summary.tool_wait_s > 0

@@ -27,7 +27,9 @@ SCHEMA = """
 
 def write_tools(tmp_path, config: str, name: str = "code_interpreter") -> Path:
     path = tmp_path / "tools.yaml"
-    path.write_text(f"tools:\n  - class_name: srt_agent.integrations.verl.CodeInterpreterTool\n{config}{SCHEMA.format(name=name)}")
+    path.write_text(
+        f"tools:\n  - class_name: srt_agent.integrations.verl.CodeInterpreterTool\n{config}{SCHEMA.format(name=name)}"
+    )
     return path
 
 

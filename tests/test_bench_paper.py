@@ -24,13 +24,21 @@ from srt_agent.rl.rollouts import PolicyRollouts
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = [
-    "cold_start.enabled=false", "engine.calibrate=false", "max_tokens_per_turn=12", "max_response_tokens=40",
-    "max_turns=2", "engine.max_batch=4", "engine.max_context=512", "engine.run_ahead.tokens_per_sequence=8",
+    "cold_start.enabled=false",
+    "engine.calibrate=false",
+    "max_tokens_per_turn=12",
+    "max_response_tokens=40",
+    "max_turns=2",
+    "engine.max_batch=4",
+    "engine.max_context=512",
+    "engine.run_ahead.tokens_per_sequence=8",
 ]
 
 
 def test_methods_missing_from_the_build_are_skipped_with_the_reason(monkeypatch):
-    monkeypatch.setattr(paper_bench, "METHODS", paper_bench.METHODS + (Method("future", "A future drafter", "no-such"),))
+    monkeypatch.setattr(
+        paper_bench, "METHODS", paper_bench.METHODS + (Method("future", "A future drafter", "no-such"),)
+    )
     runnable, skipped = available_methods(("srt", "future"))
     assert [m.name for m in runnable] == ["none", "srt"]  # the baseline always runs first: it trains
     assert "not in this build" in skipped["future"]
@@ -40,8 +48,15 @@ def test_methods_missing_from_the_build_are_skipped_with_the_reason(monkeypatch)
 
 def test_paper_bench_on_a_tiny_model(tmp_path):
     cfg = PaperBenchConfig(
-        algorithms=("grpo",), steps=2, prompts_per_step=2, samples=2, dataset_n=2, ablation_samples=4,
-        model="tiny-llama", out=str(tmp_path / "runs"), overrides=TINY,
+        algorithms=("grpo",),
+        steps=2,
+        prompts_per_step=2,
+        samples=2,
+        dataset_n=2,
+        ablation_samples=4,
+        model="tiny-llama",
+        out=str(tmp_path / "runs"),
+        overrides=TINY,
     )
     result = run_paper_bench(cfg, log=lambda _: None)
     names = [m["name"] for m in result["methods"]]
@@ -63,7 +78,11 @@ def test_paper_bench_on_a_tiny_model(tmp_path):
         assert not spec["exact"] and spec["lenience"] > 1
         assert (spec["differing_tokens"] > 0) == (spec["differing_trajectory_share"] > 0)
     wide = result["ablation"]["runs"][1]
-    assert wide["samples"] == 4 and wide["prompts_per_step"] == 1 and set(wide["cells"]) == {"none", "suffix", "srt", "srt+run-ahead"}
+    assert (
+        wide["samples"] == 4
+        and wide["prompts_per_step"] == 1
+        and set(wide["cells"]) == {"none", "suffix", "srt", "srt+run-ahead"}
+    )
     table = paper_table(result)
     assert table.count("\n| ") == len(names) and "GRPO" in table and "SPEC-RL" in table
     assert "SRT's lead over SuffixDecoding" in ablation_table(result)
@@ -90,8 +109,16 @@ def test_a_token_that_differs_from_plain_decoding_is_flagged(tmp_path, monkeypat
     altered, logged = [], []
     monkeypatch.setattr(PolicyRollouts, "run", run)
     cfg = PaperBenchConfig(
-        algorithms=("grpo",), methods=("srt", "suffix"), steps=2, prompts_per_step=2, samples=2, dataset_n=2,
-        ablation_samples=0, model="tiny-llama", out=str(tmp_path / "runs"), overrides=TINY,
+        algorithms=("grpo",),
+        methods=("srt", "suffix"),
+        steps=2,
+        prompts_per_step=2,
+        samples=2,
+        dataset_n=2,
+        ablation_samples=0,
+        model="tiny-llama",
+        out=str(tmp_path / "runs"),
+        overrides=TINY,
     )
     result = run_paper_bench(cfg, log=logged.append)
     cells = result["runs"][0]["cells"]
@@ -99,7 +126,9 @@ def test_a_token_that_differs_from_plain_decoding_is_flagged(tmp_path, monkeypat
     # an altered baseline makes every method differ from it in that step
     assert flagged == ({"srt"} if changed == "srt" else {"none", "srt", "suffix"})
     assert (cells[changed]["identical"], cells[changed]["differing_tokens"]) == (7 / 8, 1)  # 1 of 2 steps × 4
-    assert len(result["mismatches"]) == len(flagged) and f"grpo n=2: {changed} differs" in "\n".join(result["mismatches"])
+    assert len(result["mismatches"]) == len(flagged) and f"grpo n=2: {changed} differs" in "\n".join(
+        result["mismatches"]
+    )
     assert any(f"step 1: MISMATCH: {changed}'s rollouts" in line for line in logged)
     assert "MISMATCH" in paper_table(result)
 

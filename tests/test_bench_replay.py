@@ -23,14 +23,24 @@ def recorded_run(model, steps: int = 3) -> RolloutTrace:
     """GRPO-shaped single-turn steps through the real engine (every draft verified: no timing in the
     schedule), recorded as a trace."""
     engine = Engine(model, drafter="srt", max_batch=8, max_context=128, calibrate=False, adaptive_drafts=False)
-    trace = RolloutTrace("srt", "srt", limits=dict(max_tokens_per_turn=MAX_TOKENS, max_response_tokens=1000), **engine_settings(engine))
+    trace = RolloutTrace(
+        "srt", "srt", limits=dict(max_tokens_per_turn=MAX_TOKENS, max_response_tokens=1000), **engine_settings(engine)
+    )
     for step in range(steps):
         cost = cost_table(engine.cost_model)
         params = [SamplingParams(temperature=0.3, max_tokens=MAX_TOKENS, seed=10 * step + i) for i in range(6)]
         outs = engine.generate([PROMPTS[i % 3] for i in range(6)], params, prompt_keys=[f"p{i % 3}" for i in range(6)])
         engine.end_step()
         trajectories = [
-            TracedTrajectory(f"p{i % 3}", PROMPTS[i % 3], [o.token_ids], [], [], forwards=o.metrics.forwards, draft_accepted=o.metrics.draft_accepted)
+            TracedTrajectory(
+                f"p{i % 3}",
+                PROMPTS[i % 3],
+                [o.token_ids],
+                [],
+                [],
+                forwards=o.metrics.forwards,
+                draft_accepted=o.metrics.draft_accepted,
+            )
             for i, o in enumerate(outs)
         ]
         trace.steps.append(TracedStep(step + 1, trajectories, cost))
@@ -53,7 +63,9 @@ def test_replay_reproduces_the_engine_exactly_when_its_schedule_has_no_timing(ti
 def test_recorded_run_ahead_content_feeds_the_simulated_bubbles(tiny_llama):
     trace = recorded_run(tiny_llama, steps=2)
     # Run-ahead content: the next step's actual continuations are real samples of the same prompts.
-    trace.steps[0].run_ahead = [TracedRunAhead("p1", PROMPTS[1], t.turns[0]) for t in trace.steps[1].trajectories if t.prompt_key == "p1"]
+    trace.steps[0].run_ahead = [
+        TracedRunAhead("p1", PROMPTS[1], t.turns[0]) for t in trace.steps[1].trajectories if t.prompt_key == "p1"
+    ]
     trace.run_ahead = {"slack": 5.0, "tokens_per_sequence": 8}
     steps = replay(trace)
     assert steps[0].run_ahead_tokens == 2 * 8 and steps[1].run_ahead_tokens == 0
@@ -75,7 +87,13 @@ def test_trajectories_split_into_calls_and_bad_traces_are_refused(tmp_path):
     traj.tool_calls = [ToolCallRecord("code_interpreter", {}, "ok", "", 0.25, turn=0)]
     traj.forwards, traj.draft_accepted = 3, 1
     t = TracedTrajectory.of(traj, "k")
-    assert (t.prompt_ids, t.prefix_len, t.turns, t.observations, t.waits_s) == ([1, 2, 3], 1, [[4, 5], [8]], [[6, 7]], [0.25])
+    assert (t.prompt_ids, t.prefix_len, t.turns, t.observations, t.waits_s) == (
+        [1, 2, 3],
+        1,
+        [[4, 5], [8]],
+        [[6, 7]],
+        [0.25],
+    )
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not a rollout trace"):
         RolloutTrace.load(tmp_path / "bad.json")

@@ -28,8 +28,17 @@ def test_bench_vllm_measures_every_method_in_the_same_rl_steps(tmp_path, monkeyp
         "engine: {max_context: 512, calibrate: false, vllm: {enforce_eager: true}}\n"
         "cold_start: {enabled: false, eval_tasks: 0}\ntrain: {lr: 0.001, micro_batch_tokens: 256}\n"
     )
-    cfg = VLLMBenchConfig(env=str(env), batches=(4,), methods=("vllm:srt", "engine:srt"), steps=2, prompts_per_step=2,
-                          samples=2, dataset_n=2, model=str(tiny_model_dir()), out=str(tmp_path / "runs"))
+    cfg = VLLMBenchConfig(
+        env=str(env),
+        batches=(4,),
+        methods=("vllm:srt", "engine:srt"),
+        steps=2,
+        prompts_per_step=2,
+        samples=2,
+        dataset_n=2,
+        model=str(tiny_model_dir()),
+        out=str(tmp_path / "runs"),
+    )
     partial = []
     result = run_vllm_bench(cfg, log=lambda line: None, on_batch=partial.append)
     assert partial and result["machine"]["cpu"]
@@ -51,8 +60,10 @@ def test_bench_vllm_measures_every_method_in_the_same_rl_steps(tmp_path, monkeyp
     assert summary["vllm:none"]["speedup_all"] == 1.0 and summary["vllm:srt"]["gen_s_revisit"] is not None
     assert summary["vllm:none"]["token_speedup_all"] == 1.0
     steps = run["steps"]
-    per_token = [sum(s["methods"][m]["gen_s"] for s in steps) / sum(s["methods"][m]["tokens"] for s in steps)
-                 for m in ("vllm:none", "engine:srt")]
+    per_token = [
+        sum(s["methods"][m]["gen_s"] for s in steps) / sum(s["methods"][m]["tokens"] for s in steps)
+        for m in ("vllm:none", "engine:srt")
+    ]
     assert summary["engine:srt"]["token_speedup_all"] == pytest.approx(per_token[0] / per_token[1])
     table = vllm_table(json.loads(json.dumps(result)))
     assert "| vllm:srt |" in table and "| engine:srt |" in table

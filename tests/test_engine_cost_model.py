@@ -68,7 +68,8 @@ def test_choice_is_optimal_and_a_tree(seed):
     for c in chosen:  # each chosen sub-draft is a tree: parents precede children
         assert all(-1 <= p < i for i, p in enumerate(c.parents))
     best = max(
-        rate(drafts, list(combo), base, model) for combo in itertools.product(*(list(closed_subsets(d)) for d in drafts))
+        rate(drafts, list(combo), base, model)
+        for combo in itertools.product(*(list(closed_subsets(d)) for d in drafts))
     )
     got = (len(drafts) + sum(sum(c.scores) for c in chosen)) / model.predict(base + sum(len(c) for c in chosen))
     assert got == pytest.approx(best, rel=1e-9)

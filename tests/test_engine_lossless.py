@@ -89,7 +89,13 @@ FIXED_COSTS = [(t, 0.010 + 1e-6 * t, s) for s in (1, 4, 8, 12) for t in (s, 2 * 
 
 def run(model, drafter, params_kw, epochs=1, adaptive=False, max_tokens=24):
     engine = Engine(
-        model, drafter=drafter, max_batch=8, max_context=96, max_draft_tokens=8, adaptive_drafts=adaptive, calibrate=False
+        model,
+        drafter=drafter,
+        max_batch=8,
+        max_context=96,
+        max_draft_tokens=8,
+        adaptive_drafts=adaptive,
+        calibrate=False,
     )
     if adaptive:
         engine.cost_model = FixedCosts()
@@ -98,9 +104,7 @@ def run(model, drafter, params_kw, epochs=1, adaptive=False, max_tokens=24):
             engine.drafter.pass_cost = FixedCosts()
             engine.drafter.pass_cost.calibrate([(t, s / 5, n) for t, s, n in FIXED_COSTS])
     prompts = [p for p in PROMPTS for _ in range(N_SAMPLES)]
-    params = [
-        SamplingParams(max_tokens=max_tokens, seed=100 + i, **params_kw) for i in range(len(prompts))
-    ]
+    params = [SamplingParams(max_tokens=max_tokens, seed=100 + i, **params_kw) for i in range(len(prompts))]
     outs = []
     for _ in range(epochs):
         outs.append(engine.generate(prompts, params))
@@ -136,7 +140,9 @@ _plain_runs: dict[tuple, list] = {}
 
 
 @pytest.mark.parametrize("adaptive", [False, True])
-@pytest.mark.parametrize("name", sorted(n for n in DRAFTERS if n != "arctic" and n not in LENIENT_DRAFTERS) + ["arctic"])
+@pytest.mark.parametrize(
+    "name", sorted(n for n in DRAFTERS if n != "arctic" and n not in LENIENT_DRAFTERS) + ["arctic"]
+)
 @pytest.mark.parametrize("setting", ["greedy", "t0.5-top-p"])
 def test_every_drafter_is_lossless(tiny, name, adaptive, setting):
     """Two epochs over the same prompts (the second drafts from the first's trees): the same tokens as
@@ -243,7 +249,9 @@ def test_smollm2_speculative_matches_plain(smollm2):
     vocab = smollm2.model.config.vocab_size
     for mode in ("tree", "wrong"):
         drafter = ScriptedDrafter(continuations, mode, vocab)
-        engine = Engine(smollm2, drafter=drafter, max_batch=8, max_context=256, adaptive_drafts=False, max_draft_tokens=4)
+        engine = Engine(
+            smollm2, drafter=drafter, max_batch=8, max_context=256, adaptive_drafts=False, max_draft_tokens=4
+        )
         same_as_plain(engine.generate(prompts, params))
         stats = engine.stats()
         rejected = stats["draft_verified"] - stats["draft_accepted"]

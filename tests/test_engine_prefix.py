@@ -24,7 +24,10 @@ def prompts() -> list[list[int]]:
 
 
 def params(max_tokens: int = 12, temperature: float = 1.0) -> list[SamplingParams]:
-    return [SamplingParams(max_tokens=max_tokens, seed=50 + i, temperature=temperature, top_p=0.9) for i in range(len(prompts()))]
+    return [
+        SamplingParams(max_tokens=max_tokens, seed=50 + i, temperature=temperature, top_p=0.9)
+        for i in range(len(prompts()))
+    ]
 
 
 def engine(model, drafter=None, sharing=True, **kw) -> Engine:
@@ -170,7 +173,6 @@ def test_prefix_cache_matches_exact_prefixes_only():
     assert pool.match([1, 2, 3, 4], 4) == [] and pool.blocks_in_use == 0
 
 
-
 def test_bad_prefix_options_are_refused(tiny_llama):
     with pytest.raises(ValueError, match="prefix_block_size"):
         Engine(tiny_llama, drafter=None, prefix_block_size=0, calibrate=False)
@@ -184,10 +186,15 @@ def test_smollm2_float32_sharing_emits_the_same_tokens(smollm2):
     system = "You are a careful assistant. Think step by step, then give the final answer in <answer></answer> tags."
     questions = ["What is 17 * 23?", "Name three colors.", "What is 2 ** 10 - 1?"]
     prompts = [
-        tok.encode(tok.apply_chat_template(
-            [{"role": "system", "content": system}, {"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
-        ))
-        for q in questions for _ in range(4)
+        tok.encode(
+            tok.apply_chat_template(
+                [{"role": "system", "content": system}, {"role": "user", "content": q}],
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        )
+        for q in questions
+        for _ in range(4)
     ]
     params = [SamplingParams(temperature=1.0, max_tokens=24, seed=i) for i in range(len(prompts))]
     runs = {}

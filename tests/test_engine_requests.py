@@ -105,7 +105,9 @@ def test_stop_inside_an_accepted_draft_then_a_continuation(tiny_llama):
     free = one(Engine(tiny_llama, drafter=None, max_context=128), PROMPT, SamplingParams(max_tokens=20, seed=4))
     stop = free.token_ids[5]
     first = free.token_ids.index(stop)
-    engine = Engine(tiny_llama, drafter=Oracle(PROMPT + free.token_ids), max_context=128, adaptive_drafts=False, max_draft_tokens=8)
+    engine = Engine(
+        tiny_llama, drafter=Oracle(PROMPT + free.token_ids), max_context=128, adaptive_drafts=False, max_draft_tokens=8
+    )
     turn1 = one(engine, PROMPT, SamplingParams(max_tokens=20, seed=4, stop_token_ids=[stop]), "t")
     assert turn1.token_ids == free.token_ids[: first + 1] and turn1.finish_reason == "stop"
     assert turn1.metrics.forwards == 1 and turn1.metrics.draft_accepted == first + 1  # the stop came mid-draft
@@ -146,7 +148,9 @@ def test_stop_strings_end_mid_token(tiny_text):
     stop, prefix = pieces[at][:2], "".join(pieces[:at])
     for include in (True, False):
         engine = Engine(tiny_text, drafter="srt", max_context=128)
-        params = SamplingParams(max_tokens=40, seed=11, stop=["never-in-output-xyz", stop], include_stop_str_in_output=include)
+        params = SamplingParams(
+            max_tokens=40, seed=11, stop=["never-in-output-xyz", stop], include_stop_str_in_output=include
+        )
         out = engine.generate([PROMPT], params)[0]
         assert out.finish_reason == "stop" and out.stop_reason == stop
         assert out.token_ids == free.token_ids[: at + 1]  # the token completing the stop string is kept
@@ -177,7 +181,9 @@ def test_batching_is_invisible(tiny_llama):
     """Mixed lengths, requests joining mid-flight and queueing behind a full batch: each request's
     output equals its output when run alone."""
     prompts = [PROMPT, [1], list(range(30, 70)), [8, 9, 10], [11, 12] * 10, [200]]
-    params = [SamplingParams(temperature=1.0, top_p=0.9, max_tokens=m, seed=i) for i, m in enumerate([12, 3, 20, 15, 7, 10])]
+    params = [
+        SamplingParams(temperature=1.0, top_p=0.9, max_tokens=m, seed=i) for i, m in enumerate([12, 3, 20, 15, 7, 10])
+    ]
     alone = [one(Engine(tiny_llama, drafter=None, max_context=128), p, sp) for p, sp in zip(prompts, params)]
     engine = Engine(tiny_llama, drafter="suffix", max_batch=3, max_context=128)
     ids = [engine.add_request(p, sp) for p, sp in zip(prompts[:2], params[:2])]
@@ -205,7 +211,15 @@ def test_bad_requests_do_not_stop_good_ones(tiny_llama):
     assert len(outs[0].token_ids) == 5
     with pytest.raises(ValueError, match="empty prompt"):
         engine.add_request([], good)
-    for bad in (dict(temperature=-1), dict(temperature=float("inf")), dict(top_p=0), dict(top_k=-2), dict(max_tokens=0), dict(seed="x"), dict(stop=[""])):
+    for bad in (
+        dict(temperature=-1),
+        dict(temperature=float("inf")),
+        dict(top_p=0),
+        dict(top_k=-2),
+        dict(max_tokens=0),
+        dict(seed="x"),
+        dict(stop=[""]),
+    ):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
     with pytest.raises(ValueError, match="params must be SamplingParams"):
@@ -247,7 +261,11 @@ def test_weight_update_changes_outputs_and_keeps_trees():
     assert srt.cache.stats().tokens >= tokens > 0  # the trees survived the update
     # The held sequence re-prefills under the new policy.
     cont = one(engine, PROMPT + held.token_ids, SamplingParams(max_tokens=5, seed=9), "held")
-    fresh = one(Engine(tiny_random_model("llama", seed=7), drafter=None, max_context=64), PROMPT + held.token_ids, SamplingParams(max_tokens=5, seed=9))
+    fresh = one(
+        Engine(tiny_random_model("llama", seed=7), drafter=None, max_context=64),
+        PROMPT + held.token_ids,
+        SamplingParams(max_tokens=5, seed=9),
+    )
     assert cont.token_ids == fresh.token_ids
     engine.update_weights(original)
     again = engine.generate([PROMPT] * 4, params)
@@ -263,14 +281,18 @@ def test_async_engine_serves_many_coroutines(tiny_llama):
 
     async def trajectory(i):
         first = await front.generate(f"r{i}", prompts[i], params[i])
-        second = await front.generate(f"r{i}", prompts[i] + first.token_ids + [1, 2], SamplingParams(max_tokens=3, seed=i))
+        second = await front.generate(
+            f"r{i}", prompts[i] + first.token_ids + [1, 2], SamplingParams(max_tokens=3, seed=i)
+        )
         front.release(f"r{i}")
         return first, second
 
     async def main():
         results = await asyncio.gather(*(trajectory(i) for i in range(12)))
         bad = await front.generate("bad", [], params[0])
-        twice = await asyncio.gather(*(front.generate("dup", PROMPT, SamplingParams(max_tokens=20, seed=1)) for _ in range(2)))
+        twice = await asyncio.gather(
+            *(front.generate("dup", PROMPT, SamplingParams(max_tokens=20, seed=1)) for _ in range(2))
+        )
         front.release("dup")
         return results, bad, twice
 

@@ -69,11 +69,23 @@ def test_next_token_distribution_through_a_draft_tree(tiny_llama, temperature, t
     model = tiny_llama.model
     with torch.no_grad():
         logits = model(torch.tensor([CONTEXT])).logits[0, -1].double()
-    target = torch.softmax(filter_logits((logits / temperature).unsqueeze(0), torch.tensor([0]), torch.tensor([top_p], dtype=torch.float64))[0], -1)
+    target = torch.softmax(
+        filter_logits(
+            (logits / temperature).unsqueeze(0), torch.tensor([0]), torch.tensor([top_p], dtype=torch.float64)
+        )[0],
+        -1,
+    )
     order = torch.argsort(target, descending=True)
     drafted = [int(order[0]), int(order[1]), int(order[40]), int(order[200])]  # likely … very unlikely
     n = 2000
-    engine = Engine(tiny_llama, drafter=FixedTreeDrafter(drafted), max_batch=64, max_context=32, max_draft_tokens=8, adaptive_drafts=False)
+    engine = Engine(
+        tiny_llama,
+        drafter=FixedTreeDrafter(drafted),
+        max_batch=64,
+        max_context=32,
+        max_draft_tokens=8,
+        adaptive_drafts=False,
+    )
     # max_tokens leaves room for the whole tree (the engine drafts no deeper than it can emit).
     params = [SamplingParams(temperature=temperature, top_p=top_p, max_tokens=9, seed=s) for s in range(n)]
     outs = engine.generate([CONTEXT] * n, params)
@@ -119,7 +131,9 @@ def brute_force_filter(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.
 def test_filter_matches_brute_force(top_k, top_p):
     gen = torch.Generator().manual_seed(top_k)
     scaled = torch.randn(4, 500, generator=gen, dtype=torch.float64) * 3
-    got = filter_logits(scaled, torch.tensor([top_k] * 4), torch.tensor([top_p] * 4, dtype=torch.float64), candidates=32)
+    got = filter_logits(
+        scaled, torch.tensor([top_k] * 4), torch.tensor([top_p] * 4, dtype=torch.float64), candidates=32
+    )
     for row in range(4):
         assert torch.equal(got[row], brute_force_filter(scaled[row], top_k, top_p))
 

@@ -24,7 +24,11 @@ def test_quantized_copy_keeps_the_policy_and_the_mlp_output_in_float(tiny_llama)
     copy = quantized_copy(tiny_llama.model, "int8")
     assert all(torch.equal(before[k], v) for k, v in tiny_llama.model.state_dict().items())
     kinds = {name: type(m).__name__ for name, m in copy.named_modules() if "proj" in name or name == "lm_head"}
-    assert all(kind == "Linear" and type(copy.get_submodule(n)) is torch.nn.Linear for n, kind in kinds.items() if keeps_float(n))
+    assert all(
+        kind == "Linear" and type(copy.get_submodule(n)) is torch.nn.Linear
+        for n, kind in kinds.items()
+        if keeps_float(n)
+    )
     quantized = [n for n in kinds if not keeps_float(n)]
     assert quantized and all("quantized" in type(copy.get_submodule(n)).__module__ for n in quantized)
     assert keeps_float("model.layers.0.mlp.down_proj") and not keeps_float("model.layers.0.self_attn.o_proj")
@@ -36,11 +40,19 @@ def test_bad_quantization_is_refused():
     with pytest.raises(ValueError, match="tree_width"):
         make_drafter("self", tree_width=0)
     with pytest.raises(ValueError, match="CUDA"):
-        Engine(tiny_random_model("llama"), drafter=make_drafter("self", quantization="int4"), max_batch=2, max_context=32, calibrate=False)
+        Engine(
+            tiny_random_model("llama"),
+            drafter=make_drafter("self", quantization="int4"),
+            max_batch=2,
+            max_context=32,
+            calibrate=False,
+        )
 
 
 def generate(model, drafter, temperature=1.0):
-    engine = Engine(model, drafter=drafter, max_batch=4, max_context=64, max_draft_tokens=6, adaptive_drafts=False, calibrate=False)
+    engine = Engine(
+        model, drafter=drafter, max_batch=4, max_context=64, max_draft_tokens=6, adaptive_drafts=False, calibrate=False
+    )
     params = [SamplingParams(temperature=temperature, max_tokens=20, seed=7 + i) for i in range(len(PROMPTS))]
     return engine, [o.token_ids for o in engine.generate(PROMPTS, params)]
 
@@ -76,7 +88,9 @@ def test_the_plan_drafts_only_where_it_pays():
     dear = plan_model_drafts(empty, [8, 8], 0.9, verify, lambda chosen, depth: 0.02 * depth, base_tokens=2)
     assert dear.depth == 0 and not dear.sequences  # a pass costing twice a verification never pays
     rich = Draft([5, 6, 7, 8], [-1, 0, 1, 2], [0.99, 0.98, 0.97, 0.96])
-    hybrid = plan_model_drafts([rich, Draft()], [4, 4], 0.6, verify, lambda chosen, depth: 0.0002 * depth, base_tokens=2)
+    hybrid = plan_model_drafts(
+        [rich, Draft()], [4, 4], 0.6, verify, lambda chosen, depth: 0.0002 * depth, base_tokens=2
+    )
     assert hybrid.sequences == [1]  # the tree's draft stays where it expects more than the chain
     assert chain_gain(0.5, 3) == pytest.approx(0.875)
 

@@ -56,7 +56,7 @@ def test_embedded_model_loads_and_is_cached(smollm2):
     # The real model continues a familiar text sensibly (greedy).
     ids = tok("The capital of France is", return_tensors="pt").input_ids
     out = smollm2.model.generate(ids, max_new_tokens=3, do_sample=False)
-    assert "Paris" in tok.decode(out[0, ids.shape[1]:])
+    assert "Paris" in tok.decode(out[0, ids.shape[1] :])
 
 
 @pytest.mark.slow

@@ -82,8 +82,13 @@ def test_refused_before_weights_are_read(tmp_path, monkeypatch):
     path = tmp_path / "tiny-bloom.gguf"
     writer = gguf.GGUFWriter(str(path), "bloom")
     writer.add_name("tiny-bloom")
-    for add, value in [(writer.add_context_length, 64), (writer.add_embedding_length, 32), (writer.add_block_count, 2),
-                       (writer.add_head_count, 4), (writer.add_layer_norm_eps, 1e-5)]:
+    for add, value in [
+        (writer.add_context_length, 64),
+        (writer.add_embedding_length, 32),
+        (writer.add_block_count, 2),
+        (writer.add_head_count, 4),
+        (writer.add_layer_norm_eps, 1e-5),
+    ]:
         add(value)
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list(["a", "b", "c"])
@@ -93,7 +98,9 @@ def test_refused_before_weights_are_read(tmp_path, monkeypatch):
     writer.close()
     with pytest.raises(UnsupportedModel, match="bloom: BloomForCausalLM's attention"):
         load_model(str(path), device="cpu")
-    result = CliRunner().invoke(app, ["rollout", "envs/retool_arith.yaml", "--model", str(path), "--out", str(tmp_path / "r.jsonl")])
+    result = CliRunner().invoke(
+        app, ["rollout", "envs/retool_arith.yaml", "--model", str(path), "--out", str(tmp_path / "r.jsonl")]
+    )
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "bloom" in result.output and "AttentionInterface" in result.output
 

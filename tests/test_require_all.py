@@ -60,7 +60,10 @@ def test_missing_packages_and_tools_fail_and_machine_skips_stay(pytester, monkey
 
 def test_a_module_level_importorskip_fails_collection(pytester, monkeypatch):
     monkeypatch.setenv("SRT_REQUIRE_ALL", "1")
-    result = run(pytester, test_integration='import pytest\npytest.importorskip("srt_no_such_package")\n\ndef test_x():\n    pass\n')
+    result = run(
+        pytester,
+        test_integration='import pytest\npytest.importorskip("srt_no_such_package")\n\ndef test_x():\n    pass\n',
+    )
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*SRT_REQUIRE_ALL=1*srt_no_such_package*"])
 

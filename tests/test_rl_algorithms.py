@@ -48,7 +48,9 @@ def test_grpo_matches_verl(batch):
     token_rewards = torch.zeros_like(batch["mask"])
     token_rewards[:, 0] = batch["rewards"]
     for norm in (True, False):
-        expected, _ = core_algos.compute_grpo_outcome_advantage(token_rewards, batch["mask"], batch["index"], norm_adv_by_std_in_grpo=norm)
+        expected, _ = core_algos.compute_grpo_outcome_advantage(
+            token_rewards, batch["mask"], batch["index"], norm_adv_by_std_in_grpo=norm
+        )
         ours = A.grpo_advantages(batch["rewards"], list(batch["index"]), norm_by_std=norm)
         torch.testing.assert_close(ours.unsqueeze(-1) * batch["mask"], expected)
 
@@ -63,7 +65,9 @@ def test_grpo_by_hand():
 def test_gae_matches_verl_and_skips_tool_tokens(batch):
     rewards = torch.zeros_like(batch["mask"])
     rewards[:, 5] = batch["rewards"]
-    expected_adv, expected_ret = core_algos.compute_gae_advantage_return(rewards, batch["values"], batch["mask"], 0.99, 0.95)
+    expected_adv, expected_ret = core_algos.compute_gae_advantage_return(
+        rewards, batch["values"], batch["mask"], 0.99, 0.95
+    )
     adv, ret = A.gae_advantages(rewards, batch["values"], batch["mask"], 0.99, 0.95)
     torch.testing.assert_close(adv, expected_adv)
     torch.testing.assert_close(ret, expected_ret)
@@ -73,7 +77,9 @@ def test_gae_matches_verl_and_skips_tool_tokens(batch):
 def test_policy_loss_and_aggregation_match_verl(batch, mode):
     config = _ActorConfig(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
     config.get = lambda key, default=None: config[key] if key in config else default
-    expected, metrics = core_algos.compute_policy_loss_vanilla(batch["old"], batch["new"], batch["adv"], batch["mask"], mode, config)
+    expected, metrics = core_algos.compute_policy_loss_vanilla(
+        batch["old"], batch["new"], batch["adv"], batch["mask"], mode, config
+    )
     loss, ours = A.policy_loss(batch["old"], batch["new"], batch["adv"], batch["mask"], 0.2, 0.28, 3.0)
     torch.testing.assert_close(A.agg_loss(loss, batch["mask"], mode), expected)
     for name, value in metrics.items():
@@ -100,7 +106,9 @@ def test_flat_packed_aggregation_equals_padded(batch, mode):
 
 
 def test_value_loss_matches_verl(batch):
-    expected, clipfrac = core_algos.compute_value_loss(batch["vpred"], batch["returns"], batch["values"], batch["mask"], 0.5)
+    expected, clipfrac = core_algos.compute_value_loss(
+        batch["vpred"], batch["returns"], batch["values"], batch["mask"], 0.5
+    )
     loss, clipped = A.value_loss(batch["vpred"], batch["returns"], batch["values"], 0.5)
     torch.testing.assert_close(A.agg_loss(loss, batch["mask"]), expected)
     assert float(A.masked_mean(clipped.float(), batch["mask"])) == pytest.approx(float(clipfrac), abs=1e-6)
@@ -108,7 +116,9 @@ def test_value_loss_matches_verl(batch):
 
 @pytest.mark.parametrize("kind", ["k1", "abs", "k2", "low_var_kl"])
 def test_kl_penalty_matches_verl(batch, kind):
-    torch.testing.assert_close(A.kl_penalty(batch["new"], batch["old"], kind), core_algos.kl_penalty(batch["new"], batch["old"], kind))
+    torch.testing.assert_close(
+        A.kl_penalty(batch["new"], batch["old"], kind), core_algos.kl_penalty(batch["new"], batch["old"], kind)
+    )
 
 
 def test_unknown_names_are_clear_errors(batch):
@@ -208,7 +218,12 @@ def test_the_update_is_verl_s_token_mean_loss_over_the_whole_mini_batch(algorith
     pad = lambda values: torch.tensor([v + [0.0] * (width - len(v)) for v in values], dtype=torch.float64)  # noqa: E731
     mask = pad([[float(m) for m in s.response_mask] for s in data])
     old, adv = pad([s.engine_logprobs for s in data]), pad([s.advantages for s in data])
-    config = _ActorConfig(clip_ratio=0.2, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c)
+    config = _ActorConfig(
+        clip_ratio=0.2,
+        clip_ratio_low=cfg.clip_ratio_low,
+        clip_ratio_high=cfg.clip_ratio_high,
+        clip_ratio_c=cfg.clip_ratio_c,
+    )
     config.get = lambda key, default=None: config[key] if key in config else default
     config.global_batch_info = dict(dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=len(data))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -219,7 +234,9 @@ def test_the_update_is_verl_s_token_mean_loss_over_the_whole_mini_batch(algorith
             lsm = torch.log_softmax(model(torch.tensor([s.prompt_ids + s.response_ids])).logits[0].double(), -1)
             picked = [lsm[len(s.prompt_ids) + j - 1, t] for j, t in enumerate(s.response_ids)]
             logp.append(torch.stack(picked + [torch.zeros((), dtype=torch.float64)] * (width - len(picked))))
-        loss, metrics = core_algos.compute_policy_loss_vanilla(old[rows_], torch.stack(logp), adv[rows_], mask[rows_], "token-mean", config)
+        loss, metrics = core_algos.compute_policy_loss_vanilla(
+            old[rows_], torch.stack(logp), adv[rows_], mask[rows_], "token-mean", config
+        )
         loss.backward()
         clipfrac_lower += metrics["actor/pg_clipfrac_lower"] * float(mask[rows_].sum()) / float(mask.sum())
     optimizer.step()
@@ -253,7 +270,9 @@ def test_overlong_shaping_matches_verl_s_dapo_reward_manager(buffer, factor):
     scores = [float(i % 2) for i in range(len(lengths))]
     prompt = torch.full((len(lengths), 3), 5)
     responses = torch.full((len(lengths), budget), 7)
-    attention = torch.cat([torch.ones(len(lengths), 3), (torch.arange(budget) < torch.tensor(lengths)[:, None]).float()], dim=1)
+    attention = torch.cat(
+        [torch.ones(len(lengths), 3), (torch.arange(budget) < torch.tensor(lengths)[:, None]).float()], dim=1
+    )
     data = DataProto.from_dict(
         tensors={"prompts": prompt, "responses": responses, "attention_mask": attention.long()},
         non_tensors={
@@ -263,13 +282,21 @@ def test_overlong_shaping_matches_verl_s_dapo_reward_manager(buffer, factor):
         },
     )
     manager = DAPORewardManager(
-        load_tokenizer("smollm2"), num_examine=0, compute_score=lambda extra_info, **_: extra_info["score"],
-        max_resp_len=budget, overlong_buffer_cfg=_OverlongBuffer(enable=True, len=buffer, penalty_factor=factor, log=False),
+        load_tokenizer("smollm2"),
+        num_examine=0,
+        compute_score=lambda extra_info, **_: extra_info["score"],
+        max_resp_len=budget,
+        overlong_buffer_cfg=_OverlongBuffer(enable=True, len=buffer, penalty_factor=factor, log=False),
     )
     expected = manager(data).sum(-1).tolist()
 
-    config = EnvConfig(max_response_tokens=budget, train={"algorithm": "dapo", "overlong_buffer": buffer, "overlong_penalty": factor})
-    ours = [shaped_reward(Trajectory("r", 0, 0, [5, 5, 5], response_ids=[7] * n, reward=s), config) for n, s in zip(lengths, scores)]
+    config = EnvConfig(
+        max_response_tokens=budget, train={"algorithm": "dapo", "overlong_buffer": buffer, "overlong_penalty": factor}
+    )
+    ours = [
+        shaped_reward(Trajectory("r", 0, 0, [5, 5, 5], response_ids=[7] * n, reward=s), config)
+        for n, s in zip(lengths, scores)
+    ]
     assert ours == pytest.approx(expected, abs=1e-6)
     assert min(o - s for o, s in zip(ours, scores)) == pytest.approx(-factor)  # the full punishment is reached
     assert ours[: budget - buffer] == scores[: budget - buffer]  # and nothing before the buffer
@@ -291,7 +318,13 @@ def verl_group_filter(monkeypatch):
     tq = types.ModuleType("transfer_queue")
     tq.KVBatchMeta = type("KVBatchMeta", (), {})
     tq.kv_batch_get = lambda keys, partition_id, select_fields: {"rm_scores": [store[k] for k in keys]}
-    path = Path(importlib.util.find_spec("verl").submodule_search_locations[0]) / "trainer" / "ppo" / "v1" / "replay_buffer.py"
+    path = (
+        Path(importlib.util.find_spec("verl").submodule_search_locations[0])
+        / "trainer"
+        / "ppo"
+        / "v1"
+        / "replay_buffer.py"
+    )
     spec = importlib.util.spec_from_file_location("verl_replay_buffer", path)
     replay_buffer = importlib.util.module_from_spec(spec)
     with monkeypatch.context() as patch:
@@ -299,7 +332,9 @@ def verl_group_filter(monkeypatch):
         spec.loader.exec_module(replay_buffer)
 
     def kept(rewards, groups) -> set:
-        buffer = replay_buffer.ReplayBuffer("sync", {}, None, "drop", {}, refill_fn=lambda n: None, filter_groups_metric="reward")
+        buffer = replay_buffer.ReplayBuffer(
+            "sync", {}, None, "drop", {}, refill_fn=lambda n: None, filter_groups_metric="reward"
+        )
         store.clear()
         for i, (r, g) in enumerate(zip(rewards, groups)):
             key = f"{g}_{i}_0"

@@ -84,7 +84,9 @@ def test_packed_scores_equal_one_sample_at_a_time(lora):
         packed = dict(batch.split(group, policy.score(batch).logprobs))
         for i in range(len(group)):
             (alone,) = pack(group, 64, [i])
-            torch.testing.assert_close(torch.tensor(packed[i]), torch.tensor(dict(alone.split(group, policy.score(alone).logprobs))[i]))
+            torch.testing.assert_close(
+                torch.tensor(packed[i]), torch.tensor(dict(alone.split(group, policy.score(alone).logprobs))[i])
+            )
     (batch,) = pack(SAMPLES, max_tokens=64)
     packed = policy.score(batch).logprobs
     # ... and they are log softmax(logits / T) of a plain forward of each sample.
@@ -107,8 +109,13 @@ def test_lora_engine_weights_merge_the_adapters():
     (batch,) = pack(SAMPLES, max_tokens=64)
     ids = batch.input_ids
     with torch.no_grad():
-        kwargs = dict(input_ids=ids, position_ids=batch.position_ids, attention_mask=batch.attention_mask, use_cache=False)
+        kwargs = dict(
+            input_ids=ids, position_ids=batch.position_ids, attention_mask=batch.attention_mask, use_cache=False
+        )
         merged = plain.model(**kwargs).last_hidden_state
         adapted = policy.base.get_decoder()(**kwargs).last_hidden_state
     torch.testing.assert_close(merged, adapted.float().to(merged.dtype), rtol=1e-5, atol=1e-6)
-    assert not torch.equal(weights["model.layers.0.self_attn.q_proj.weight"], loaded.model.state_dict()["model.layers.0.self_attn.q_proj.weight"].float())
+    assert not torch.equal(
+        weights["model.layers.0.self_attn.q_proj.weight"],
+        loaded.model.state_dict()["model.layers.0.self_attn.q_proj.weight"].float(),
+    )

@@ -15,10 +15,30 @@ ROOT = Path(__file__).resolve().parents[1]
 load_tokenizer("smollm2")  # converts the GGUF into the user cache once, before any test swaps the cache dir
 runner = CliRunner()
 TINY = [
-    "--model", "tiny-llama", "--steps", "1", "--compare", "none",
-    "--set", "n_samples=2", "--set", "train.prompts_per_step=2", "--set", "max_tokens_per_turn=8",
-    "--set", "max_response_tokens=48", "--set", "engine.max_context=512", "--set", "engine.calibrate=false",
-    "--set", "cold_start.n=4", "--set", "cold_start.eval_tasks=2", "--set", "cold_start.batch_size=2",
+    "--model",
+    "tiny-llama",
+    "--steps",
+    "1",
+    "--compare",
+    "none",
+    "--set",
+    "n_samples=2",
+    "--set",
+    "train.prompts_per_step=2",
+    "--set",
+    "max_tokens_per_turn=8",
+    "--set",
+    "max_response_tokens=48",
+    "--set",
+    "engine.max_context=512",
+    "--set",
+    "engine.calibrate=false",
+    "--set",
+    "cold_start.n=4",
+    "--set",
+    "cold_start.eval_tasks=2",
+    "--set",
+    "cold_start.batch_size=2",
 ]
 
 
@@ -44,7 +64,9 @@ def test_train_cold_starts_then_steps_and_caches_the_cold_start(tmp_path, monkey
     traces = next((tmp_path / "cache" / "coldstart").glob("*/traces.jsonl")).read_text().splitlines()
     assert all(json.loads(t)["tool_calls"][0]["status"] == "ok" for t in traces)
     # A second run with the same settings takes the cold start from the cache and goes straight to RL.
-    again = runner.invoke(app, ["train", str(ROOT / "envs" / "retool_train.yaml"), "--out", str(tmp_path / "run2"), *TINY])
+    again = runner.invoke(
+        app, ["train", str(ROOT / "envs" / "retool_train.yaml"), "--out", str(tmp_path / "run2"), *TINY]
+    )
     assert again.exit_code == 0, again.output
     assert "cold start: cached" in again.output
     assert json.loads((tmp_path / "run2" / "report.json").read_text())["cold_start"]["cached"]
@@ -72,5 +94,7 @@ def test_train_without_bubblewrap_names_the_missing_sandbox(tmp_path, monkeypatc
     bin_dir.mkdir()
     (bin_dir / "python3").symlink_to(sys.executable)
     monkeypatch.setenv("PATH", str(bin_dir))
-    result = runner.invoke(app, ["train", str(ROOT / "envs" / "retool_train.yaml"), "--out", str(tmp_path / "o"), *TINY])
+    result = runner.invoke(
+        app, ["train", str(ROOT / "envs" / "retool_train.yaml"), "--out", str(tmp_path / "o"), *TINY]
+    )
     assert result.exit_code == 2 and "bubblewrap" in result.output

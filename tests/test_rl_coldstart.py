@@ -33,7 +33,9 @@ def tokenizer():
 def controller_args(tokenizer):
     tools = load_tools(ROOT / "tools" / "code_interpreter.yaml", InterpreterConfig(max_output_chars=256))
     config = EnvConfig(name="cold", max_turns=3, max_tokens_per_turn=200, max_response_tokens=400)
-    return dict(tokenizer=tokenizer, config=config, env_class=ReToolEnv, tools=tools, eos_token_ids=end_token_ids(tokenizer))
+    return dict(
+        tokenizer=tokenizer, config=config, env_class=ReToolEnv, tools=tools, eos_token_ids=end_token_ids(tokenizer)
+    )
 
 
 def test_procedural_traces_run_their_code_and_answer_right(tokenizer, controller_args):
@@ -70,9 +72,16 @@ def test_verl_multi_turn_sft_rows_tokenize_like_rollouts(tmp_path, tokenizer):
     messages = [
         {"role": "system", "content": "Use Python."},
         {"role": "user", "content": "What is 6 * 7?"},
-        {"role": "assistant", "content": "Let me compute.", "tool_calls": [
-            {"type": "function", "function": {"name": "code_interpreter", "arguments": json.dumps({"code": "print(6 * 7)"})}}
-        ]},
+        {
+            "role": "assistant",
+            "content": "Let me compute.",
+            "tool_calls": [
+                {
+                    "type": "function",
+                    "function": {"name": "code_interpreter", "arguments": json.dumps({"code": "print(6 * 7)"})},
+                }
+            ],
+        },
         {"role": "tool", "content": "42"},
         {"role": "assistant", "content": "The answer is \\boxed{42}."},
     ]
@@ -93,10 +102,25 @@ def test_verl_multi_turn_sft_rows_tokenize_like_rollouts(tmp_path, tokenizer):
     [
         ({"conversation": []}, "missing 'messages'"),
         ({"messages": [{"role": "assistant", "content": "hi"}]}, "prompt messages followed by"),
-        ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "tool", "content": "x"}]},
-         "must end with an assistant message"),
-        ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "tool_calls": [{"function": {"arguments": {}}}]}]},
-         "without a string 'code'"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "a"},
+                    {"role": "tool", "content": "x"},
+                ]
+            },
+            "must end with an assistant message",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "a", "tool_calls": [{"function": {"arguments": {}}}]},
+                ]
+            },
+            "without a string 'code'",
+        ),
     ],
 )
 def test_bad_trace_rows_name_the_row(tmp_path, tokenizer, row, message):

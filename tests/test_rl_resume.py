@@ -25,8 +25,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SRT_AGENT = str(Path(sys.executable).with_name("srt-agent"))
 STEPS = 3
 # KL to the start policy and a warm-up schedule on, so the reference policy and the scheduler must resume too.
-TRAIN = {"steps": STEPS, "prompts_per_step": 2, "lr": 1e-3, "micro_batch_tokens": 256, "kl_coef": 0.01,
-         "warmup_steps": 2, "checkpoint_every": 2, "keep_checkpoints": 3}
+TRAIN = {
+    "steps": STEPS,
+    "prompts_per_step": 2,
+    "lr": 1e-3,
+    "micro_batch_tokens": 256,
+    "kl_coef": 0.01,
+    "warmup_steps": 2,
+    "checkpoint_every": 2,
+    "keep_checkpoints": 3,
+}
 LOSSES = ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/lr", "critic/score/mean", "critic/advantages/max")
 
 
@@ -36,8 +44,15 @@ def env_file(tmp_path: Path, algorithm: str) -> Path:
 
 def train(args: list[str], cwd: Path, **kwargs) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), "COLUMNS": "200"}
-    return subprocess.Popen([SRT_AGENT, "train", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **kwargs)
+    return subprocess.Popen(
+        [SRT_AGENT, "train", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kwargs,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 400) -> str:

@@ -19,13 +19,25 @@ def test_cold_start_teaches_the_tool_and_a_grpo_step_runs(tmp_path, monkeypatch)
     cache.mkdir()
     (cache / "models").symlink_to(cache_root() / "models")
     monkeypatch.setenv("SRT_AGENT_CACHE_DIR", str(cache))
-    config = load_env_config(ROOT / "envs" / "retool_train.yaml", [
-        "cold_start.n=24", "cold_start.lr=5e-5", "cold_start.batch_size=4", "cold_start.eval_tasks=4",
-        "train.prompts_per_step=2", "n_samples=2", "max_tokens_per_turn=96", "max_response_tokens=256",
-        "engine.max_batch=4", "engine.max_context=768",
-    ])
+    config = load_env_config(
+        ROOT / "envs" / "retool_train.yaml",
+        [
+            "cold_start.n=24",
+            "cold_start.lr=5e-5",
+            "cold_start.batch_size=4",
+            "cold_start.eval_tasks=4",
+            "train.prompts_per_step=2",
+            "n_samples=2",
+            "max_tokens_per_turn=96",
+            "max_response_tokens=256",
+            "engine.max_batch=4",
+            "engine.max_context=768",
+        ],
+    )
     # Its own copy: training changes the weights of the model the engines run.
-    report = Trainer(config, tmp_path / "run", steps=1, compare=["none"], loaded=load_model("smollm2", device="cpu")).run()
+    report = Trainer(
+        config, tmp_path / "run", steps=1, compare=["none"], loaded=load_model("smollm2", device="cpu")
+    ).run()
     cold = report["cold_start"]
     losses = [s["loss"] for s in cold["sft"]]
     assert losses[-1] < losses[0]

@@ -18,7 +18,9 @@ from srt_agent.rl.trainer import Trainer
 
 
 def env_file(tmp_path: Path, **train) -> Path:
-    return tiny_env_file(tmp_path, **{"steps": 2, "prompts_per_step": 2, "lr": 1e-3, "micro_batch_tokens": 256, **train})
+    return tiny_env_file(
+        tmp_path, **{"steps": 2, "prompts_per_step": 2, "lr": 1e-3, "micro_batch_tokens": 256, **train}
+    )
 
 
 @pytest.fixture
@@ -194,11 +196,14 @@ def test_run_ahead_leaves_every_trajectory_and_training_figure_unchanged(tmp_pat
         (tmp_path / str(on)).mkdir()
         path = env_file(tmp_path / str(on))
         text = path.read_text().replace(
-            "calibrate: false}", f"calibrate: false, run_ahead: {{enabled: {str(on).lower()}, slack: 2.0, tokens_per_sequence: 6}}}}"
+            "calibrate: false}",
+            f"calibrate: false, run_ahead: {{enabled: {str(on).lower()}, slack: 2.0, tokens_per_sequence: 6}}}}",
         )
         path.write_text(text)
         out = tmp_path / f"run-{on}"
-        reports[on] = Trainer.from_env_file(path, out, loaded=tiny_random_model("llama", seed=0, tokenizer=tokenizer)).run()
+        reports[on] = Trainer.from_env_file(
+            path, out, loaded=tiny_random_model("llama", seed=0, tokenizer=tokenizer)
+        ).run()
         reports[on]["rollouts"] = [rollouts(out, step) for step in (1, 2)]
     off, on = reports[False], reports[True]
     for a, b in zip(off["rollouts"], on["rollouts"]):

@@ -24,7 +24,15 @@ def window(params: SamplingParams) -> list[WindowPrompt]:
 
 def engine(model, run_ahead: RunAheadOptions | None, **kw) -> Engine:
     # A fixed cost table: every row costs the same, so the slack decides how many rows ride along.
-    e = Engine(model, drafter=kw.pop("drafter", "srt"), max_batch=kw.pop("max_batch", 8), max_context=128, calibrate=False, run_ahead=run_ahead, **kw)
+    e = Engine(
+        model,
+        drafter=kw.pop("drafter", "srt"),
+        max_batch=kw.pop("max_batch", 8),
+        max_context=128,
+        calibrate=False,
+        run_ahead=run_ahead,
+        **kw,
+    )
     e.cost_model.calibrate([(1, 0.010, 1), (2, 0.011, 2), (8, 0.018, 8)])
     e.cost_model.observe = lambda *args, **kwargs: None  # measured steps of a loaded machine would move the table
     return e
@@ -70,7 +78,9 @@ def test_run_ahead_changes_no_token_and_no_figure_of_real_work(tiny_llama):
 
 def test_run_ahead_feeds_the_hybrid_drafter_s_trees(tiny_llama):
     plain = engine(tiny_llama, None, adaptive_drafts=False)
-    ahead = engine(tiny_llama, RunAheadOptions(slack=0.5, tokens_per_sequence=6), adaptive_drafts=False, drafter="srt+self")
+    ahead = engine(
+        tiny_llama, RunAheadOptions(slack=0.5, tokens_per_sequence=6), adaptive_drafts=False, drafter="srt+self"
+    )
     with_ahead, without = rollouts(ahead), rollouts(plain)
     assert [[(t, f) for t, _, f in step] for step in with_ahead] == [[(t, f) for t, _, f in step] for step in without]
     assert ahead.run_ahead.stats.tokens > 0 and ahead.drafter.cache.stats().run_ahead_tokens > 0
@@ -245,7 +255,11 @@ def test_a_model_fault_in_a_run_ahead_row_costs_real_work_nothing(tiny_llama, ki
     def nan_on_poison(module, args, output):
         return output.masked_fill((args[0] == poison).unsqueeze(-1), float("nan"))
 
-    hook = embeddings.register_forward_pre_hook(raise_on_poison) if kind == "forward raises" else embeddings.register_forward_hook(nan_on_poison)
+    hook = (
+        embeddings.register_forward_pre_hook(raise_on_poison)
+        if kind == "forward raises"
+        else embeddings.register_forward_hook(nan_on_poison)
+    )
     try:
         params = SamplingParams(temperature=0.8, max_tokens=12, seed=3)
         outs = {}
@@ -253,7 +267,9 @@ def test_a_model_fault_in_a_run_ahead_row_costs_real_work_nothing(tiny_llama, ki
             e = engine(tiny_llama, options, adaptive_drafts=False)
             if e.run_ahead is not None:
                 e.run_ahead.open([WindowPrompt("bad", [poison, 5, 6], params)])
-            got = e.generate([PROMPTS[0], PROMPTS[1]], [replace(params, seed=s) for s in (1, 2)], prompt_keys=["p0", "p1"])
+            got = e.generate(
+                [PROMPTS[0], PROMPTS[1]], [replace(params, seed=s) for s in (1, 2)], prompt_keys=["p0", "p1"]
+            )
             outs[options is None] = [(o.token_ids, o.finish_reason) for o in got]
         assert outs[True] == outs[False] and all(f != "error" for _, f in outs[False])
         st = e.run_ahead.stats

@@ -89,7 +89,7 @@ def test_a_clean_run_passes_the_limits_and_removes_the_container(monkeypatch):
     client = FakeClient(container)
     result = sandbox_with(monkeypatch, client, memory_mb=256, cpus=0.5, max_processes=16).run("print(42)")
     assert (result.status, result.stdout, result.exit_code) == ("ok", "42\n", 0)
-    (image, kwargs), = client.created
+    ((image, kwargs),) = client.created
     assert image == "python:3.11-slim" and kwargs["network_mode"] == "none"
     assert (kwargs["mem_limit"], kwargs["nano_cpus"], kwargs["pids_limit"]) == ("256m", 500_000_000, 16)
     assert kwargs["user"] != "root" and container.archive[0] == "/" and container.removed

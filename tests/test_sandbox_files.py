@@ -19,7 +19,13 @@ def sandbox() -> LocalSandbox:
 class TestNames:
     @pytest.mark.parametrize(
         "name, inside",
-        [("a.txt", "/tmp/a.txt"), ("d1/d2/f", "/tmp/d1/d2/f"), ("./x//y", "/tmp/x/y"), ("/tmp/x", "/tmp/x"), ("/mnt/b", "/tmp/.mnt/b")],
+        [
+            ("a.txt", "/tmp/a.txt"),
+            ("d1/d2/f", "/tmp/d1/d2/f"),
+            ("./x//y", "/tmp/x/y"),
+            ("/tmp/x", "/tmp/x"),
+            ("/mnt/b", "/tmp/.mnt/b"),
+        ],
     )
     def test_names_land_in_the_working_directory(self, name, inside):
         assert sandbox_path(name) == inside
@@ -61,7 +67,9 @@ class TestFiles:
 
     def test_binary_content_round_trips(self, sandbox):
         data = bytes(range(256)) * 4
-        result = sandbox.run("open('copy', 'wb').write(open('data', 'rb').read())", files={"data": data}, fetch_files=["copy"])
+        result = sandbox.run(
+            "open('copy', 'wb').write(open('data', 'rb').read())", files={"data": data}, fetch_files=["copy"]
+        )
         assert result.files == {"copy": data}, result
 
     def test_fetch_files_come_back_missing_ones_left_out(self, sandbox):
@@ -77,7 +85,9 @@ class TestFiles:
     def test_fetch_keeps_the_programs_exit_code(self, sandbox):
         result = sandbox.run("open('out', 'w').write('partial')\nraise SystemExit(3)", fetch_files=["out"])
         assert (result.status, result.exit_code, result.files) == ("error", 3, {"out": b"partial"})
-        killed = sandbox.run("import os, signal\nopen('out', 'w').write('x')\nos.kill(os.getpid(), signal.SIGSEGV)", fetch_files=["out"])
+        killed = sandbox.run(
+            "import os, signal\nopen('out', 'w').write('x')\nos.kill(os.getpid(), signal.SIGSEGV)", fetch_files=["out"]
+        )
         assert (killed.status, killed.exit_code, killed.files) == ("killed", -11, {"out": b"x"})
 
     def test_fetched_files_are_capped_together(self, sandbox):
@@ -92,7 +102,11 @@ class TestFiles:
     def test_hostile_programs_that_fetch_stay_contained(self, sandbox):
         """With fetch_files the program runs under a collector; killing it or flooding only hurts the run."""
         kill = sandbox.run("import os\nopen('a', 'w').write('x')\nos.kill(os.getppid(), 9)", fetch_files=["a"])
-        bomb = sandbox.run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", fetch_files=["a"], timeout_s=2)
+        bomb = sandbox.run(
+            "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+            fetch_files=["a"],
+            timeout_s=2,
+        )
         flood = sandbox.run("while True:\n    print('spam')", fetch_files=["a"])
         assert (kill.status, kill.exit_code, kill.files) == ("killed", -9, {}), kill
         assert (bomb.status, bomb.files) == ("timeout", {}) and (flood.status, flood.files) == ("output_limit", {})

@@ -122,7 +122,9 @@ class TestSandboxed:
         assert LocalSandbox(timeout_s=5, memory_mb=200).run(code).status == "memory"
         assert LocalSandbox(timeout_s=5, memory_mb=600).run(code).stdout == "fits\n"
 
-    @pytest.mark.skipif(CgroupLimiter.detect() is None, reason="machine: no writable cgroup memory/pids controllers here")
+    @pytest.mark.skipif(
+        CgroupLimiter.detect() is None, reason="machine: no writable cgroup memory/pids controllers here"
+    )
     def test_memory_of_all_processes_together_is_capped(self):
         code = (
             "import os, sys, time\nkids = []\nfor _ in range(4):\n    pid = os.fork()\n    if pid == 0:\n"
@@ -190,9 +192,11 @@ class TestWithoutBubblewrap:
     def test_unsandboxed_runs_get_and_give_back_files(self, no_bwrap_on_path):
         with pytest.warns(RuntimeWarning, match="WITHOUT a sandbox"):
             sandbox = LocalSandbox(timeout_s=5, allow_unsandboxed=True)
-        result = sandbox.run("open('out', 'w').write(open('d/in').read() * 2)", files={"d/in": b"ab"}, fetch_files=["out", "gone"])
+        result = sandbox.run(
+            "open('out', 'w').write(open('d/in').read() * 2)", files={"d/in": b"ab"}, fetch_files=["out", "gone"]
+        )
         assert (result.status, result.files) == ("ok", {"out": b"abab"}), result
-        bash = sandbox.run("printf %s \"$(<d/in)\"", files={"d/in": b"sh"}, language="bash")  # PATH: no cat
+        bash = sandbox.run('printf %s "$(<d/in)"', files={"d/in": b"sh"}, language="bash")  # PATH: no cat
         assert (bash.status, bash.stdout) == ("ok", "sh")
 
 

@@ -21,7 +21,9 @@ INSTALL = REPOSITORY / "scripts" / "install_sandbox_runtime.sh"
 
 pytestmark = [
     pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed"),
-    pytest.mark.skipif(runtime_python() is None, reason="the sandbox runtime is not built: bash scripts/install_sandbox_runtime.sh"),
+    pytest.mark.skipif(
+        runtime_python() is None, reason="the sandbox runtime is not built: bash scripts/install_sandbox_runtime.sh"
+    ),
 ]
 
 
@@ -57,7 +59,11 @@ def test_rollouts_and_training_use_it(tmp_path):
     assert shipped.interpreter.sandbox.interpreter == runtime_python()
     if not Path("/usr/bin/python3").is_file():
         pytest.skip("machine: no /usr/bin/python3 to choose instead")
-    config = (REPOSITORY / "tools" / "code_interpreter.yaml").read_text().replace("sandbox: local", "sandbox: local\n      python: /usr/bin/python3")
+    config = (
+        (REPOSITORY / "tools" / "code_interpreter.yaml")
+        .read_text()
+        .replace("sandbox: local", "sandbox: local\n      python: /usr/bin/python3")
+    )
     (tmp_path / "tools.yaml").write_text(config)
     chosen = load_tools(tmp_path / "tools.yaml")["code_interpreter"]
     assert chosen.interpreter.sandbox.interpreter == Path("/usr/bin/python3")
@@ -124,7 +130,9 @@ def test_install_is_a_no_op_once_built():
     if not stamp.is_file() or stamp.read_bytes() != REQUIREMENTS.read_bytes():
         pytest.skip("the runtime was built from other pins: rebuild it with scripts/install_sandbox_runtime.sh")
     before = {path: path.stat().st_mtime_ns for path in (runtime_dir(), stamp, runtime_dir() / "bin")}
-    done = subprocess.run(["bash", str(INSTALL)], capture_output=True, text=True, env={**os.environ, RUNTIME_ENV: str(runtime_dir())})
+    done = subprocess.run(
+        ["bash", str(INSTALL)], capture_output=True, text=True, env={**os.environ, RUNTIME_ENV: str(runtime_dir())}
+    )
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
     assert {path: path.stat().st_mtime_ns for path in before} == before
 

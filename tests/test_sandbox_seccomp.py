@@ -57,7 +57,9 @@ def test_unknown_machine_gets_no_filter():
 
 
 @pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed")
-@pytest.mark.skipif(platform.machine() not in SYSCALL_NUMBERS, reason="hardware: no syscall table for this CPU architecture")
+@pytest.mark.skipif(
+    platform.machine() not in SYSCALL_NUMBERS, reason="hardware: no syscall table for this CPU architecture"
+)
 def test_blocked_calls_fail_with_eperm_inside_and_others_work():
     numbers = SYSCALL_NUMBERS[platform.machine()]
     code = (

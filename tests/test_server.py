@@ -144,7 +144,10 @@ REPRESENTATIVE = {
         lambda r: r.run_result.stdout == "hello, a test\n",
     ),
     "fetch_files": (
-        {"code": "open('a.txt', 'w').write('secret'); open('/mnt/b', 'w').write('sauce')", "fetch_files": ["a.txt", "/mnt/b"]},
+        {
+            "code": "open('a.txt', 'w').write('secret'); open('/mnt/b', 'w').write('sauce')",
+            "fetch_files": ["a.txt", "/mnt/b"],
+        },
         "Success",
         lambda r: r.files == {"a.txt": b64("secret"), "/mnt/b": b64("sauce")},
     ),
@@ -237,8 +240,12 @@ class TestRawHttp:
 
     def test_memory_limit_is_capped_by_the_server(self, memory_endpoint):
         """A request asking for 64 GB runs under --max-memory-mb; just below the cap still fits."""
-        above = run_for_memory(memory_endpoint, f"x = bytearray({MAX_MEMORY_MB + 64} << 20)\nprint('fits')", memory_limit_MB=65536)
-        below = run_for_memory(memory_endpoint, f"x = bytearray({MAX_MEMORY_MB - 160} << 20)\nprint('fits')", memory_limit_MB=65536)
+        above = run_for_memory(
+            memory_endpoint, f"x = bytearray({MAX_MEMORY_MB + 64} << 20)\nprint('fits')", memory_limit_MB=65536
+        )
+        below = run_for_memory(
+            memory_endpoint, f"x = bytearray({MAX_MEMORY_MB - 160} << 20)\nprint('fits')", memory_limit_MB=65536
+        )
         assert above["srt_status"] == "memory" and "MemoryError" in above["run_result"]["stderr"], above
         assert below["srt_status"] == "ok" and below["run_result"]["stdout"] == "fits\n", below
 
@@ -259,10 +266,16 @@ class TestRawHttp:
     @pytest.mark.parametrize("timeout", [0, -1])
     def test_a_run_timeout_of_zero_is_a_time_limit(self, endpoint, timeout):
         body = post(endpoint, code="print(1)", run_timeout=timeout)
-        assert (body["status"], body["run_result"]["status"], body["srt_status"]) == ("Failed", "TimeLimitExceeded", "timeout")
+        assert (body["status"], body["run_result"]["status"], body["srt_status"]) == (
+            "Failed",
+            "TimeLimitExceeded",
+            "timeout",
+        )
 
     def test_bash_runs(self, endpoint):
-        body = post(endpoint, code="read x\necho $((x * 2))\ncat f", language="bash", stdin="21\n", files={"f": b64("file")})
+        body = post(
+            endpoint, code="read x\necho $((x * 2))\ncat f", language="bash", stdin="21\n", files={"f": b64("file")}
+        )
         assert (body["status"], body["run_result"]["stdout"]) == ("Success", "42\nfile"), body
 
     @pytest.mark.parametrize(
@@ -271,9 +284,18 @@ class TestRawHttp:
             ({"code": "print(1)"}, "language"),
             ({"code": "print(1)", "language": "cobol"}, "language"),
             ({"language": "python"}, "code"),
-            ({"code": "print(1)", "language": "python", "files": {"../up": "aGk="}}, "leaves the run's working directory"),
-            ({"code": "print(1)", "language": "python", "files": {"/etc/x": "aGk="}}, "outside the run's working directory"),
-            ({"code": "print(1)", "language": "python", "fetch_files": ["../../etc/passwd"]}, "leaves the run's working directory"),
+            (
+                {"code": "print(1)", "language": "python", "files": {"../up": "aGk="}},
+                "leaves the run's working directory",
+            ),
+            (
+                {"code": "print(1)", "language": "python", "files": {"/etc/x": "aGk="}},
+                "outside the run's working directory",
+            ),
+            (
+                {"code": "print(1)", "language": "python", "fetch_files": ["../../etc/passwd"]},
+                "leaves the run's working directory",
+            ),
             ({"code": "print(1)", "language": "python", "files": {"a": "a"}}, "not base64"),
         ],
     )
@@ -284,7 +306,9 @@ class TestRawHttp:
     def test_files_over_the_working_directory_are_refused(self):
         big = base64.b64encode(bytes(2 << 20)).decode()
         with running_server(ServerConfig(LocalSandbox(timeout_s=5, tmp_mb=1))) as url:  # a 1 MB working directory
-            response = httpx.post(f"{url}/run_code", json={"code": "", "language": "python", "files": {"a": big}}, timeout=30)
+            response = httpx.post(
+                f"{url}/run_code", json={"code": "", "language": "python", "files": {"a": big}}, timeout=30
+            )
         assert response.status_code == 413 and "1 MB working directory" in response.text
 
     def test_missing_fetch_files_are_named(self, endpoint):

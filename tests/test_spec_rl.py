@@ -67,8 +67,9 @@ def test_drafter_reuses_the_previous_epoch_by_start_order():
 
 
 def _engine(tiny, drafter):
-    return Engine(tiny, drafter=drafter, max_batch=4, max_context=64, max_draft_tokens=6, calibrate=False,
-                  adaptive_drafts=False)
+    return Engine(
+        tiny, drafter=drafter, max_batch=4, max_context=64, max_draft_tokens=6, calibrate=False, adaptive_drafts=False
+    )
 
 
 def _run(engine, seed, max_tokens=14):

@@ -43,7 +43,9 @@ def test_grpo_trainer_runs_on_srt_rollouts(tmp_path, smollm2_tokenizer):
         [{"prompt": [{"role": "user", "content": f"What is {a} + {a}?"}], "ground_truth": str(2 * a)} for a in (3, 4)]
     )
     config = EnvConfig(
-        max_turns=2, max_tokens_per_turn=6, max_response_tokens=40,
+        max_turns=2,
+        max_tokens_per_turn=6,
+        max_response_tokens=40,
         engine={"drafter": "srt", "device": "cpu", "max_batch": 8, "max_context": 512},
     )
     tool = FunctionTool("lookup", lambda query: "found: 42")
@@ -59,13 +61,26 @@ def test_grpo_trainer_runs_on_srt_rollouts(tmp_path, smollm2_tokenizer):
         return out
 
     args = GRPOConfig(
-        output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, max_steps=2,
-        max_completion_length=40, learning_rate=1e-2, report_to=[], logging_steps=1, use_cpu=True,
-        save_strategy="no", bf16=False, seed=0,
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_steps=2,
+        max_completion_length=40,
+        learning_rate=1e-2,
+        report_to=[],
+        logging_steps=1,
+        use_cpu=True,
+        save_strategy="no",
+        bf16=False,
+        seed=0,
     )
     trainer = GRPOTrainer(
-        model=model, reward_funcs=[varied_reward, retool_reward], args=args, train_dataset=data,
-        processing_class=smollm2_tokenizer, rollout_func=recording_rollout,
+        model=model,
+        reward_funcs=[varied_reward, retool_reward],
+        args=args,
+        train_dataset=data,
+        processing_class=smollm2_tokenizer,
+        rollout_func=recording_rollout,
     )
     try:
         trainer.train()

@@ -143,9 +143,16 @@ def homes(router, prompts, tag: str) -> dict[int, str]:
 
 
 @PROPERTIES
-@given(replicas=st.integers(2, 6), load_factor=LOAD_FACTORS, events=workloads(max_prompts=60), join=st.booleans(),
-       leaving=st.integers(0, 5))
-def test_a_replica_joining_or_leaving_moves_only_the_prompts_it_gains_or_loses(replicas, load_factor, events, join, leaving):
+@given(
+    replicas=st.integers(2, 6),
+    load_factor=LOAD_FACTORS,
+    events=workloads(max_prompts=60),
+    join=st.booleans(),
+    leaving=st.integers(0, 5),
+)
+def test_a_replica_joining_or_leaving_moves_only_the_prompts_it_gains_or_loses(
+    replicas, load_factor, events, join, leaving
+):
     names = [f"r{i}" for i in range(replicas)]
     router = PromptAffinityRouter({n: n for n in names}, {"load_factor": load_factor, "migrate_trees": False})
     before = play(router, events)

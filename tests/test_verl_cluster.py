@@ -71,20 +71,40 @@ def tool_config(path) -> None:
     crashing = {
         "class_name": f"{__name__}.CrashingTool",
         "config": {"type": "native"},
-        "tool_schema": {"type": "function", "function": {"name": "crashing_tool", "description": "always fails",
-                                                          "parameters": {"type": "object", "properties": {}}}},
+        "tool_schema": {
+            "type": "function",
+            "function": {
+                "name": "crashing_tool",
+                "description": "always fails",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        },
     }
     path.write_text(yaml.safe_dump({"tools": schema["tools"] + [crashing]}))
 
 
 def agent_loops(path) -> None:
     loops = [
-        {"name": "srt_retool", "_target_": "srt_agent.integrations.verl.agent_loop.ReToolAgentLoop", "max_turns": 2,
-         "max_tokens_per_turn": 6},
-        {"name": "scripted", "_target_": "srt_agent.integrations.verl.agent_loop.ReToolAgentLoop",
-         "env": f"{__name__}.ScriptedToolEnv", "max_turns": 3, "max_tokens_per_turn": 6},
-        {"name": "scripted_long", "_target_": "srt_agent.integrations.verl.agent_loop.ReToolAgentLoop",
-         "env": f"{__name__}.ScriptedToolEnv", "max_turns": 3, "max_tokens_per_turn": 40},
+        {
+            "name": "srt_retool",
+            "_target_": "srt_agent.integrations.verl.agent_loop.ReToolAgentLoop",
+            "max_turns": 2,
+            "max_tokens_per_turn": 6,
+        },
+        {
+            "name": "scripted",
+            "_target_": "srt_agent.integrations.verl.agent_loop.ReToolAgentLoop",
+            "env": f"{__name__}.ScriptedToolEnv",
+            "max_turns": 3,
+            "max_tokens_per_turn": 6,
+        },
+        {
+            "name": "scripted_long",
+            "_target_": "srt_agent.integrations.verl.agent_loop.ReToolAgentLoop",
+            "env": f"{__name__}.ScriptedToolEnv",
+            "max_turns": 3,
+            "max_tokens_per_turn": 40,
+        },
     ]
     path.write_text(yaml.safe_dump(loops))
 
@@ -122,7 +142,11 @@ def cluster(tmp_path_factory, smollm2_tokenizer):
         router = ray.remote(PromptAffinityRouter).remote(servers, {})
         client = LLMServerClient(config, router)
         yield SimpleNamespace(
-            config=config, replicas=replicas, router=router, servers=servers, model=model,
+            config=config,
+            replicas=replicas,
+            router=router,
+            servers=servers,
+            model=model,
             worker=AgentLoopWorker(config, client),
         )
     finally:
@@ -174,7 +198,9 @@ def test_agent_loop_through_verls_worker_masks_tool_tokens_and_survives_a_crashi
         mask = masks[i, :length].tolist()
         logprobs = out.batch["rollout_log_probs"][i, :length]
         assert [value for value, _ in runs(mask)] == [1, 0, 1, 0, 1]  # model, tool output, model, error, model
-        assert all(lp < 0 for lp, m in zip(logprobs.tolist(), mask) if m) and not logprobs[torch.tensor(mask) == 0].any()
+        assert (
+            all(lp < 0 for lp, m in zip(logprobs.tolist(), mask) if m) and not logprobs[torch.tensor(mask) == 0].any()
+        )
         forced = [tokenizer.decode(responses[i, :length][torch.tensor(mask) == 0].tolist())]
         assert "<interpreter>\n42\n</interpreter>" in forced[0]
         assert "RuntimeError: sandbox exploded" in forced[0]
@@ -220,7 +246,7 @@ def test_affinity_keeps_grpo_siblings_on_the_replica_that_owns_their_prompt(clus
     for key, address in seen.items():
         data = ray.get(cluster.servers[address].export_prompt.remote(key))
         counts.append(len(local.sequences(local.import_prompt(data))))
-    assert sorted(counts)[-len(prompts):] == [3] * len(prompts)  # each group's 3 siblings share one tree
+    assert sorted(counts)[-len(prompts) :] == [3] * len(prompts)  # each group's 3 siblings share one tree
     assert len(set(seen.values())) == 2  # both replicas own prompts
 
 
@@ -247,7 +273,9 @@ def one_token_weights(state: dict[str, torch.Tensor], token: int) -> dict[str, t
 def update_both(cluster, state: dict[str, torch.Tensor], global_steps: int) -> None:
     async def update():
         for replica in cluster.replicas:
-            adapter = SRTServerAdapter(cluster.config.actor_rollout_ref.rollout, None, replica_rank=replica.replica_rank)
+            adapter = SRTServerAdapter(
+                cluster.config.actor_rollout_ref.rollout, None, replica_rank=replica.replica_rank
+            )
             assert await adapter.update_weights(iter(state.items()), global_steps=global_steps) == len(state)
 
     asyncio.run(update())
@@ -264,7 +292,11 @@ def sample_on_both(cluster, prompt_ids: list[int], request_id: str) -> dict:
     for i in itertools.count():
         key = f"weights-{i}"
         address, handle = ray.get(cluster.router.acquire_server.remote(f"{request_id}-{i}", prompt_ids, key))
-        out = ray.get(handle.generate.remote(prompt_ids=prompt_ids, sampling_params=SAMPLING, request_id=request_id, prompt_key=key))
+        out = ray.get(
+            handle.generate.remote(
+                prompt_ids=prompt_ids, sampling_params=SAMPLING, request_id=request_id, prompt_key=key
+            )
+        )
         ray.get(cluster.router.release_server.remote(address, f"{request_id}-{i}"))
         outs.setdefault(address, out)
         if len(outs) == len(cluster.servers):
@@ -294,7 +326,9 @@ def test_generation_follows_a_weight_update(cluster):
             assert out.log_probs == pytest.approx(want.logprobs, abs=1e-4)
 
         update_both(cluster, one_token_weights(new_state, CERTAIN_TOKEN), global_steps=8)
-        assert {tuple(out.token_ids) for out in sample_on_both(cluster, prompt_ids, "certain").values()} == {(CERTAIN_TOKEN,) * SAMPLING["max_tokens"]}
+        assert {tuple(out.token_ids) for out in sample_on_both(cluster, prompt_ids, "certain").values()} == {
+            (CERTAIN_TOKEN,) * SAMPLING["max_tokens"]
+        }
         prompts = [f"Say anything ({a})." for a in range(6)]
         out = asyncio.run(cluster.worker.generate_sequences(batch(prompts, 1, "srt_retool")))
         prompt_len = out.batch["prompts"].shape[1]

@@ -23,7 +23,9 @@ EXAMPLES = ROOT / "examples" / "verl"
 
 def composed(backend: str):
     with initialize_config_dir(config_dir=str(EXAMPLES), version_base=None):
-        config = compose("retool_grpo", overrides=[f"rollout_backend={backend}", "actor_rollout_ref.model.path=/models/m"])
+        config = compose(
+            "retool_grpo", overrides=[f"rollout_backend={backend}", "actor_rollout_ref.model.path=/models/m"]
+        )
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     OmegaConf.resolve(config)  # as verl's trainer does before building its dataclasses
     return config
@@ -78,8 +80,13 @@ def test_vllm_srt_puts_srt_trees_into_verls_own_vllm_rollout():
     for section in ("algorithm", "data", "reward"):
         assert OmegaConf.to_container(config[section]) == OmegaConf.to_container(baseline[section])
     speculative = OmegaConf.to_container(config.actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config)
-    engine = EngineArgs(model=str(tiny_model_dir()), speculative_config=speculative, enforce_eager=True,
-                        max_model_len=256, dtype="float32").create_engine_config()
+    engine = EngineArgs(
+        model=str(tiny_model_dir()),
+        speculative_config=speculative,
+        enforce_eager=True,
+        max_model_len=256,
+        dtype="float32",
+    ).create_engine_config()
     assert engine.speculative_config.method == "custom_class"
     assert engine.speculative_config.num_speculative_tokens == speculative["num_speculative_tokens"]
     assert isinstance(create_custom_proposer(engine), SRTProposer)

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-registry = pytest.importorskip("verl.tools.tool_registry", reason="verl is an optional extra: pip install 'srt-agent[verl]'")
+registry = pytest.importorskip(
+    "verl.tools.tool_registry", reason="verl is an optional extra: pip install 'srt-agent[verl]'"
+)
 from verl.tools.base_tool import BaseTool  # noqa: E402
 
 from srt_agent.tools import LocalSandbox, SandboxResult  # noqa: E402
@@ -86,7 +88,9 @@ def test_the_tool_caps_concurrent_programs():
     schema = OpenAIFunctionToolSchema.model_validate(
         yaml.safe_load((TOOLS / "code_interpreter.yaml").read_text())["tools"][0]["tool_schema"]
     )
-    tool = CodeInterpreterTool({"sandbox_fusion_url": "http://127.0.0.1:9/run_code", "num_workers": 4, "rate_limit": 2}, schema)
+    tool = CodeInterpreterTool(
+        {"sandbox_fusion_url": "http://127.0.0.1:9/run_code", "num_workers": 4, "rate_limit": 2}, schema
+    )
     running, peak = 0, 0
 
     def execute(code):

@@ -20,12 +20,16 @@ from srt_agent.integrations.verl.wire import (  # noqa: E402
 
 
 def test_sampling_params_round_trip_through_verls_dict():
-    params = SamplingParams(temperature=0.7, top_p=0.9, top_k=0, max_tokens=33, seed=5, stop=["</code>"], stop_token_ids=[2])
+    params = SamplingParams(
+        temperature=0.7, top_p=0.9, top_k=0, max_tokens=33, seed=5, stop=["</code>"], stop_token_ids=[2]
+    )
     sent = to_verl_sampling(params)
     assert sent["top_k"] == -1 and sent["logprobs"] is True and sent["repetition_penalty"] == 1.0
     assert from_verl_sampling(sent, default_max_tokens=99) == params
     # verl's own agent loops send only these keys; max_tokens then defaults to the response length
-    got = from_verl_sampling({"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": False}, 64)
+    got = from_verl_sampling(
+        {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": False}, 64
+    )
     assert (got.max_tokens, got.top_k, got.seed) == (64, 0, None)
     assert from_verl_sampling({"max_new_tokens": 7}, 64).max_tokens == 7
 
@@ -46,7 +50,12 @@ def test_token_outputs_carry_tokens_logprobs_errors_and_draft_statistics():
     assert sent.stop_reason == "completed" and sent.extra_fields["global_steps"] == 4
     assert sent.extra_fields["srt_draft_accepted"] == 4
     back = from_token_output("r", sent)
-    assert (back.token_ids, back.logprobs, back.finish_reason, back.metrics) == ([5, 6, 7], [-0.1, -0.2, -0.3], "stop", metrics)
+    assert (back.token_ids, back.logprobs, back.finish_reason, back.metrics) == (
+        [5, 6, 7],
+        [-0.1, -0.2, -0.3],
+        "stop",
+        metrics,
+    )
     failed = from_token_output("r", to_token_output(RequestOutput("r", [], [], "error", error="prompt too long")))
     assert failed.finish_reason == "error" and failed.error == "prompt too long"
     # another backend's output (vLLM): no srt fields, an abort becomes an error

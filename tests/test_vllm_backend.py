@@ -32,8 +32,17 @@ PROMPTS = [[1, 2, 3, 4], [17, 400, 9, 9, 31], [2048, 7]]
 
 
 def config(model_dir: Path, drafter: str = "srt", **engine) -> EnvConfig:
-    return EnvConfig(model=str(model_dir), engine={"backend": "vllm", "drafter": drafter, "max_batch": 8,
-                                                    "max_context": 256, "calibrate": False, **engine})
+    return EnvConfig(
+        model=str(model_dir),
+        engine={
+            "backend": "vllm",
+            "drafter": drafter,
+            "max_batch": 8,
+            "max_context": 256,
+            "calibrate": False,
+            **engine,
+        },
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +77,9 @@ def generate(backend, prompts, params, prefix="r"):
     each = params if isinstance(params, list) else [params] * len(prompts)
 
     async def run():
-        return await asyncio.gather(*[backend.generate(f"{prefix}{i}", p, q) for i, (p, q) in enumerate(zip(prompts, each))])
+        return await asyncio.gather(
+            *[backend.generate(f"{prefix}{i}", p, q) for i, (p, q) in enumerate(zip(prompts, each))]
+        )
 
     outs = asyncio.run(run())
     for i in range(len(prompts)):
@@ -125,8 +136,10 @@ def test_exact_sampling_emits_our_engines_tokens_whatever_was_drafted(backend, p
     engine's position-keyed noise. Log-probs are log_softmax(logits / T) before filtering, as our engine's."""
     prompts = [PROMPTS[1]] * 3 + [PROMPTS[0]] * 3
     settings = [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.0, 1.0, 20), (1.0, 0.8, 50), (1.3, 1.0, 0), (1.0, 1.0, 0)]
-    params = [SamplingParams(temperature=t, top_p=p, top_k=k, max_tokens=40, seed=seed)
-              for seed, (t, p, k) in enumerate(settings)]
+    params = [
+        SamplingParams(temperature=t, top_p=p, top_k=k, max_tokens=40, seed=seed)
+        for seed, (t, p, k) in enumerate(settings)
+    ]
     reference = ours(tiny, prompts, params)
     without = generate(plain, prompts, params, prefix="plain-")
     proposer = backend.call(lambda engine: engine.proposer()).result()
@@ -175,7 +188,12 @@ def test_stops_match_our_engine(backend, tiny):
     for params in cases:
         a = generate(backend, [PROMPTS[2]], params)[0]
         b = ours(tiny, [PROMPTS[2]], params)[0]
-        assert (a.token_ids, a.finish_reason, a.stop_reason, a.text) == (b.token_ids, b.finish_reason, b.stop_reason, b.text)
+        assert (a.token_ids, a.finish_reason, a.stop_reason, a.text) == (
+            b.token_ids,
+            b.finish_reason,
+            b.stop_reason,
+            b.text,
+        )
         assert a.finish_reason == "stop" and len(a.token_ids) < 20
     assert generate(backend, [PROMPTS[2]], cases[0])[0].text.endswith(stop_text)
     long_prompt = [5] * 250
@@ -218,8 +236,13 @@ def test_multi_turn_episodes_with_the_code_tool(backend, tiny):
     comes back as forced, masked tokens; model tokens carry their log-probs."""
     from rl_envs import ParityToolEnv
 
-    cfg = EnvConfig(n_samples=2, max_turns=2, max_tokens_per_turn=8, max_response_tokens=96,
-                    sampling={"temperature": 1.0, "seed": 2})
+    cfg = EnvConfig(
+        n_samples=2,
+        max_turns=2,
+        max_tokens_per_turn=8,
+        max_response_tokens=96,
+        sampling={"temperature": 1.0, "seed": 2},
+    )
     tools = load_tools(ROOT / "tools" / "code_interpreter.yaml")
     controller = MultiTurnController(backend, tiny.tokenizer, cfg, ParityToolEnv, tools, tiny.eos_token_ids)
     trajectories = asyncio.run(controller.run(arithmetic_tasks(2, seed=4)))
@@ -265,7 +288,10 @@ def test_training_with_vllm_reaches_the_engines_and_compares_with_none(tmp_path,
 def test_drafters_vllm_lacks_are_refused_by_name(model_dir, tiny):
     with pytest.raises(ValueError, match="no vLLM counterpart; the vLLM backend runs none, srt, ngram, suffix"):
         make_backend(config(model_dir, drafter="history"), tiny)
-    assert choose_backend("auto", "history") == ("engine", "engine.backend: auto, and vLLM has no counterpart of drafter 'history'")
+    assert choose_backend("auto", "history") == (
+        "engine",
+        "engine.backend: auto, and vLLM has no counterpart of drafter 'history'",
+    )
 
 
 def test_a_model_vllm_cannot_serve_falls_back_under_auto_and_is_refused_under_vllm():
@@ -277,7 +303,9 @@ def test_a_model_vllm_cannot_serve_falls_back_under_auto_and_is_refused_under_vl
     problem = unservable(tiny16)
     assert problem is not None and "head sizes" in problem and "has 16" in problem
     lines = []
-    made = make_backend(EnvConfig(model="tiny-llama", engine={"backend": "auto", "calibrate": False}), tiny16, log=lines.append)
+    made = make_backend(
+        EnvConfig(model="tiny-llama", engine={"backend": "auto", "calibrate": False}), tiny16, log=lines.append
+    )
     made.close()
     assert made.name == "engine" and "engine.backend: auto, and vLLM's CPU attention runs head sizes" in lines[0]
     with pytest.raises(ValueError, match="has 16"):

@@ -46,7 +46,7 @@ def test_a_next_turn_continues_its_first_turns_tree_with_the_tool_output():
     assert p.stats()["continuations"] == before + 1
     assert prompt_key(prompt + response + tool) not in p.cache
     assert len(_sequences(p, prompt)) == 1
-    assert _sequences(p, prompt)[0][-(len(tool) + len(second)):] == tool + second  # tool output in the tree
+    assert _sequences(p, prompt)[0][-(len(tool) + len(second)) :] == tool + second  # tool output in the tree
     p.end_step()
 
 
@@ -214,7 +214,10 @@ def test_speculative_configs_and_the_proposers_options_travel_in_the_environment
     assert speculative_config("none", 4) is None
     assert speculative_config("ngram", 4)["prompt_lookup_max"] == 4
     assert speculative_config("srt", 5, policy="always", max_held=7) == {
-        "method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": 5}
+        "method": "custom_class",
+        "model": PROPOSER_CLASS,
+        "num_speculative_tokens": 5,
+    }
     assert ProposerOptions.from_env() == ProposerOptions(policy="always", max_held=7)
     with pytest.raises(ValueError, match="policy"):
         speculative_config("srt", 4, policy="sometimes")
@@ -231,8 +234,11 @@ def test_cpu_and_preload_environments():
 
     first = min(os.sched_getaffinity(0))
     assert cpu_env(threads=1, kv_cache_gib=3) == {
-        "VLLM_CPU_OMP_THREADS_BIND": str(first), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-        "VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        "VLLM_CPU_OMP_THREADS_BIND": str(first),
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "VLLM_CPU_KVCACHE_SPACE": "3",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }
     libs = [p for p in (str(Path(sys.prefix) / "lib" / PRELOAD_LIBS[0]), PRELOAD_LIBS[1]) if Path(p).exists()]
     env = preload_env({"PATH": "/bin"})
     assert (env is None) == (not libs) and (env is None or env["LD_PRELOAD"] == ":".join(libs))

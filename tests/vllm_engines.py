@@ -27,8 +27,13 @@ def engine(method: str = "none", **options):
     from vllm import LLM
 
     llm = LLM(
-        model=str(tiny_model_dir()), enforce_eager=True, max_model_len=MAX_MODEL_LEN, max_num_seqs=256,
-        dtype="float32", seed=0, speculative_config=speculative_config(method, K, **options),
+        model=str(tiny_model_dir()),
+        enforce_eager=True,
+        max_model_len=MAX_MODEL_LEN,
+        max_num_seqs=256,
+        dtype="float32",
+        seed=0,
+        speculative_config=speculative_config(method, K, **options),
     )
     llm.srt_threads = torch.get_num_threads()  # vLLM's CPU attention must run with the count it started with
     return llm

@@ -33,7 +33,11 @@ class TurnEngine(Protocol):
     adapter over another server (e.g. verl's ``server_manager``, see ``srt_agent.integrations.verl``)."""
 
     async def generate(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams | None = None, prompt_key: Hashable | None = None
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        prompt_key: Hashable | None = None,
     ) -> RequestOutput: ...
 
     def release(self, request_id: str) -> None: ...

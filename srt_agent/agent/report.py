@@ -56,8 +56,14 @@ def summary_table(summary: RolloutSummary, title: str = "rollout summary") -> Ta
         ("forced (tool) tokens", f"{summary.forced_tokens}"),
         ("forward passes", f"{summary.forwards}"),
         ("tokens per forward", f"{summary.tokens_per_forward:.2f}"),
-        ("draft accepted / proposed", f"{summary.draft_accepted} / {summary.draft_proposed} ({summary.acceptance:.1%})"),
-        ("prefill computed / reused", f"{summary.prefill_computed} / {summary.prefill_reused} (hit rate {summary.prefill_hit_rate:.1%})"),
+        (
+            "draft accepted / proposed",
+            f"{summary.draft_accepted} / {summary.draft_proposed} ({summary.acceptance:.1%})",
+        ),
+        (
+            "prefill computed / reused",
+            f"{summary.prefill_computed} / {summary.prefill_reused} (hit rate {summary.prefill_hit_rate:.1%})",
+        ),
         ("prefix cache blocks in use", f"{summary.prefix_blocks_in_use}"),
         ("tool calls", f"{summary.tool_calls} {summary.tool_statuses}"),
         ("tool time (s, summed)", f"{summary.tool_time_s:.2f}"),
@@ -91,7 +97,9 @@ def rollout_env_file(
     if not tasks:
         raise ConfigError(f"{env_file}: dataset: no tasks")
     n_samples = n_samples or config.n_samples
-    controller = build_controller(config, model=model, log=lambda line: console.print(f"[dim]{line}[/dim]", highlight=False))
+    controller = build_controller(
+        config, model=model, log=lambda line: console.print(f"[dim]{line}[/dim]", highlight=False)
+    )
     try:
         trajectories, summary = run_with_progress(controller, tasks, n_samples, console)
     finally:

@@ -152,7 +152,9 @@ def run_rollouts(
 
     if isinstance(getattr(controller.engine, "engine", None), Engine):  # our engine: read its prefix cache
         try:
-            summary.prefix_blocks_in_use = controller.engine.call(lambda engine: engine.stats().get("prefix_blocks_in_use", 0)).result(60)
+            summary.prefix_blocks_in_use = controller.engine.call(
+                lambda engine: engine.stats().get("prefix_blocks_in_use", 0)
+            ).result(60)
         except Exception:  # noqa: BLE001 - a closed engine: the figure is left out, not the rollouts
             pass
     return trajectories, summary

@@ -90,10 +90,14 @@ def load_tools(path: str | Path, interpreter: InterpreterConfig | None = None) -
         if name is None:
             raise ConfigError(f"{path}: tools.{i}.tool_schema.function.name: missing (every tool needs a name)")
         if entry.config.get("type", "native") != "native":
-            raise ConfigError(f"{path}: tools.{i}.config.type: only 'native' tools run here, got {entry.config['type']!r}")
+            raise ConfigError(
+                f"{path}: tools.{i}.config.type: only 'native' tools run here, got {entry.config['type']!r}"
+            )
         builder = TOOL_BUILDERS.get(name)
         if builder is None:
-            raise ConfigError(f"{path}: tools.{i}: no tool named {name!r} here (known: {', '.join(sorted(TOOL_BUILDERS))})")
+            raise ConfigError(
+                f"{path}: tools.{i}: no tool named {name!r} here (known: {', '.join(sorted(TOOL_BUILDERS))})"
+            )
         if name in tools:
             raise ConfigError(f"{path}: tools.{i}: tool {name!r} is defined twice")
         try:

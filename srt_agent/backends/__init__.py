@@ -12,12 +12,20 @@ from .vllm_engine import VLLM_DRAFTERS, VLLMUnavailable, check_vllm_drafter, vll
 BACKENDS = ("engine", "vllm", "auto")
 
 __all__ = [
-    "BACKENDS", "VLLM_DRAFTERS", "EngineBackend", "RolloutBackend", "RunAheadControl", "VLLMUnavailable",
-    "choose_backend", "make_backend",
+    "BACKENDS",
+    "VLLM_DRAFTERS",
+    "EngineBackend",
+    "RolloutBackend",
+    "RunAheadControl",
+    "VLLMUnavailable",
+    "choose_backend",
+    "make_backend",
 ]
 
 
-def choose_backend(requested: str, drafter: str, run_ahead: bool = False, model_problem: str | None = None) -> tuple[str, str]:
+def choose_backend(
+    requested: str, drafter: str, run_ahead: bool = False, model_problem: str | None = None
+) -> tuple[str, str]:
     """(backend, why) for ``engine.backend: requested``: ``vllm`` fails with one line when vLLM is missing
     or cannot run the drafter or the model (`model_problem`: why vLLM cannot serve it); ``auto`` takes vLLM
     where it can, else our engine, and says why."""
@@ -46,8 +54,9 @@ def choose_backend(requested: str, drafter: str, run_ahead: bool = False, model_
     return "vllm", "engine.backend: auto, and vLLM is installed"
 
 
-def make_backend(config, loaded, drafter: str | None = None, run_ahead=None,
-                 log: Callable[[str], None] | None = None) -> RolloutBackend:
+def make_backend(
+    config, loaded, drafter: str | None = None, run_ahead=None, log: Callable[[str], None] | None = None
+) -> RolloutBackend:
     """The backend the env config asks for, serving `loaded` with `drafter` (default: the config's);
     `log` gets one line saying which backend runs and why."""
     drafter = drafter or config.engine.drafter

@@ -41,7 +41,11 @@ class RolloutBackend(Protocol):
     run_ahead: RunAheadControl | None
 
     async def generate(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams | None = None, prompt_key: Hashable | None = None
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        prompt_key: Hashable | None = None,
     ) -> RequestOutput:
         """One turn; a failure of this request comes back as finish_reason "error", never as a raise."""
 

@@ -75,9 +75,17 @@ def vllm_backend(config, loaded, drafter: str | None = None) -> VLLMBackend:
     source = str(getattr(loaded, "source", "")).partition(":")[2]
     model_dir = Path(source) if source and (Path(source) / "config.json").exists() else loaded_model_dir(loaded)
     engine = VLLMEngine(
-        model_dir, loaded.tokenizer, loaded.eos_token_ids, drafter=drafter, max_batch=e.max_batch,
-        max_context=e.max_context, speculative_tokens=e.vllm.speculative_tokens, enforce_eager=e.vllm.enforce_eager,
-        kv_cache_gib=e.vllm.kv_cache_gib, threads=e.vllm.threads, exact_sampling=e.vllm.exact_sampling,
+        model_dir,
+        loaded.tokenizer,
+        loaded.eos_token_ids,
+        drafter=drafter,
+        max_batch=e.max_batch,
+        max_context=e.max_context,
+        speculative_tokens=e.vllm.speculative_tokens,
+        enforce_eager=e.vllm.enforce_eager,
+        kv_cache_gib=e.vllm.kv_cache_gib,
+        threads=e.vllm.threads,
+        exact_sampling=e.vllm.exact_sampling,
         block_size=e.vllm.block_size,
     )
     return VLLMBackend(engine)

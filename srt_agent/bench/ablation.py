@@ -43,11 +43,23 @@ class AblationConfig:
     def quick(cls) -> AblationConfig:
         """Tiny random model, tiny steps: seconds (checks the pipeline, not the speed)."""
         return cls(
-            steps=2, dataset_n=2, model="tiny-llama", out="runs/ablation-quick", update_bubble=False,
+            steps=2,
+            dataset_n=2,
+            model="tiny-llama",
+            out="runs/ablation-quick",
+            update_bubble=False,
             overrides=[
-                "train.prompts_per_step=2", "n_samples=2", "max_tokens_per_turn=12", "max_response_tokens=48",
-                "max_turns=2", "engine.max_batch=4", "engine.max_context=512", "engine.calibrate=false",
-                "cold_start.enabled=false", "engine.run_ahead.slack=1.0", "engine.run_ahead.tokens_per_sequence=8",
+                "train.prompts_per_step=2",
+                "n_samples=2",
+                "max_tokens_per_turn=12",
+                "max_response_tokens=48",
+                "max_turns=2",
+                "engine.max_batch=4",
+                "engine.max_context=512",
+                "engine.calibrate=false",
+                "cold_start.enabled=false",
+                "engine.run_ahead.slack=1.0",
+                "engine.run_ahead.tokens_per_sequence=8",
             ],
         )
 
@@ -66,7 +78,12 @@ def ablation_variants(config: EnvConfig, starts: tuple[str, ...]) -> list[Rollou
 
 def ablation_env(cfg: AblationConfig) -> EnvConfig:
     """The env config the ablation runs: the env file with its overrides, no checkpoints kept, no loggers."""
-    overrides = [f"train.steps={cfg.steps}", "train.compare=[]", f"train.checkpoint_every={cfg.steps}", "train.loggers=[]"]
+    overrides = [
+        f"train.steps={cfg.steps}",
+        "train.compare=[]",
+        f"train.checkpoint_every={cfg.steps}",
+        "train.loggers=[]",
+    ]
     if cfg.dataset_n is not None:
         overrides.append(f"dataset.n={cfg.dataset_n}")
     return load_env_config(cfg.env, overrides + list(cfg.overrides))
@@ -88,13 +105,20 @@ class TraceRecorder:
         for name, rs in runs.items():
             if name not in self.traces:
                 variant = next(v for v in self.variants if v.name == name)
-                limits = dict(max_tokens_per_turn=self.config.max_tokens_per_turn, max_response_tokens=self.config.max_response_tokens)
+                limits = dict(
+                    max_tokens_per_turn=self.config.max_tokens_per_turn,
+                    max_response_tokens=self.config.max_response_tokens,
+                )
                 ahead = dataclasses.asdict(variant.run_ahead) if variant.run_ahead is not None else None
-                self.traces[name] = RolloutTrace(name, variant.drafter, limits=limits, run_ahead=ahead, **rs[0].settings)
+                self.traces[name] = RolloutTrace(
+                    name, variant.drafter, limits=limits, run_ahead=ahead, **rs[0].settings
+                )
             trajectories = [(t, run.tasks[t.task_index].key) for run in rs for t in run.trajectories]
             written = [TracedRunAhead(str(k), list(c), list(g)) for run in rs for k, c, g in run.run_ahead_written]
             wall = sum(run.wall_s for run in rs)
-            traced = TracedStep(step, [TracedTrajectory.of(t, key) for t, key in trajectories], rs[0].cost, written, wall)
+            traced = TracedStep(
+                step, [TracedTrajectory.of(t, key) for t, key in trajectories], rs[0].cost, written, wall
+            )
             self.traces[name].steps.append(traced)
             forwards = sum(t.forwards for t, _ in trajectories)
             model_tokens = sum(t.model_tokens for t, _ in trajectories)
@@ -102,16 +126,27 @@ class TraceRecorder:
             tokens = sum(a["tokens"] for a in ahead)
             rows = sum(a["rows"] for a in ahead)
             real_rows = sum(a["real_rows"] for a in ahead)
-            self.rows.append(dict(
-                step=step, variant=name, gen_s=wall, step_s=wall + rest_s, speedup_vs_none=base_s / wall if wall else 0.0,
-                accepted_per_forward=traced.accepted_per_forward, tokens_per_forward=model_tokens / forwards if forwards else 0.0,
-                forwards=forwards, model_tokens=model_tokens,
-                identical=metrics.get(f"compare/{name}/identical", 1.0),
-                run_ahead_tokens=tokens, run_ahead_row_share=rows / (rows + real_rows) if rows + real_rows else 0.0,
-                run_ahead_time_share=sum(a["added_s"] for a in ahead) / wall if ahead and wall else 0.0,
-                run_ahead_by_bubble={b: sum(a["tokens_by_bubble"][b] for a in ahead) for b in ("tail", "tools")} if ahead else {},
-                reward=metrics.get("critic/score/mean", 0.0),
-            ))
+            self.rows.append(
+                dict(
+                    step=step,
+                    variant=name,
+                    gen_s=wall,
+                    step_s=wall + rest_s,
+                    speedup_vs_none=base_s / wall if wall else 0.0,
+                    accepted_per_forward=traced.accepted_per_forward,
+                    tokens_per_forward=model_tokens / forwards if forwards else 0.0,
+                    forwards=forwards,
+                    model_tokens=model_tokens,
+                    identical=metrics.get(f"compare/{name}/identical", 1.0),
+                    run_ahead_tokens=tokens,
+                    run_ahead_row_share=rows / (rows + real_rows) if rows + real_rows else 0.0,
+                    run_ahead_time_share=sum(a["added_s"] for a in ahead) / wall if ahead and wall else 0.0,
+                    run_ahead_by_bubble={b: sum(a["tokens_by_bubble"][b] for a in ahead) for b in ("tail", "tools")}
+                    if ahead
+                    else {},
+                    reward=metrics.get("critic/score/mean", 0.0),
+                )
+            )
 
 
 def run_ablation(cfg: AblationConfig, log: Callable[[str], None] = print) -> dict:
@@ -125,10 +160,19 @@ def run_ablation(cfg: AblationConfig, log: Callable[[str], None] = print) -> dic
     variants = ablation_variants(config, cfg.starts)
     loaded = load_model(cfg.model or config.model, device=config.engine.device)
     recorder = TraceRecorder(config, variants)
-    trainer = Trainer(config, Path(cfg.out), loaded=loaded, variants=variants, on_step=recorder, console=Console(quiet=True),
-                      replace_run=True)
-    log(f"ablation: {cfg.steps} steps of {config.name}, {config.train.prompts_per_step} prompts × {config.n_samples} samples, "
-        f"stages {', '.join(v.name for v in variants)}")
+    trainer = Trainer(
+        config,
+        Path(cfg.out),
+        loaded=loaded,
+        variants=variants,
+        on_step=recorder,
+        console=Console(quiet=True),
+        replace_run=True,
+    )
+    log(
+        f"ablation: {cfg.steps} steps of {config.name}, {config.train.prompts_per_step} prompts × {config.n_samples} samples, "
+        f"stages {', '.join(v.name for v in variants)}"
+    )
     start = time.perf_counter()
     report = trainer.run()
     wall = time.perf_counter() - start
@@ -163,12 +207,20 @@ def summarize_rows(rows: list[dict]) -> list[dict]:
         accepted = sum(r["accepted_per_forward"] * r["forwards"] for r in later)
         gen = sum(r["gen_s"] for r in later)
         base = sum(r["gen_s"] for r in rows if r["variant"] == "none" and r["step"] in {x["step"] for x in later})
-        out.append(dict(
-            variant=name, steps=len(later), accepted_per_forward=accepted / forwards if forwards else 0.0,
-            gen_s=gen, step_s=sum(r["step_s"] for r in later), speedup_vs_none=base / gen if gen else 0.0,
-            identical=sum(r["identical"] for r in mine) / len(mine), run_ahead_tokens=sum(r["run_ahead_tokens"] for r in mine),
-            run_ahead_time_share=sum(r["run_ahead_time_share"] * r["gen_s"] for r in mine) / max(sum(r["gen_s"] for r in mine), 1e-9),
-        ))
+        out.append(
+            dict(
+                variant=name,
+                steps=len(later),
+                accepted_per_forward=accepted / forwards if forwards else 0.0,
+                gen_s=gen,
+                step_s=sum(r["step_s"] for r in later),
+                speedup_vs_none=base / gen if gen else 0.0,
+                identical=sum(r["identical"] for r in mine) / len(mine),
+                run_ahead_tokens=sum(r["run_ahead_tokens"] for r in mine),
+                run_ahead_time_share=sum(r["run_ahead_time_share"] * r["gen_s"] for r in mine)
+                / max(sum(r["gen_s"] for r in mine), 1e-9),
+            )
+        )
     return out
 
 
@@ -182,9 +234,19 @@ def validate_replay(traces: dict[str, RolloutTrace], variants: list[RolloutVaria
         steps = replay(traces[v.name])
         seconds = time.perf_counter() - start
         for s in steps:
-            rows.append(dict(variant=v.name, step=s.step, replayed=s.accepted_per_forward, measured=s.recorded_accepted_per_forward,
-                             error=s.error, replayed_s=s.simulated_s, measured_s=s.recorded_s, run_ahead_tokens=s.run_ahead_tokens,
-                             replay_wall_s=seconds / len(steps)))
+            rows.append(
+                dict(
+                    variant=v.name,
+                    step=s.step,
+                    replayed=s.accepted_per_forward,
+                    measured=s.recorded_accepted_per_forward,
+                    error=s.error,
+                    replayed_s=s.simulated_s,
+                    measured_s=s.recorded_s,
+                    run_ahead_tokens=s.run_ahead_tokens,
+                    replay_wall_s=seconds / len(steps),
+                )
+            )
     return rows
 
 
@@ -197,12 +259,19 @@ def measure_update_bubble(config: EnvConfig, loaded, samples_per_update: int = 8
     from ..rl.policy import Policy
     from .update import UpdateBenchConfig, packed_update, workload
 
-    bench = UpdateBenchConfig(prompts=max(1, samples_per_update // config.n_samples), samples=config.n_samples,
-                              prompt_tokens=150, response_tokens=200, tool_tokens=30)
+    bench = UpdateBenchConfig(
+        prompts=max(1, samples_per_update // config.n_samples),
+        samples=config.n_samples,
+        prompt_tokens=150,
+        response_tokens=200,
+        tool_tokens=30,
+    )
     samples = workload(bench, loaded.model.get_input_embeddings().weight.shape[0])
     policy = Policy(loaded.model)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-9)
-    options = RunAheadOptions(bubbles=("update",), budget_tokens=1 << 20, tokens_per_sequence=config.engine.run_ahead.tokens_per_sequence)
+    options = RunAheadOptions(
+        bubbles=("update",), budget_tokens=1 << 20, tokens_per_sequence=config.engine.run_ahead.tokens_per_sequence
+    )
     controller = build_controller(config, loaded=loaded, drafter="srt", tools={}, run_ahead=options)
     engine = controller.engine
     tasks = config.dataset.tasks()[: config.train.prompts_per_step]
@@ -224,9 +293,14 @@ def measure_update_bubble(config: EnvConfig, loaded, samples_per_update: int = 8
     finally:
         engine.close()
     return dict(
-        update_tokens=sum(len(s) for s in samples), update_alone_s=min(alone), update_beside_run_ahead_s=min(beside),
-        slowdown=min(beside) / min(alone), run_ahead_tokens=sum(tokens) / len(tokens),
-        run_ahead_tokens_per_s=sum(tokens) / sum(beside), times_alone_s=alone, times_beside_s=beside,
+        update_tokens=sum(len(s) for s in samples),
+        update_alone_s=min(alone),
+        update_beside_run_ahead_s=min(beside),
+        slowdown=min(beside) / min(alone),
+        run_ahead_tokens=sum(tokens) / len(tokens),
+        run_ahead_tokens_per_s=sum(tokens) / sum(beside),
+        times_alone_s=alone,
+        times_beside_s=beside,
         threads=torch.get_num_threads(),
     )
 
@@ -272,25 +346,72 @@ def ablation_tables(result: dict) -> list:
     """Rich tables: each stage over the steps, each step, the replay against the run, the update bubble."""
     from rich.table import Table
 
-    summary = Table("stage", "accepted / step", "gen s", "step s", "vs none", "identical", "run-ahead tokens", "run-ahead time share",
-                    title="stages over steps 2+ (step 1's trees start empty)")
+    summary = Table(
+        "stage",
+        "accepted / step",
+        "gen s",
+        "step s",
+        "vs none",
+        "identical",
+        "run-ahead tokens",
+        "run-ahead time share",
+        title="stages over steps 2+ (step 1's trees start empty)",
+    )
     for r in result["summary"]:
-        summary.add_row(r["variant"], f"{r['accepted_per_forward']:.3f}", f"{r['gen_s']:.1f}", f"{r['step_s']:.1f}", f"{r['speedup_vs_none']:.2f}x",
-                        f"{r['identical']:.0%}", str(r["run_ahead_tokens"]), f"{r['run_ahead_time_share']:.1%}")
-    steps = Table("step", "stage", "accepted / step", "tokens / fwd", "gen s", "step s", "identical", "run-ahead tokens", "row share",
-                  "time share", title="per step")
+        summary.add_row(
+            r["variant"],
+            f"{r['accepted_per_forward']:.3f}",
+            f"{r['gen_s']:.1f}",
+            f"{r['step_s']:.1f}",
+            f"{r['speedup_vs_none']:.2f}x",
+            f"{r['identical']:.0%}",
+            str(r["run_ahead_tokens"]),
+            f"{r['run_ahead_time_share']:.1%}",
+        )
+    steps = Table(
+        "step",
+        "stage",
+        "accepted / step",
+        "tokens / fwd",
+        "gen s",
+        "step s",
+        "identical",
+        "run-ahead tokens",
+        "row share",
+        "time share",
+        title="per step",
+    )
     for r in result["rows"]:
-        steps.add_row(str(r["step"]), r["variant"], f"{r['accepted_per_forward']:.3f}", f"{r['tokens_per_forward']:.2f}", f"{r['gen_s']:.1f}",
-                      f"{r['step_s']:.1f}", f"{r['identical']:.0%}", str(r["run_ahead_tokens"]), f"{r['run_ahead_row_share']:.1%}",
-                      f"{r['run_ahead_time_share']:.1%}")
-    replayed = Table("stage", "step", "measured", "replayed", "error", title="trace replay: accepted tokens per verification step")
+        steps.add_row(
+            str(r["step"]),
+            r["variant"],
+            f"{r['accepted_per_forward']:.3f}",
+            f"{r['tokens_per_forward']:.2f}",
+            f"{r['gen_s']:.1f}",
+            f"{r['step_s']:.1f}",
+            f"{r['identical']:.0%}",
+            str(r["run_ahead_tokens"]),
+            f"{r['run_ahead_row_share']:.1%}",
+            f"{r['run_ahead_time_share']:.1%}",
+        )
+    replayed = Table(
+        "stage", "step", "measured", "replayed", "error", title="trace replay: accepted tokens per verification step"
+    )
     for r in result["replay"]:
-        replayed.add_row(r["variant"], str(r["step"]), f"{r['measured']:.3f}", f"{r['replayed']:.3f}", f"{r['error']:.1%}")
+        replayed.add_row(
+            r["variant"], str(r["step"]), f"{r['measured']:.3f}", f"{r['replayed']:.3f}", f"{r['error']:.1%}"
+        )
     tables = [summary, steps, replayed]
     bubble = result.get("update_bubble")
     if bubble:
-        update = Table("update alone s", "update beside run-ahead s", "slowdown", "run-ahead tokens", title="the update bubble")
-        update.add_row(f"{bubble['update_alone_s']:.1f}", f"{bubble['update_beside_run_ahead_s']:.1f}", f"{bubble['slowdown']:.2f}x",
-                       f"{bubble['run_ahead_tokens']:.0f}")
+        update = Table(
+            "update alone s", "update beside run-ahead s", "slowdown", "run-ahead tokens", title="the update bubble"
+        )
+        update.add_row(
+            f"{bubble['update_alone_s']:.1f}",
+            f"{bubble['update_beside_run_ahead_s']:.1f}",
+            f"{bubble['slowdown']:.2f}x",
+            f"{bubble['run_ahead_tokens']:.0f}",
+        )
         tables.append(update)
     return tables

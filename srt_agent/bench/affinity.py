@@ -137,8 +137,13 @@ def result_table(result: dict):
 
     steps = len(next(iter(result["policies"].values()))["accepted_per_step"])
     table = Table(
-        "routing", "accepted/draft", *[f"step {s + 1}" for s in range(steps)], "requests per replica",
-        "busiest replica's drafts", "prompt trees", "tree MB",
+        "routing",
+        "accepted/draft",
+        *[f"step {s + 1}" for s in range(steps)],
+        "requests per replica",
+        "busiest replica's drafts",
+        "prompt trees",
+        "tree MB",
     )
     for policy, r in result["policies"].items():
         table.add_row(

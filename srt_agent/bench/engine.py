@@ -60,7 +60,16 @@ class EngineBenchConfig:
 
     @classmethod
     def quick(cls) -> EngineBenchConfig:
-        return cls(model="tiny-llama", prompts=2, samples=1, epochs=2, max_tokens=8, batches=(1, 4), methods=("none", "srt", "self", "srt+self"), threads=1)
+        return cls(
+            model="tiny-llama",
+            prompts=2,
+            samples=1,
+            epochs=2,
+            max_tokens=8,
+            batches=(1, 4),
+            methods=("none", "srt", "self", "srt+self"),
+            threads=1,
+        )
 
 
 def chat_prompts(loaded: LoadedModel, count: int) -> list[list[int]]:
@@ -77,7 +86,11 @@ def workload(config: EngineBenchConfig, prompts: list[list[int]], batch: int, ep
     samples = max(config.samples, math.ceil(batch / len(prompts)))
     items = [(i, s) for i in range(len(prompts)) for s in range(samples)]
     params = [
-        SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens, seed=config.seed + 100_000 * epoch + 1000 * i + s)
+        SamplingParams(
+            temperature=config.temperature,
+            max_tokens=config.max_tokens,
+            seed=config.seed + 100_000 * epoch + 1000 * i + s,
+        )
         for i, s in items
     ]
     return [prompts[i] for i, _ in items], params, [f"p{i}" for i, _ in items]
@@ -186,7 +199,19 @@ def run_hf(loaded, config, prompts, prompt_lookup: bool, report) -> list[dict]:
             tokens += out.shape[1] - len(prompt)
         wall = time.perf_counter() - t0
         name = "hf-generate+prompt-lookup" if prompt_lookup else "hf-generate"
-        runs.append(dict(method=name, batch=1, epoch=epoch + 1, requests=len(ps), wall_s=wall, tokens=tokens, tokens_per_s=tokens / wall, tokens_per_forward=None, identical_to_none=None))
+        runs.append(
+            dict(
+                method=name,
+                batch=1,
+                epoch=epoch + 1,
+                requests=len(ps),
+                wall_s=wall,
+                tokens=tokens,
+                tokens_per_s=tokens / wall,
+                tokens_per_forward=None,
+                identical_to_none=None,
+            )
+        )
         report(runs[-1])
     return runs
 
@@ -275,15 +300,32 @@ def summarize(runs: list[dict]) -> list[dict]:
             tokens=tokens,
             tokens_per_s=tokens / wall,
             tokens_per_forward=tokens / forwards if forwards else None,
-            accepted_per_step=sum(r.get("accepted_per_step", 0) * (r.get("forwards") or 0) for r in rs) / forwards if forwards else None,
-            model_acceptance=sum(r["model_acceptance"] * r["model_drafted"] for r in tested) / sum(r["model_drafted"] for r in tested) if tested else None,
-            model_draft_s_per_token=sum((r["model_draft_s_per_token"] or 0) * r["model_drafted"] for r in rs if r.get("model_drafted")) / drafted if drafted else None,
-            identical_to_none=all(r.get("identical_to_none") for r in rs) if rs[0].get("identical_to_none") is not None else None,
-            identical_share=sum(r["identical_share"] * r["tokens"] for r in rs) / tokens if "identical_share" in rs[0] else None,
+            accepted_per_step=sum(r.get("accepted_per_step", 0) * (r.get("forwards") or 0) for r in rs) / forwards
+            if forwards
+            else None,
+            model_acceptance=sum(r["model_acceptance"] * r["model_drafted"] for r in tested)
+            / sum(r["model_drafted"] for r in tested)
+            if tested
+            else None,
+            model_draft_s_per_token=sum(
+                (r["model_draft_s_per_token"] or 0) * r["model_drafted"] for r in rs if r.get("model_drafted")
+            )
+            / drafted
+            if drafted
+            else None,
+            identical_to_none=all(r.get("identical_to_none") for r in rs)
+            if rs[0].get("identical_to_none") is not None
+            else None,
+            identical_share=sum(r["identical_share"] * r["tokens"] for r in rs) / tokens
+            if "identical_share" in rs[0]
+            else None,
         )
         out.append(row)
     for row in out:
-        base = next((r for r in out if r["method"] == "none" and r["batch"] == row["batch"] and r["epochs"] == row["epochs"]), None)
+        base = next(
+            (r for r in out if r["method"] == "none" and r["batch"] == row["batch"] and r["epochs"] == row["epochs"]),
+            None,
+        )
         row["speedup_vs_none"] = row["tokens_per_s"] / base["tokens_per_s"] if base else None
     return out
 
@@ -293,7 +335,20 @@ def summary_table(result: dict):
     from rich.table import Table
 
     table = Table(title="engine benchmark (epoch 1: cold trees; 2+: warm)")
-    for col in ("method", "batch", "epochs", "wall s", "tokens", "tok/s", "tok/fwd", "acc/step", "model acc", "ms/draft tok", "speedup", "identical"):
+    for col in (
+        "method",
+        "batch",
+        "epochs",
+        "wall s",
+        "tokens",
+        "tok/s",
+        "tok/fwd",
+        "acc/step",
+        "model acc",
+        "ms/draft tok",
+        "speedup",
+        "identical",
+    ):
         table.add_column(col, justify="right" if col not in ("method",) else "left")
 
     def fmt(x, spec=".2f"):
@@ -312,7 +367,9 @@ def summary_table(result: dict):
             fmt(row["model_acceptance"]),
             fmt(None if row["model_draft_s_per_token"] is None else 1000 * row["model_draft_s_per_token"], ".1f"),
             fmt(row["speedup_vs_none"]) + ("x" if row["speedup_vs_none"] is not None else ""),
-            "-" if row["identical_to_none"] is None else ("yes" if row["identical_to_none"] else f"{row['identical_share']:.1%}"),
+            "-"
+            if row["identical_to_none"] is None
+            else ("yes" if row["identical_to_none"] else f"{row['identical_share']:.1%}"),
         )
     return table
 
@@ -325,6 +382,8 @@ def verification_cost_lines(result: dict) -> list[str]:
         by_shape = {}
         for c in rows:
             by_shape.setdefault(c["sequences"], []).append(f"{c['tokens']}: {1000 * c['seconds']:.1f}")
-        shapes = "; ".join(f"{q} sequence{'s' if q > 1 else ''}, tokens fed: ms {', '.join(v)}" for q, v in sorted(by_shape.items()))
+        shapes = "; ".join(
+            f"{q} sequence{'s' if q > 1 else ''}, tokens fed: ms {', '.join(v)}" for q, v in sorted(by_shape.items())
+        )
         lines.append(f"verification cost at batch {batch}: {shapes}")
     return lines

@@ -111,16 +111,24 @@ def method_variants(methods: list[Method], config: EnvConfig) -> list[RolloutVar
     """The trainer's rollout variants: the unmeasured training rollouts first, then every method (run-ahead
     as the config sets it, on)."""
     run_ahead = config.engine.run_ahead.model_copy(update={"enabled": True}).options(config.train.seed)
-    return [RolloutVariant(TRAINER, "none")] + [RolloutVariant(m.name, m.drafter, run_ahead if m.run_ahead else None) for m in methods]
+    return [RolloutVariant(TRAINER, "none")] + [
+        RolloutVariant(m.name, m.drafter, run_ahead if m.run_ahead else None) for m in methods
+    ]
 
 
 def bench_env(cfg: PaperBenchConfig, algorithm: str, samples: int, prompts: int) -> EnvConfig:
     """The env file with the bench's shape: `algorithm`, its steps, `prompts` × `samples` rollouts per step."""
     recur = max(1, cfg.dataset_n // cfg.prompts_per_step)  # steps between a prompt's visits, as in the main run
     overrides = [
-        f"train.algorithm={algorithm}", f"train.steps={cfg.steps}", f"train.prompts_per_step={prompts}",
-        f"n_samples={samples}", f"dataset.n={prompts * recur}", "train.compare=[]",
-        f"train.checkpoint_every={cfg.steps}", "train.keep_checkpoints=1", "train.loggers=[]",
+        f"train.algorithm={algorithm}",
+        f"train.steps={cfg.steps}",
+        f"train.prompts_per_step={prompts}",
+        f"n_samples={samples}",
+        f"dataset.n={prompts * recur}",
+        "train.compare=[]",
+        f"train.checkpoint_every={cfg.steps}",
+        "train.keep_checkpoints=1",
+        "train.loggers=[]",
     ]
     config = load_env_config(cfg.env, overrides + list(cfg.overrides))
     # Every method's engine keeps a KV cache of max_batch slots: no more than a step's rollouts need.
@@ -147,14 +155,16 @@ class StepRecorder(TraceRecorder):
     plus how far each method's rollouts differ from the baseline's (the baseline's from the training
     rollouts') in every step; logs a line per step, and one per exact method that differs."""
 
-    def __init__(self, config: EnvConfig, variants: list[RolloutVariant], exact: set[str], log: Callable[[str], None] = print):
+    def __init__(
+        self, config: EnvConfig, variants: list[RolloutVariant], exact: set[str], log: Callable[[str], None] = print
+    ):
         super().__init__(config, variants)
         self.exact, self.log = exact, log
 
     def __call__(self, step: int, metrics: dict[str, float], runs: dict[str, list[RolloutRun]]) -> None:
         super().__call__(step, metrics, runs)
         trajectories = {name: [t for run in rs for t in run.trajectories] for name, rs in runs.items()}
-        rows = [r for r in self.rows[-len(runs):] if r["variant"] != TRAINER]
+        rows = [r for r in self.rows[-len(runs) :] if r["variant"] != TRAINER]
         for row in rows:
             name = row["variant"]
             reference = trajectories[TRAINER if name == BASELINE else BASELINE]
@@ -162,14 +172,25 @@ class StepRecorder(TraceRecorder):
             row["trajectories"] = max(len(reference), len(trajectories[name]))
             row["identical"] = 1 - row["differing_trajectories"] / row["trajectories"] if row["trajectories"] else 0.0
             if name in self.exact and row["differing_trajectories"]:
-                self.log(f"  step {step}: MISMATCH: {name}'s rollouts differ from plain decoding's in "
-                         f"{row['differing_trajectories']} of {row['trajectories']} trajectories ({row['differing_tokens']} tokens)")
-        self.log(f"  step {step}: generation s " + ", ".join(f"{r['variant']} {r['gen_s']:.1f}" for r in rows)
-                 + f"; reward {metrics.get('critic/score/mean', 0.0):.2f}")
+                self.log(
+                    f"  step {step}: MISMATCH: {name}'s rollouts differ from plain decoding's in "
+                    f"{row['differing_trajectories']} of {row['trajectories']} trajectories ({row['differing_tokens']} tokens)"
+                )
+        self.log(
+            f"  step {step}: generation s "
+            + ", ".join(f"{r['variant']} {r['gen_s']:.1f}" for r in rows)
+            + f"; reward {metrics.get('critic/score/mean', 0.0):.2f}"
+        )
 
 
 def run_algorithm(
-    cfg: PaperBenchConfig, algorithm: str, methods: list[Method], loaded, samples: int, prompts: int, out: Path,
+    cfg: PaperBenchConfig,
+    algorithm: str,
+    methods: list[Method],
+    loaded,
+    samples: int,
+    prompts: int,
+    out: Path,
     log: Callable[[str], None] = print,
 ) -> dict:
     """One RL run of `algorithm` with every method regenerating each step; its rows and per-method cells."""
@@ -180,14 +201,20 @@ def run_algorithm(
     config = bench_env(cfg, algorithm, samples, prompts)
     variants = method_variants(methods, config)
     recorder = StepRecorder(config, variants, {m.name for m in methods if m.exact}, log)
-    trainer = Trainer(config, out, loaded=loaded, variants=variants, on_step=recorder, console=Console(quiet=True),
-                      replace_run=True)
+    trainer = Trainer(
+        config, out, loaded=loaded, variants=variants, on_step=recorder, console=Console(quiet=True), replace_run=True
+    )
     start = time.perf_counter()
     report = trainer.run()
     return {
-        "algorithm": algorithm, "samples": samples, "prompts_per_step": prompts, "wall_s": time.perf_counter() - start,
-        "rows": recorder.rows, "cells": {m.name: cell(recorder.rows, m) for m in methods},
-        "reward": [m.get("critic/score/mean") for m in report["steps"]], "cold_start": report.get("cold_start"),
+        "algorithm": algorithm,
+        "samples": samples,
+        "prompts_per_step": prompts,
+        "wall_s": time.perf_counter() - start,
+        "rows": recorder.rows,
+        "cells": {m.name: cell(recorder.rows, m) for m in methods},
+        "reward": [m.get("critic/score/mean") for m in report["steps"]],
+        "cold_start": report.get("cold_start"),
     }
 
 
@@ -208,8 +235,10 @@ def cell(rows: list[dict], method: Method) -> dict:
     trajectories = sum(r["trajectories"] for r in every_step)
     differing = sum(r["differing_trajectories"] for r in every_step)
     out = dict(
-        exact=method.exact, steps=len(mine),
-        gen_s=gen / steps, step_s=sum(r["step_s"] for r in mine) / steps,
+        exact=method.exact,
+        steps=len(mine),
+        gen_s=gen / steps,
+        step_s=sum(r["step_s"] for r in mine) / steps,
         ms_per_token=1000 * gen / tokens if tokens else 0.0,
         accepted_per_step=sum(r["accepted_per_forward"] * r["forwards"] for r in mine) / forwards if forwards else 0.0,
         speedup_vs_baseline=sum(r["gen_s"] for r in base) / gen if gen else 0.0,
@@ -226,7 +255,9 @@ def cell(rows: list[dict], method: Method) -> dict:
 
 
 def run_paper_bench(
-    cfg: PaperBenchConfig, log: Callable[[str], None] = print, on_run: Callable[[dict], None] | None = None,
+    cfg: PaperBenchConfig,
+    log: Callable[[str], None] = print,
+    on_run: Callable[[dict], None] | None = None,
 ) -> dict:
     """Every algorithm's run, then the n-ablation; returns the result (rows, cells, skipped methods).
     `on_run(result so far)` sees it after every run (a long benchmark leaves its figures as it goes)."""
@@ -245,16 +276,26 @@ def run_paper_bench(
 
     def run(algorithm: str, chosen: list[Method], samples: int, prompts: int, label: str) -> dict:
         loaded.model.load_state_dict(initial)
-        log(f"{label}: {cfg.steps} steps × {prompts} prompts × {samples} samples, methods {', '.join(m.name for m in chosen)}")
+        log(
+            f"{label}: {cfg.steps} steps × {prompts} prompts × {samples} samples, methods {', '.join(m.name for m in chosen)}"
+        )
         result = run_algorithm(cfg, algorithm, chosen, loaded, samples, prompts, Path(cfg.out) / label, log)
-        log(f"{label}: {result['wall_s']:.0f} s (cold start {'cached' if (result['cold_start'] or {}).get('cached') else 'run'})")
+        log(
+            f"{label}: {result['wall_s']:.0f} s (cold start {'cached' if (result['cold_start'] or {}).get('cached') else 'run'})"
+        )
         return result
 
     def result(ablation: dict | None = None) -> dict:
         return {
-            "config": dataclasses.asdict(cfg), "model": loaded.name, "threads": torch.get_num_threads(),
-            "wall_s": time.perf_counter() - started, "methods": [dataclasses.asdict(m) | {"exact": m.exact} for m in methods],
-            "skipped": skipped, "runs": runs, "ablation": ablation, "mismatches": mismatches(runs, ablation),
+            "config": dataclasses.asdict(cfg),
+            "model": loaded.name,
+            "threads": torch.get_num_threads(),
+            "wall_s": time.perf_counter() - started,
+            "methods": [dataclasses.asdict(m) | {"exact": m.exact} for m in methods],
+            "skipped": skipped,
+            "runs": runs,
+            "ablation": ablation,
+            "mismatches": mismatches(runs, ablation),
         }
 
     for algorithm in cfg.algorithms:
@@ -277,7 +318,9 @@ def mismatches(runs: list[dict], ablation: dict | None = None) -> list[str]:
     return [
         f"{run['algorithm']} n={run['samples']}: {name} differs in {c['differing_trajectory_share']:.0%} of its trajectories "
         f"({c['differing_tokens']} tokens)"
-        for run in every for name, c in run["cells"].items() if c["mismatch"]
+        for run in every
+        for name, c in run["cells"].items()
+        if c["mismatch"]
     ]
 
 
@@ -298,8 +341,11 @@ def merge_results(results: list[dict]) -> dict:
 def narrow_subset(run: dict, methods: list[Method]) -> dict:
     """A run's figures restricted to `methods` (the n-ablation's n = samples column)."""
     names = {m.name for m in methods}
-    return {**run, "cells": {k: v for k, v in run["cells"].items() if k in names},
-            "rows": [r for r in run["rows"] if r["variant"] in names]}
+    return {
+        **run,
+        "cells": {k: v for k, v in run["cells"].items() if k in names},
+        "rows": [r for r in run["rows"] if r["variant"] in names],
+    }
 
 
 # ----- reports ----------------------------------------------------------------------------------------
@@ -321,10 +367,14 @@ def paper_table(result: dict) -> str:
     identity with the baseline and accepted tokens per verification step beside them."""
     runs = result["runs"]
     algos = [r["algorithm"].upper() for r in runs]
-    head = ["Method"] + [f"{a}" for _ in BLOCKS for a in algos] + ["identical to baseline", "accepted / verification step"]
+    head = (
+        ["Method"] + [f"{a}" for _ in BLOCKS for a in algos] + ["identical to baseline", "accepted / verification step"]
+    )
     group = [""] + [title for title, _, _ in BLOCKS for _ in algos] + ["", ""]
-    lines = ["| " + " | ".join(f"{g}<br>{h}" if g else h for g, h in zip(group, head)) + " |",
-             "|---|" + "---:|" * (len(head) - 1)]
+    lines = [
+        "| " + " | ".join(f"{g}<br>{h}" if g else h for g, h in zip(group, head)) + " |",
+        "|---|" + "---:|" * (len(head) - 1),
+    ]
     best = {}
     for _, key, _ in BLOCKS:
         for run in runs:
@@ -341,13 +391,18 @@ def paper_table(result: dict) -> str:
         if m["exact"]:
             row.append(" / ".join(f"{c['identical']:.0%}" + (" MISMATCH" if c["mismatch"] else "") for c in cells))
         else:
-            row.append(" / ".join(f"{1 - c['differing_trajectory_share']:.0%}" for c in cells)
-                       + f" (lenience {cells[0].get('lenience', 0):.2f}: "
-                       + ", ".join(f"{c['differing_tokens']} tokens differ" for c in cells) + ")")
+            row.append(
+                " / ".join(f"{1 - c['differing_trajectory_share']:.0%}" for c in cells)
+                + f" (lenience {cells[0].get('lenience', 0):.2f}: "
+                + ", ".join(f"{c['differing_tokens']} tokens differ" for c in cells)
+                + ")"
+            )
         row.append(" / ".join("-" if name == BASELINE else f"{c['accepted_per_step']:.2f}" for c in cells))
         lines.append("| " + " | ".join(row) + " |")
     lines += [""] + [f"- `{name}` skipped: {why}" for name, why in result["skipped"].items()]
-    lines += [f"- MISMATCH (an exact method was not plain decoding): {m}" for m in mismatches(runs, result.get("ablation"))]
+    lines += [
+        f"- MISMATCH (an exact method was not plain decoding): {m}" for m in mismatches(runs, result.get("ablation"))
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -358,7 +413,9 @@ def ablation_table(result: dict) -> str:
     if not ablation:
         return ""
     runs = ablation["runs"]
-    head = ["Method"] + [f"n = {r['samples']} ({r['prompts_per_step']} prompts): gen s / accepted per step" for r in runs]
+    head = ["Method"] + [
+        f"n = {r['samples']} ({r['prompts_per_step']} prompts): gen s / accepted per step" for r in runs
+    ]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * len(runs)]
     for name in runs[0]["cells"]:
         row = [_label(result, name)]
@@ -367,8 +424,13 @@ def ablation_table(result: dict) -> str:
             row.append(f"{c['gen_s']:.1f} / " + ("-" if name == BASELINE else f"{c['accepted_per_step']:.2f}"))
         lines.append("| " + " | ".join(row) + " |")
     if all("srt" in r["cells"] and "suffix" in r["cells"] for r in runs):
-        leads = [r["cells"]["suffix"]["gen_s"] / r["cells"]["srt"]["gen_s"] if r["cells"]["srt"]["gen_s"] else 0.0 for r in runs]
-        lines.append("| SRT's lead over SuffixDecoding (gen time ratio) | " + " | ".join(f"{x:.2f}x" for x in leads) + " |")
+        leads = [
+            r["cells"]["suffix"]["gen_s"] / r["cells"]["srt"]["gen_s"] if r["cells"]["srt"]["gen_s"] else 0.0
+            for r in runs
+        ]
+        lines.append(
+            "| SRT's lead over SuffixDecoding (gen time ratio) | " + " | ".join(f"{x:.2f}x" for x in leads) + " |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -97,13 +97,24 @@ def run_prefix_bench(config: PrefixBenchConfig, report: Callable[[PrefixRun], No
                 reference = tokens if reference is None else reference
                 unique = unique_prompt_tokens(trajectories)
                 run = PrefixRun(
-                    n=n, drafter=drafter, sharing=sharing, wall_s=summary.wall_s, cpu_s=cpu_s,
-                    forward_s=stats["forward_s"], draft_s=stats["draft_s"], model_tokens=summary.model_tokens,
-                    tokens_per_s=summary.model_tokens / summary.wall_s, prefill_computed=summary.prefill_computed,
-                    prefill_reused=summary.prefill_reused, prefill_hit_rate=summary.prefill_hit_rate,
-                    unique_prompt_tokens=unique, computed_over_unique=summary.prefill_computed / unique,
-                    forwards=stats["forwards"], tokens_per_forward=stats["tokens_per_forward"],
-                    mean_reward=summary.mean_reward, identical_to_reference=tokens == reference,
+                    n=n,
+                    drafter=drafter,
+                    sharing=sharing,
+                    wall_s=summary.wall_s,
+                    cpu_s=cpu_s,
+                    forward_s=stats["forward_s"],
+                    draft_s=stats["draft_s"],
+                    model_tokens=summary.model_tokens,
+                    tokens_per_s=summary.model_tokens / summary.wall_s,
+                    prefill_computed=summary.prefill_computed,
+                    prefill_reused=summary.prefill_reused,
+                    prefill_hit_rate=summary.prefill_hit_rate,
+                    unique_prompt_tokens=unique,
+                    computed_over_unique=summary.prefill_computed / unique,
+                    forwards=stats["forwards"],
+                    tokens_per_forward=stats["tokens_per_forward"],
+                    mean_reward=summary.mean_reward,
+                    identical_to_reference=tokens == reference,
                     prefix_blocks_in_use=summary.prefix_blocks_in_use,
                     engine_stats={k: v for k, v in stats.items() if k.startswith(("prefill", "prefix"))},
                 )
@@ -143,14 +154,35 @@ def result_table(result: dict):
     from rich.table import Table
 
     table = Table(
-        "n", "drafter", "sharing", "prefill computed", "unique", "computed/unique", "hit rate", "wall s", "cpu s", "forward s",
-        "tokens/s", "tokens/step", "same tokens", title=f"prefix sharing: {result['tasks']} tasks",
+        "n",
+        "drafter",
+        "sharing",
+        "prefill computed",
+        "unique",
+        "computed/unique",
+        "hit rate",
+        "wall s",
+        "cpu s",
+        "forward s",
+        "tokens/s",
+        "tokens/step",
+        "same tokens",
+        title=f"prefix sharing: {result['tasks']} tasks",
     )
     for r in result["runs"]:
         table.add_row(
-            str(r["n"]), r["drafter"], "on" if r["sharing"] else "off", str(r["prefill_computed"]),
-            str(r["unique_prompt_tokens"]), f"{r['computed_over_unique']:.2f}", f"{r['prefill_hit_rate']:.1%}",
-            f"{r['wall_s']:.1f}", f"{r['cpu_s']:.1f}", f"{r['forward_s']:.1f}", f"{r['tokens_per_s']:.1f}", f"{r['tokens_per_forward']:.2f}",
+            str(r["n"]),
+            r["drafter"],
+            "on" if r["sharing"] else "off",
+            str(r["prefill_computed"]),
+            str(r["unique_prompt_tokens"]),
+            f"{r['computed_over_unique']:.2f}",
+            f"{r['prefill_hit_rate']:.1%}",
+            f"{r['wall_s']:.1f}",
+            f"{r['cpu_s']:.1f}",
+            f"{r['forward_s']:.1f}",
+            f"{r['tokens_per_s']:.1f}",
+            f"{r['tokens_per_forward']:.2f}",
             "yes" if r["identical_to_reference"] else "NO",
         )
     return table

@@ -124,13 +124,22 @@ class Replay:
             raise ValueError(f"run-ahead content needs the srt drafter, not {self.drafter_name!r}")
         self.pool = pool or trace
         cache = {k: v for k, v in trace.cache.items() if v is not None}
-        cache.update({k: v for k, v in (("max_depth", o.max_depth), ("max_match", o.max_match), ("max_bytes", o.max_bytes)) if v is not None})
+        cache.update(
+            {
+                k: v
+                for k, v in (("max_depth", o.max_depth), ("max_match", o.max_match), ("max_bytes", o.max_bytes))
+                if v is not None
+            }
+        )
         self.drafter = make_drafter(self.drafter_name, **(cache if self.drafter_name in TREE_DRAFTERS else {}))
         self.acceptance = AcceptanceModel()
         self._ids = 0
 
     def run(self) -> list[ReplayedStep]:
-        return [self.step(s, self.pool.steps[i] if i < len(self.pool.steps) else None) for i, s in enumerate(self.trace.steps)]
+        return [
+            self.step(s, self.pool.steps[i] if i < len(self.pool.steps) else None)
+            for i, s in enumerate(self.trace.steps)
+        ]
 
     def step(self, step: TracedStep, pool_step: TracedStep | None = None) -> ReplayedStep:
         cost = cost_model_of(step.cost)
@@ -161,8 +170,14 @@ class Replay:
             self._end_ahead(a, clock)
         self.drafter.end_step()
         return ReplayedStep(
-            step.step, clock.accepted / clock.forwards if clock.forwards else 0.0, step.accepted_per_forward,
-            clock.forwards, clock.accepted, clock.time, step.wall_s, clock.run_ahead_tokens,
+            step.step,
+            clock.accepted / clock.forwards if clock.forwards else 0.0,
+            step.accepted_per_forward,
+            clock.forwards,
+            clock.accepted,
+            clock.time,
+            step.wall_s,
+            clock.run_ahead_tokens,
         )
 
     # ----- the simulated engine -------------------------------------------------------------------
@@ -172,7 +187,9 @@ class Replay:
         return f"{kind}-{self._ids}"
 
     def _begin_call(self, ep: _Episode) -> None:
-        ep.call_max = max(1, min(self.limits["max_tokens_per_turn"], self.limits["max_response_tokens"] - ep.response_len))
+        ep.call_max = max(
+            1, min(self.limits["max_tokens_per_turn"], self.limits["max_response_tokens"] - ep.response_len)
+        )
         ep.call_generated = 0
 
     def _slots_used(self, running: list[_Episode], parked: list[_Episode], clock: _Clock) -> int:
@@ -268,7 +285,9 @@ class Replay:
                 return
             clock.time += added
 
-    def _run_ahead_rows(self, bubble: str, tokens: int, seqs: int, running: list, parked: list, clock: _Clock, cost) -> float:
+    def _run_ahead_rows(
+        self, bubble: str, tokens: int, seqs: int, running: list, parked: list, clock: _Clock, cost
+    ) -> float:
         """Advance run-ahead as the engine's row-cost rule allows; returns the seconds it adds."""
         o = self.run_ahead
         if o is None or bubble not in o.bubbles or clock.spent >= o.budget_tokens:
@@ -311,7 +330,9 @@ class Replay:
         self.drafter.stop_request(a.rid)
 
 
-def replay(trace: RolloutTrace, options: ReplayOptions | None = None, pool: RolloutTrace | None = None) -> list[ReplayedStep]:
+def replay(
+    trace: RolloutTrace, options: ReplayOptions | None = None, pool: RolloutTrace | None = None
+) -> list[ReplayedStep]:
     """Replay every step of `trace` (run-ahead content from `pool`, default the trace itself)."""
     return Replay(trace, options, pool).run()
 
@@ -335,12 +356,23 @@ def replay_sweep(trace: RolloutTrace, pool: RolloutTrace | None = None, **values
         start = time.perf_counter()
         steps = replay(trace, options, pool)
         forwards = sum(s.forwards for s in steps)
-        rows.append(dict(
-            setting={**setting, **ahead}, accepted_per_forward=sum(s.accepted for s in steps) / forwards if forwards else 0.0,
-            simulated_s=sum(s.simulated_s for s in steps), run_ahead_tokens=sum(s.run_ahead_tokens for s in steps),
-            steps=[dict(step=s.step, accepted_per_forward=s.accepted_per_forward, measured=s.recorded_accepted_per_forward) for s in steps],
-            wall_s=time.perf_counter() - start,
-        ))
+        rows.append(
+            dict(
+                setting={**setting, **ahead},
+                accepted_per_forward=sum(s.accepted for s in steps) / forwards if forwards else 0.0,
+                simulated_s=sum(s.simulated_s for s in steps),
+                run_ahead_tokens=sum(s.run_ahead_tokens for s in steps),
+                steps=[
+                    dict(
+                        step=s.step,
+                        accepted_per_forward=s.accepted_per_forward,
+                        measured=s.recorded_accepted_per_forward,
+                    )
+                    for s in steps
+                ],
+                wall_s=time.perf_counter() - start,
+            )
+        )
     forwards = sum(t.forwards for s in trace.steps for t in s.trajectories)
     measured = sum(t.draft_accepted for s in trace.steps for t in s.trajectories) / forwards if forwards else 0.0
     return {"trace": trace.variant, "measured_accepted_per_forward": measured, "rows": rows}
@@ -350,9 +382,21 @@ def sweep_table(result: dict):
     """The sweep as a rich table."""
     from rich.table import Table
 
-    table = Table("setting", "accepted / step", "simulated s", "run-ahead tokens", "replay s",
-                  title=f"{result['trace']}: measured {result['measured_accepted_per_forward']:.3f} accepted tokens per step")
+    table = Table(
+        "setting",
+        "accepted / step",
+        "simulated s",
+        "run-ahead tokens",
+        "replay s",
+        title=f"{result['trace']}: measured {result['measured_accepted_per_forward']:.3f} accepted tokens per step",
+    )
     for row in result["rows"]:
         setting = ", ".join(f"{k}={v}" for k, v in row["setting"].items()) or "as recorded"
-        table.add_row(setting, f"{row['accepted_per_forward']:.3f}", f"{row['simulated_s']:.1f}", str(row["run_ahead_tokens"]), f"{row['wall_s']:.2f}")
+        table.add_row(
+            setting,
+            f"{row['accepted_per_forward']:.3f}",
+            f"{row['simulated_s']:.1f}",
+            str(row["run_ahead_tokens"]),
+            f"{row['wall_s']:.2f}",
+        )
     return table

@@ -46,7 +46,9 @@ class TracedTrajectory:
         turns = [tokens for mask, tokens in runs if mask == 1]
         observations = [tokens for mask, tokens in runs if mask == 0]
         waits = [sum(c.wall_s for c in traj.tool_calls if c.turn == i) for i in range(len(observations))]
-        return cls(prompt_key, prompt + prefix, turns, observations, waits, len(prefix), traj.forwards, traj.draft_accepted)
+        return cls(
+            prompt_key, prompt + prefix, turns, observations, waits, len(prefix), traj.forwards, traj.draft_accepted
+        )
 
 
 @dataclass
@@ -98,8 +100,11 @@ class RolloutTrace:
             data = json.loads(Path(path).read_text())
             steps = [
                 TracedStep(
-                    s["step"], [TracedTrajectory(**t) for t in s["trajectories"]], s["cost"],
-                    [TracedRunAhead(**r) for r in s.get("run_ahead", [])], s.get("wall_s", 0.0),
+                    s["step"],
+                    [TracedTrajectory(**t) for t in s["trajectories"]],
+                    s["cost"],
+                    [TracedRunAhead(**r) for r in s.get("run_ahead", [])],
+                    s.get("wall_s", 0.0),
                 )
                 for s in data.pop("steps")
             ]
@@ -112,5 +117,9 @@ def cost_model_of(table: dict) -> ForwardCostModel:
     """A cost model with a recorded table's figures (the replay never updates it)."""
     model = ForwardCostModel()
     model.calibrate([(row["tokens"], row["seconds"], row["sequences"]) for row in table["shapes"]])
-    model.fixed_s, model.per_token_s, model.per_sequence_s = table["fixed_s"], table["per_token_s"], table["per_sequence_s"]
+    model.fixed_s, model.per_token_s, model.per_sequence_s = (
+        table["fixed_s"],
+        table["per_token_s"],
+        table["per_sequence_s"],
+    )
     return model

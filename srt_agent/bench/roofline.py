@@ -72,7 +72,9 @@ class ModelCost:
         linear_params = sum(p.numel() for layer in layers for n, p in layer.named_parameters() if p.dim() >= 2)
         layer_bytes = sum(p.numel() * p.element_size() for layer in layers for p in layer.parameters())
         kv = sum(k.shape[1] * k.shape[3] * k.element_size() * 2 for k in runner.kv.keys)
-        heads = model.config.num_attention_heads if hasattr(model.config, "num_attention_heads") else model.config.n_head
+        heads = (
+            model.config.num_attention_heads if hasattr(model.config, "num_attention_heads") else model.config.n_head
+        )
         head_dim = runner.kv.keys[0].shape[3]
         return cls(
             layer_bytes=layer_bytes,
@@ -102,10 +104,16 @@ def measure_bandwidth(device: torch.device, sync, reps: int, clock: str, nbytes:
     gemv_s = _best_time(lambda: F.linear(x, weight), sync, reps, clock)
     dst = torch.empty_like(weight)
     copy_s = _best_time(lambda: dst.copy_(weight), sync, reps, clock)
-    return dict(gemv_gb_s=weight.nbytes / gemv_s / 1e9, copy_gb_s=2 * weight.nbytes / copy_s / 1e9, buffer_mb=weight.nbytes >> 20)
+    return dict(
+        gemv_gb_s=weight.nbytes / gemv_s / 1e9,
+        copy_gb_s=2 * weight.nbytes / copy_s / 1e9,
+        buffer_mb=weight.nbytes >> 20,
+    )
 
 
-def measure_gemm(runner: ModelRunner, sync, reps: int, clock: str, rows: tuple[int, ...] = GEMM_ROWS) -> dict[int, float]:
+def measure_gemm(
+    runner: ModelRunner, sync, reps: int, clock: str, rows: tuple[int, ...] = GEMM_ROWS
+) -> dict[int, float]:
     """GFLOP/s of the model's own linear shapes (one decoder layer's linears, as F.linear runs them) by rows."""
     layers = runner.decoder.layers if hasattr(runner.decoder, "layers") else runner.decoder.h
     weights = [p for n, p in layers[0].named_parameters() if p.dim() == 2 and "embed" not in n]
@@ -134,12 +142,19 @@ def profile_step(runner: ModelRunner, chunks: list[Chunk], top: int = 12) -> lis
     rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in rows) or 1
     return [
-        dict(op=e.key, ms_per_step=e.self_cpu_time_total / 3 / 1e3, share=e.self_cpu_time_total / total, calls_per_step=e.count // 3)
+        dict(
+            op=e.key,
+            ms_per_step=e.self_cpu_time_total / 3 / 1e3,
+            share=e.self_cpu_time_total / total,
+            calls_per_step=e.count // 3,
+        )
         for e in rows[:top]
     ]
 
 
-def run_roofline(model: LoadedModel, context: int = 512, reps: int = 5, profile: bool = True, clock: str = "wall") -> dict:
+def run_roofline(
+    model: LoadedModel, context: int = 512, reps: int = 5, profile: bool = True, clock: str = "wall"
+) -> dict:
     """Measure the device and the model's step shapes; returns the JSON-ready result.
 
     Where the runner packs its linears, every shape is also timed with packing off, alternating
@@ -172,9 +187,16 @@ def run_roofline(model: LoadedModel, context: int = 512, reps: int = 5, profile:
         seconds = times[runner.packed_linears]
         nbytes, flops = cost.step(sequences, tokens, context)
         floor = max(nbytes / bw, flops / (peak * 1e9))
-        shape = dict(sequences=sequences, tokens=tokens, bytes=nbytes, gflop=flops / 1e9, floor_ms=floor * 1e3,
-                     bound="memory" if nbytes / bw >= flops / (peak * 1e9) else "compute",
-                     step_ms=seconds * 1e3, ratio_to_floor=seconds / floor)
+        shape = dict(
+            sequences=sequences,
+            tokens=tokens,
+            bytes=nbytes,
+            gflop=flops / 1e9,
+            floor_ms=floor * 1e3,
+            bound="memory" if nbytes / bw >= flops / (peak * 1e9) else "compute",
+            step_ms=seconds * 1e3,
+            ratio_to_floor=seconds / floor,
+        )
         if runner.packed_linears:
             shape["step_ms_unpacked"] = times[False] * 1e3
         shapes.append(shape)
@@ -205,7 +227,8 @@ def roofline_lines(result: dict) -> list[str]:
         f"flags {' '.join(d['flags']) or '-'}; bf16 fast: {'yes' if d['fast_bf16'] else 'no'})",
         f"bandwidth: {b['gemv_gb_s']:.1f} GB/s streaming weights (GEMV), {b['copy_gb_s']:.1f} GB/s copy; "
         f"GEMM peak {result['gemm_peak_gflop_s']:.1f} GFLOP/s ("
-        + ", ".join(f"{k} rows {v:.0f}" for k, v in result["gemm_gflop_s"].items()) + ")",
+        + ", ".join(f"{k} rows {v:.0f}" for k, v in result["gemm_gflop_s"].items())
+        + ")",
         f"clock: {result['clock']}; linears packed (oneDNN): {'yes' if result['packed_linears'] else 'no'}",
         f"model: {m['name']} {m['dtype']}, layers {m['layer_bytes'] / 1e6:.0f} MB + LM head {m['head_bytes'] / 1e6:.0f} MB, "
         f"context {m['context']}",

@@ -37,7 +37,9 @@ class UpdateBenchConfig:
 
     @classmethod
     def quick(cls) -> UpdateBenchConfig:
-        return cls(model="tiny-llama", prompts=2, samples=2, prompt_tokens=24, response_tokens=16, tool_tokens=4, repeats=2)
+        return cls(
+            model="tiny-llama", prompts=2, samples=2, prompt_tokens=24, response_tokens=16, tool_tokens=4, repeats=2
+        )
 
 
 def workload(cfg: UpdateBenchConfig, vocab: int) -> list[Sample]:
@@ -102,9 +104,18 @@ def run_update_bench(cfg: UpdateBenchConfig, report: Callable[[str, float], None
     lora = Policy(loaded.model, lora=LoraConfig(rank=cfg.lora_rank))
     hf = Policy(loaded.model).base  # a plain trainable copy for the baseline
     methods = {
-        "hf-forward-backward": (lambda o: hf_update(hf, o, samples, cfg.hf_batch_size), torch.optim.AdamW(hf.parameters(), lr=1e-7)),
-        "srt-full": (lambda o: packed_update(full, o, samples, cfg.micro_batch_tokens), torch.optim.AdamW(full.parameters(), lr=1e-7)),
-        f"srt-lora-r{cfg.lora_rank}": (lambda o: packed_update(lora, o, samples, cfg.micro_batch_tokens), torch.optim.AdamW(lora.parameters(), lr=1e-7)),
+        "hf-forward-backward": (
+            lambda o: hf_update(hf, o, samples, cfg.hf_batch_size),
+            torch.optim.AdamW(hf.parameters(), lr=1e-7),
+        ),
+        "srt-full": (
+            lambda o: packed_update(full, o, samples, cfg.micro_batch_tokens),
+            torch.optim.AdamW(full.parameters(), lr=1e-7),
+        ),
+        f"srt-lora-r{cfg.lora_rank}": (
+            lambda o: packed_update(lora, o, samples, cfg.micro_batch_tokens),
+            torch.optim.AdamW(lora.parameters(), lr=1e-7),
+        ),
     }
     times: dict[str, list[float]] = {name: [] for name in methods}
     for _ in range(cfg.repeats):
@@ -125,4 +136,10 @@ def run_update_bench(cfg: UpdateBenchConfig, report: Callable[[str, float], None
         }
         for name in methods
     }
-    return {"config": asdict(cfg), "tokens": tokens, "trained_tokens": trained, "threads": torch.get_num_threads(), "methods": rows}
+    return {
+        "config": asdict(cfg),
+        "tokens": tokens,
+        "trained_tokens": trained,
+        "threads": torch.get_num_threads(),
+        "methods": rows,
+    }

@@ -76,9 +76,16 @@ def chosen_methods(names: Sequence[str]) -> list[BenchMethod]:
 def bench_env(cfg: VLLMBenchConfig, batch: int) -> EnvConfig:
     """The env file with the bench's shape; `batch` sequences at once in every engine."""
     overrides = [
-        f"train.steps={cfg.steps}", f"train.prompts_per_step={cfg.prompts_per_step}", f"n_samples={cfg.samples}",
-        f"dataset.n={cfg.dataset_n}", "train.compare=[]", f"train.checkpoint_every={cfg.steps}",
-        "train.keep_checkpoints=1", "train.loggers=[]", f"engine.max_batch={batch}", "engine.run_ahead.enabled=false",
+        f"train.steps={cfg.steps}",
+        f"train.prompts_per_step={cfg.prompts_per_step}",
+        f"n_samples={cfg.samples}",
+        f"dataset.n={cfg.dataset_n}",
+        "train.compare=[]",
+        f"train.checkpoint_every={cfg.steps}",
+        "train.keep_checkpoints=1",
+        "train.loggers=[]",
+        f"engine.max_batch={batch}",
+        "engine.run_ahead.enabled=false",
     ]
     return load_env_config(cfg.env, overrides + list(cfg.overrides))
 
@@ -92,11 +99,17 @@ def method_figures(runs: Sequence[RolloutRun], reference: Sequence[RolloutRun]) 
     proposed = sum(r.summary.draft_proposed for r in runs)
     accepted = sum(r.summary.draft_accepted for r in runs)
     return {
-        "gen_s": gen_s, "tokens": float(tokens), "tok_s": tokens / gen_s if gen_s > 0 else 0.0,
-        "forwards": float(forwards), "tokens_per_forward": tokens / forwards if forwards else 0.0,
-        "draft_proposed": float(proposed), "draft_accepted": float(accepted),
+        "gen_s": gen_s,
+        "tokens": float(tokens),
+        "tok_s": tokens / gen_s if gen_s > 0 else 0.0,
+        "forwards": float(forwards),
+        "tokens_per_forward": tokens / forwards if forwards else 0.0,
+        "draft_proposed": float(proposed),
+        "draft_accepted": float(accepted),
         "acceptance": accepted / proposed if proposed else 0.0,
-        "identical": identical_share([t for r in reference for t in r.trajectories], [t for r in runs for t in r.trajectories]),
+        "identical": identical_share(
+            [t for r in reference for t in r.trajectories], [t for r in runs for t in r.trajectories]
+        ),
     }
 
 
@@ -117,10 +130,16 @@ class StepLog:
         for figures in methods.values():
             figures["speedup_vs_vllm_none"] = base["gen_s"] / figures["gen_s"] if figures["gen_s"] > 0 else 0.0
             figures["token_speedup_vs_vllm_none"] = figures["tok_s"] / base["tok_s"] if base["tok_s"] > 0 else 0.0
-        self.steps.append({"step": step, "revisit": revisit, "reward": metrics.get("critic/score/mean"), "methods": methods})
-        self.log(f"step {step} ({'revisit' if revisit else 'first visit'}): " + ", ".join(
-            f"{name} {m['gen_s']:.1f}s {m['tok_s']:.0f} tok/s ({m['token_speedup_vs_vllm_none']:.2f}x)"
-            for name, m in methods.items()))
+        self.steps.append(
+            {"step": step, "revisit": revisit, "reward": metrics.get("critic/score/mean"), "methods": methods}
+        )
+        self.log(
+            f"step {step} ({'revisit' if revisit else 'first visit'}): "
+            + ", ".join(
+                f"{name} {m['gen_s']:.1f}s {m['tok_s']:.0f} tok/s ({m['token_speedup_vs_vllm_none']:.2f}x)"
+                for name, m in methods.items()
+            )
+        )
 
 
 def run_batch(cfg: VLLMBenchConfig, batch: int, methods: list[BenchMethod], loaded, log: Callable[[str], None]) -> dict:
@@ -133,14 +152,27 @@ def run_batch(cfg: VLLMBenchConfig, batch: int, methods: list[BenchMethod], load
     variants = [RolloutVariant(TRAINER, "none", backend="vllm")]
     variants += [RolloutVariant(m.name, m.drafter, backend=m.backend) for m in methods]
     recorder = StepLog([m.name for m in methods], log)
-    log(f"batch {batch}: {cfg.steps} steps of {config.name}, {cfg.prompts_per_step} prompts × {cfg.samples} samples; "
-        f"methods {', '.join(m.name for m in methods)}")
+    log(
+        f"batch {batch}: {cfg.steps} steps of {config.name}, {cfg.prompts_per_step} prompts × {cfg.samples} samples; "
+        f"methods {', '.join(m.name for m in methods)}"
+    )
     start = time.perf_counter()
-    trainer = Trainer(config, Path(cfg.out) / f"batch-{batch}", loaded=loaded, variants=variants, on_step=recorder,
-                      console=Console(quiet=True), replace_run=True)
+    trainer = Trainer(
+        config,
+        Path(cfg.out) / f"batch-{batch}",
+        loaded=loaded,
+        variants=variants,
+        on_step=recorder,
+        console=Console(quiet=True),
+        replace_run=True,
+    )
     trainer.run()
-    return {"batch": batch, "wall_s": time.perf_counter() - start, "steps": recorder.steps,
-            "summary": summarize_steps(recorder.steps)}
+    return {
+        "batch": batch,
+        "wall_s": time.perf_counter() - start,
+        "steps": recorder.steps,
+        "summary": summarize_steps(recorder.steps),
+    }
 
 
 def summarize_steps(steps: list[dict]) -> dict:
@@ -154,8 +186,11 @@ def summarize_steps(steps: list[dict]) -> dict:
     names = list(steps[0]["methods"]) if steps else []
     for name in names:
         row: dict[str, float | None] = {}
-        for label, chosen in (("all", steps), ("revisit", [s for s in steps if s["revisit"]]),
-                              ("first", [s for s in steps if not s["revisit"]])):
+        for label, chosen in (
+            ("all", steps),
+            ("revisit", [s for s in steps if s["revisit"]]),
+            ("first", [s for s in steps if not s["revisit"]]),
+        ):
             if not chosen:
                 row[f"gen_s_{label}"] = row[f"speedup_{label}"] = None
                 continue
@@ -165,20 +200,26 @@ def summarize_steps(steps: list[dict]) -> dict:
             row[f"speedup_{label}"] = base / mine if mine > 0 else None
             my_tokens = sum(s["methods"][name]["tokens"] for s in chosen)
             base_tokens = sum(s["methods"][BASELINE]["tokens"] for s in chosen)
-            row[f"token_speedup_{label}"] = (base / base_tokens) / (mine / my_tokens) if mine > 0 and base_tokens else None
+            row[f"token_speedup_{label}"] = (
+                (base / base_tokens) / (mine / my_tokens) if mine > 0 and base_tokens else None
+            )
         proposed = sum(s["methods"][name]["draft_proposed"] for s in steps)
         row["acceptance"] = sum(s["methods"][name]["draft_accepted"] for s in steps) / proposed if proposed else None
         row["identical"] = sum(s["methods"][name]["identical"] for s in steps) / len(steps) if steps else None
-        row["tokens_per_forward"] = (sum(s["methods"][name]["tokens"] for s in steps)
-                                     / max(sum(s["methods"][name]["forwards"] for s in steps), 1.0))
+        row["tokens_per_forward"] = sum(s["methods"][name]["tokens"] for s in steps) / max(
+            sum(s["methods"][name]["forwards"] for s in steps), 1.0
+        )
         row["min_step_speedup"] = min(s["methods"][name]["speedup_vs_vllm_none"] for s in steps) if steps else None
-        row["min_step_token_speedup"] = min(s["methods"][name]["token_speedup_vs_vllm_none"] for s in steps) if steps else None
+        row["min_step_token_speedup"] = (
+            min(s["methods"][name]["token_speedup_vs_vllm_none"] for s in steps) if steps else None
+        )
         out[name] = row
     return out
 
 
-def run_vllm_bench(cfg: VLLMBenchConfig, log: Callable[[str], None] = print,
-                   on_batch: Callable[[dict], None] | None = None) -> dict:
+def run_vllm_bench(
+    cfg: VLLMBenchConfig, log: Callable[[str], None] = print, on_batch: Callable[[dict], None] | None = None
+) -> dict:
     """Every batch size's RL run; the result (also handed to `on_batch` after each run) is JSON-ready."""
     from ..backends import vllm_missing
     from ..models import load_model
@@ -191,11 +232,25 @@ def run_vllm_bench(cfg: VLLMBenchConfig, log: Callable[[str], None] = print,
     loaded = load_model(cfg.model or config.model, device=config.engine.device)
     info = detect_device(torch.device("cpu"))
     result = {
-        "bench": "vllm", "machine": {"cpu": info.name, "flags": info.flags, "cpu_capability": info.cpu_capability,
-                                      "threads": info.threads, "python": platform.python_version()},
-        "config": {"env": cfg.env, "steps": cfg.steps, "prompts_per_step": cfg.prompts_per_step, "samples": cfg.samples,
-                   "dataset_n": cfg.dataset_n, "methods": [m.name for m in methods], "overrides": list(cfg.overrides),
-                   "temperature": config.sampling.temperature, "max_response_tokens": config.max_response_tokens},
+        "bench": "vllm",
+        "machine": {
+            "cpu": info.name,
+            "flags": info.flags,
+            "cpu_capability": info.cpu_capability,
+            "threads": info.threads,
+            "python": platform.python_version(),
+        },
+        "config": {
+            "env": cfg.env,
+            "steps": cfg.steps,
+            "prompts_per_step": cfg.prompts_per_step,
+            "samples": cfg.samples,
+            "dataset_n": cfg.dataset_n,
+            "methods": [m.name for m in methods],
+            "overrides": list(cfg.overrides),
+            "temperature": config.sampling.temperature,
+            "max_response_tokens": config.max_response_tokens,
+        },
         "runs": [],
     }
     for batch in cfg.batches:
@@ -209,19 +264,25 @@ def vllm_table(result: dict) -> str:
     """Markdown: per batch and method, generation time per step (all / first visits / revisits) and speed-ups."""
     lines = []
     for run in result["runs"]:
-        lines += [f"batch {run['batch']}", "",
-                  "| method | gen s/step | vs vllm:none | first visits | revisits | slowest step | per token "
-                  "| acceptance | tok/fwd | identical |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"batch {run['batch']}",
+            "",
+            "| method | gen s/step | vs vllm:none | first visits | revisits | slowest step | per token "
+            "| acceptance | tok/fwd | identical |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for name, row in run["summary"].items():
+
             def cell(key: str, fmt: str) -> str:
                 return "–" if row.get(key) is None else fmt.format(row[key])
 
-            lines.append(f"| {name} | {cell('gen_s_all', '{:.1f}')} | {cell('speedup_all', '{:.2f}x')} | "
-                         f"{cell('speedup_first', '{:.2f}x')} | {cell('speedup_revisit', '{:.2f}x')} | "
-                         f"{cell('min_step_speedup', '{:.2f}x')} | {cell('token_speedup_all', '{:.2f}x')} | "
-                         f"{cell('acceptance', '{:.0%}')} | {cell('tokens_per_forward', '{:.2f}')} | "
-                         f"{cell('identical', '{:.0%}')} |")
+            lines.append(
+                f"| {name} | {cell('gen_s_all', '{:.1f}')} | {cell('speedup_all', '{:.2f}x')} | "
+                f"{cell('speedup_first', '{:.2f}x')} | {cell('speedup_revisit', '{:.2f}x')} | "
+                f"{cell('min_step_speedup', '{:.2f}x')} | {cell('token_speedup_all', '{:.2f}x')} | "
+                f"{cell('acceptance', '{:.0%}')} | {cell('tokens_per_forward', '{:.2f}')} | "
+                f"{cell('identical', '{:.0%}')} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -238,8 +299,10 @@ def plot_vllm(result: dict, path: Path) -> Path:
     fig, axes = plt.subplots(2, len(runs), figsize=(6 * len(runs), 8), squeeze=False)
     for column, run in enumerate(runs):
         steps = [s["step"] for s in run["steps"]]
-        for ax, key, label in ((axes[0][column], "gen_s", "generation time (s)"),
-                               (axes[1][column], "tok_s", "generated tokens / s")):
+        for ax, key, label in (
+            (axes[0][column], "gen_s", "generation time (s)"),
+            (axes[1][column], "tok_s", "generated tokens / s"),
+        ):
             for name in run["summary"]:
                 ax.plot(steps, [s["methods"][name][key] for s in run["steps"]], marker="o", label=name)
             for s in run["steps"]:

@@ -51,8 +51,15 @@ def _engine(model: str, spec: dict | None, max_num_seqs: int, max_model_len: int
     from vllm import LLM
 
     os.environ.update(cpu_env(kv_cache_gib=kv_cache_gib))
-    return LLM(model=str(vllm_model_dir(model)), enforce_eager=True, dtype="float32", seed=0,
-               max_model_len=max_model_len, max_num_seqs=max_num_seqs, speculative_config=spec)
+    return LLM(
+        model=str(vllm_model_dir(model)),
+        enforce_eager=True,
+        dtype="float32",
+        seed=0,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        speculative_config=spec,
+    )
 
 
 def _close(llm) -> None:
@@ -72,19 +79,27 @@ def _timed(llm, prompts: list[list[int]], max_tokens: int, temperature: float) -
 
 def chat_prompts(llm, questions: list[str] = QUESTIONS) -> list[list[int]]:
     tokenizer = llm.get_tokenizer()
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
-             for q in questions]
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+        for q in questions
+    ]
     return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
 
-def verification_cost(model: str = "smollm2", batches: tuple[int, ...] = (1, 16), ks: tuple[int, ...] = (0, 2, 4, 8),
-                      max_tokens: int = 32, repeats: int = 2) -> list[dict]:
+def verification_cost(
+    model: str = "smollm2",
+    batches: tuple[int, ...] = (1, 16),
+    ks: tuple[int, ...] = (0, 2, 4, 8),
+    max_tokens: int = 32,
+    repeats: int = 2,
+) -> list[dict]:
     """Per batch size and k: milliseconds per decode step (best of `repeats`) with k forced draft tokens per
     sequence, and the extra milliseconds per drafted token over k = 0."""
     from ..integrations.vllm import _drafter
 
-    llm = _engine(model, {"method": "custom_class", "model": FORCED_CLASS, "num_speculative_tokens": max(ks)},
-                  max(batches), 512)
+    llm = _engine(
+        model, {"method": "custom_class", "model": FORCED_CLASS, "num_speculative_tokens": max(ks)}, max(batches), 512
+    )
     drafter = llm.collective_rpc(_drafter)[0]
     prompts = chat_prompts(llm)
     rows = []
@@ -139,9 +154,19 @@ def _counter(llm, method: str) -> DraftCounter | None:
     return None if method == "none" else DraftCounter(llm.collective_rpc(_drafter)[0])
 
 
-def workload(model: str = "smollm2", methods: tuple[str, ...] = ("none", "ngram", "suffix", "srt"), batch: int = 16,
-             samples: int = 4, epochs: int = 3, max_tokens: int = 64, k: int = 8, temperature: float = 1.0,
-             questions: list[str] = QUESTIONS, srt_options: dict | None = None, kv_cache_gib: int = 1) -> list[dict]:
+def workload(
+    model: str = "smollm2",
+    methods: tuple[str, ...] = ("none", "ngram", "suffix", "srt"),
+    batch: int = 16,
+    samples: int = 4,
+    epochs: int = 3,
+    max_tokens: int = 64,
+    k: int = 8,
+    temperature: float = 1.0,
+    questions: list[str] = QUESTIONS,
+    srt_options: dict | None = None,
+    kv_cache_gib: int = 1,
+) -> list[dict]:
     """Per method and epoch: tokens/s and acceptance on `questions` × `samples`, `batch` sequences at once.
 
     All methods' engines live in this process together, and each epoch runs every method once, in a rotating
@@ -164,15 +189,24 @@ def workload(model: str = "smollm2", methods: tuple[str, ...] = ("none", "ngram"
             _timed(llm, prompts[:1], 4, temperature)  # warm-up
         rows = []
         for epoch in range(epochs):
-            for method in methods[epoch % len(methods):] + methods[:epoch % len(methods)]:
+            for method in methods[epoch % len(methods) :] + methods[: epoch % len(methods)]:
                 llm, counter = engines[method], counters[method]
                 d0, a0 = (counter.drafted, counter.accepted) if counter else (0, 0)
                 seconds, tokens = _timed(llm, prompts, max_tokens, temperature)
                 d1, a1 = (counter.drafted, counter.accepted) if counter else (0, 0)
                 if method == "srt":
                     srt_proposer(llm).end_step()
-                rows.append(dict(method=method, batch=batch, epoch=epoch, tok_s=tokens / seconds, drafted=d1 - d0,
-                                 accepted=a1 - a0, acceptance=(a1 - a0) / (d1 - d0) if d1 > d0 else 0.0))
+                rows.append(
+                    dict(
+                        method=method,
+                        batch=batch,
+                        epoch=epoch,
+                        tok_s=tokens / seconds,
+                        drafted=d1 - d0,
+                        accepted=a1 - a0,
+                        acceptance=(a1 - a0) / (d1 - d0) if d1 > d0 else 0.0,
+                    )
+                )
     finally:
         for llm in engines.values():
             _close(llm)

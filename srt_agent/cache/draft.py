@@ -53,7 +53,9 @@ class Draft:
         """The first `budget` nodes (still a valid tree, since parents precede children)."""
         n = max(0, min(budget, len(self)))
         old = self.old_logprobs[:n] if self.old_logprobs is not None else None
-        return Draft(self.token_ids[:n], self.parents[:n], self.scores[:n], self.match_len if n else 0, self.source, old)
+        return Draft(
+            self.token_ids[:n], self.parents[:n], self.scores[:n], self.match_len if n else 0, self.source, old
+        )
 
 
 EMPTY_DRAFT = Draft()

@@ -66,7 +66,9 @@ class SpecRLDrafter:
             reused = earlier[index % len(earlier)]
         self._running[request_id] = _Running(rollout, reused, len(prompt))
 
-    def add_tokens(self, request_id: Hashable, token_ids: Sequence[int], logprobs: Sequence[float] | None = None) -> None:
+    def add_tokens(
+        self, request_id: Hashable, token_ids: Sequence[int], logprobs: Sequence[float] | None = None
+    ) -> None:
         run = self._get(request_id)
         tokens = check_tokens(token_ids)
         if logprobs is not None and len(logprobs) != len(tokens):

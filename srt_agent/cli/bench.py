@@ -53,7 +53,9 @@ def bench_affinity(
     json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
 ):
     """Accepted draft tokens per step across replicas: prompt affinity vs verl's default routing (needs verl)."""
-    with reported(ImportError, code=1, message="[red]this benchmark needs verl: pip install 'srt-agent[verl]' ({})[/red]"):
+    with reported(
+        ImportError, code=1, message="[red]this benchmark needs verl: pip install 'srt-agent[verl]' ({})[/red]"
+    ):
         from ..bench.affinity import AffinityBenchSpec, result_table, run_affinity_bench
     from ..bench.cache import WorkloadSpec
 
@@ -81,12 +83,18 @@ def bench_engine(
     epochs: int = typer.Option(3, min=1, help="Passes over the same prompts, drafter trees kept (new seeds each)."),
     max_tokens: int = typer.Option(96, min=1, help="Tokens per sample."),
     batch: list[int] = typer.Option([1, 8, 32], "--batch", help="Batch sizes (engine max_batch)."),
-    method: list[str] = typer.Option([], "--method", help="Drafters (default: none ngram suffix history srt arctic self srt+self)."),
+    method: list[str] = typer.Option(
+        [], "--method", help="Drafters (default: none ngram suffix history srt arctic self srt+self)."
+    ),
     hf: bool = typer.Option(True, "--hf/--no-hf", help="Also time transformers' generate at batch 1."),
     max_draft_tokens: int = typer.Option(16, min=0, help="Draft nodes per sequence and step, at most."),
-    adaptive: bool = typer.Option(True, "--adaptive/--no-adaptive", help="Size drafts with the cost model, or verify every drafted node."),
+    adaptive: bool = typer.Option(
+        True, "--adaptive/--no-adaptive", help="Size drafts with the cost model, or verify every drafted node."
+    ),
     threads: int | None = typer.Option(None, min=1, help="torch threads (default: torch's choice)."),
-    dtype: str = typer.Option("float32", help="Policy dtype: float32 or bfloat16 (bf16 matmuls use AMX where the CPU has it)."),
+    dtype: str = typer.Option(
+        "float32", help="Policy dtype: float32 or bfloat16 (bf16 matmuls use AMX where the CPU has it)."
+    ),
     seed: int = typer.Option(0),
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, tiny workload: seconds."),
     json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
@@ -101,15 +109,32 @@ def bench_engine(
         config = dataclasses.replace(EngineBenchConfig.quick(), dtype=dtype, adaptive_drafts=adaptive)
     else:
         config = EngineBenchConfig(
-            model=model, prompts=prompts, samples=samples, epochs=epochs, max_tokens=max_tokens, batches=tuple(batch),
-            methods=tuple(method) or METHODS, hf_baseline=hf, max_draft_tokens=max_draft_tokens, adaptive_drafts=adaptive, seed=seed, threads=threads, dtype=dtype,
+            model=model,
+            prompts=prompts,
+            samples=samples,
+            epochs=epochs,
+            max_tokens=max_tokens,
+            batches=tuple(batch),
+            methods=tuple(method) or METHODS,
+            hf_baseline=hf,
+            max_draft_tokens=max_draft_tokens,
+            adaptive_drafts=adaptive,
+            seed=seed,
+            threads=threads,
+            dtype=dtype,
         )
-    total = len(config.batches) * len(config.methods) * config.epochs + (2 * config.epochs if config.hf_baseline and 1 in config.batches else 0)
+    total = len(config.batches) * len(config.methods) * config.epochs + (
+        2 * config.epochs if config.hf_baseline and 1 in config.batches else 0
+    )
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("engine bench", total=total)
 
         def report(run: dict) -> None:
-            progress.update(task, advance=1, description=f"{run['method']} b={run['batch']} epoch {run['epoch']}: {run['tokens_per_s']:.1f} tok/s")
+            progress.update(
+                task,
+                advance=1,
+                description=f"{run['method']} b={run['batch']} epoch {run['epoch']}: {run['tokens_per_s']:.1f} tok/s",
+            )
 
         with reported(ValueError, code=1, message=PLAIN):
             result = run_engine_bench(config, report)
@@ -122,9 +147,12 @@ def bench_engine(
 
         console.print(f"wrote {plot_engine_bench(result, plot)}")
 
+
 @bench_app.command("prefix")
 def bench_prefix(
-    env_file: Path = typer.Argument(Path("envs/retool_arith.yaml"), help="Env config (YAML) whose rollouts are measured."),
+    env_file: Path = typer.Argument(
+        Path("envs/retool_arith.yaml"), help="Env config (YAML) whose rollouts are measured."
+    ),
     model: str | None = typer.Option(None, help="Override the config's model."),
     limit: int = typer.Option(4, min=1, help="Tasks (each rolled out n times)."),
     n: list[int] = typer.Option([4, 8], "--n", min=1, help="Group sizes (samples per task); repeat the option."),
@@ -147,7 +175,9 @@ def bench_prefix(
     for row in result["ratios"]:
         figures = {k: round(v, 2) for k, v in row.items() if isinstance(v, float)}
         if figures:
-            console.print(f"[dim]n={row['n']} {row['drafter']} sharing={'on' if row['sharing'] else 'off'}: {figures}[/dim]")
+            console.print(
+                f"[dim]n={row['n']} {row['drafter']} sharing={'on' if row['sharing'] else 'off'}: {figures}[/dim]"
+            )
     write_json(result, json_path)
 
 
@@ -167,15 +197,34 @@ def bench_update(
     """The trainer's update (packed, LM head on trained tokens only; full and LoRA) against plain HF forward+backward."""
     from ..bench.update import UpdateBenchConfig, run_update_bench
 
-    config = UpdateBenchConfig.quick() if quick else UpdateBenchConfig(
-        model=model, prompts=prompts, samples=samples, prompt_tokens=prompt_tokens, response_tokens=response_tokens,
-        tool_tokens=min(20, response_tokens // 4), micro_batch_tokens=micro_batch_tokens, lora_rank=lora_rank, repeats=repeats,
+    config = (
+        UpdateBenchConfig.quick()
+        if quick
+        else UpdateBenchConfig(
+            model=model,
+            prompts=prompts,
+            samples=samples,
+            prompt_tokens=prompt_tokens,
+            response_tokens=response_tokens,
+            tool_tokens=min(20, response_tokens // 4),
+            micro_batch_tokens=micro_batch_tokens,
+            lora_rank=lora_rank,
+            repeats=repeats,
+        )
     )
     with console.status("update bench") as status:
         result = run_update_bench(config, lambda name, s: status.update(f"{name}: {s:.1f} s"))
-    table = Table("method", "best s", "tokens/s", "trained tokens/s", "vs HF", title=f"{result['tokens']} tokens per update")
+    table = Table(
+        "method", "best s", "tokens/s", "trained tokens/s", "vs HF", title=f"{result['tokens']} tokens per update"
+    )
     for name, row in result["methods"].items():
-        table.add_row(name, f"{row['best_s']:.2f}", f"{row['tokens_per_s']:.1f}", f"{row['trained_tokens_per_s']:.1f}", f"{row['vs_hf']:.2f}x")
+        table.add_row(
+            name,
+            f"{row['best_s']:.2f}",
+            f"{row['tokens_per_s']:.1f}",
+            f"{row['trained_tokens_per_s']:.1f}",
+            f"{row['vs_hf']:.2f}x",
+        )
     console.print(table)
 
 
@@ -211,14 +260,24 @@ def bench_roofline(
 
 @bench_app.command("ablation")
 def bench_ablation(
-    env_file: Path = typer.Option(Path("envs/retool_train.yaml"), "--env", help="Env config (YAML) whose RL steps are measured."),
+    env_file: Path = typer.Option(
+        Path("envs/retool_train.yaml"), "--env", help="Env config (YAML) whose RL steps are measured."
+    ),
     steps: int = typer.Option(6, min=1, help="Consecutive RL steps."),
-    dataset_n: int = typer.Option(8, min=1, help="Distinct prompts (they come back every dataset_n / prompts_per_step steps)."),
-    start: list[str] = typer.Option(["prompt"], "--start", help="Run-ahead start(s): prompt and/or branch (one stage each)."),
+    dataset_n: int = typer.Option(
+        8, min=1, help="Distinct prompts (they come back every dataset_n / prompts_per_step steps)."
+    ),
+    start: list[str] = typer.Option(
+        ["prompt"], "--start", help="Run-ahead start(s): prompt and/or branch (one stage each)."
+    ),
     model: str | None = typer.Option(None, help="Override the config's model."),
     out: Path = typer.Option(Path("runs/ablation"), help="Run folder (rollouts, report, traces)."),
-    update_bubble: bool = typer.Option(True, "--update-bubble/--no-update-bubble", help="Also time a policy update with run-ahead beside it."),
-    set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set engine.run_ahead.slack=0.2 (repeatable)."),
+    update_bubble: bool = typer.Option(
+        True, "--update-bubble/--no-update-bubble", help="Also time a policy update with run-ahead beside it."
+    ),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Override any config key, e.g. --set engine.run_ahead.slack=0.2 (repeatable)."
+    ),
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, two tiny steps: seconds."),
     json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
     plot: Path | None = typer.Option(None, "--plot", help="Also draw the result as a PNG here."),
@@ -227,10 +286,20 @@ def bench_ablation(
     from ..bench.ablation import AblationConfig, ablation_tables, plot_ablation, run_ablation
 
     if quick:
-        config = dataclasses.replace(AblationConfig.quick(), env=str(env_file), overrides=AblationConfig.quick().overrides + list(set_))
+        config = dataclasses.replace(
+            AblationConfig.quick(), env=str(env_file), overrides=AblationConfig.quick().overrides + list(set_)
+        )
     else:
-        config = AblationConfig(env=str(env_file), steps=steps, dataset_n=dataset_n, starts=tuple(start), model=model, out=str(out),
-                                update_bubble=update_bubble, overrides=list(set_))
+        config = AblationConfig(
+            env=str(env_file),
+            steps=steps,
+            dataset_n=dataset_n,
+            starts=tuple(start),
+            model=model,
+            out=str(out),
+            update_bubble=update_bubble,
+            overrides=list(set_),
+        )
     with reported():
         result = run_ablation(config, log=lambda line: console.print(line, highlight=False))
     for table in ablation_tables(result):
@@ -242,20 +311,32 @@ def bench_ablation(
 
 @bench_app.command("paper")
 def bench_paper(
-    env_file: Path = typer.Option(Path("envs/retool_train.yaml"), "--env", help="Env config (YAML) whose RL runs are measured."),
+    env_file: Path = typer.Option(
+        Path("envs/retool_train.yaml"), "--env", help="Env config (YAML) whose RL runs are measured."
+    ),
     algorithm: list[str] = typer.Option(["grpo", "dapo", "ppo"], "--algorithm", help="Algorithms (one RL run each)."),
-    method: list[str] = typer.Option([], "--method", help="Methods to compare (default: all; unavailable ones are skipped)."),
+    method: list[str] = typer.Option(
+        [], "--method", help="Methods to compare (default: all; unavailable ones are skipped)."
+    ),
     steps: int = typer.Option(3, min=1, help="RL steps per algorithm."),
     prompts: int = typer.Option(4, min=1, help="Prompts per step."),
     samples: int = typer.Option(4, min=1, help="Samples per prompt (a GRPO group)."),
-    ablation_samples: int = typer.Option(8, min=0, help="Samples per prompt of the n-ablation's GRPO run (0: skip it)."),
+    ablation_samples: int = typer.Option(
+        8, min=0, help="Samples per prompt of the n-ablation's GRPO run (0: skip it)."
+    ),
     model: str | None = typer.Option(None, help="Override the config's model."),
-    out: Path | None = typer.Option(None, help="Run folders, one per algorithm (default runs/paper, runs/paper-quick)."),
+    out: Path | None = typer.Option(
+        None, help="Run folders, one per algorithm (default runs/paper, runs/paper-quick)."
+    ),
     set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set max_turns=2 (repeatable)."),
-    quick: bool = typer.Option(False, "--quick", help="Two short steps per algorithm, 2 prompts × 2 samples (43 min on 2 CPU cores)."),
+    quick: bool = typer.Option(
+        False, "--quick", help="Two short steps per algorithm, 2 prompts × 2 samples (43 min on 2 CPU cores)."
+    ),
     json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here (also after every run)."),
     plot: Path | None = typer.Option(None, "--plot", help="Write PNGs of generation time over steps into this folder."),
-    from_json: list[Path] = typer.Option([], "--from-json", help="Run nothing: merge these results (e.g. one per algorithm) and report them."),
+    from_json: list[Path] = typer.Option(
+        [], "--from-json", help="Run nothing: merge these results (e.g. one per algorithm) and report them."
+    ),
 ):
     """SRT's Table 1 measured here: every rollout method side by side in GRPO, DAPO and PPO runs."""
     from ..bench.paper import (
@@ -277,16 +358,32 @@ def bench_paper(
             console.print(f"wrote {path}")
         return
 
-    base = PaperBenchConfig.quick() if quick else PaperBenchConfig(
-        steps=steps, prompts_per_step=prompts, samples=samples, dataset_n=2 * prompts, ablation_samples=ablation_samples)
+    base = (
+        PaperBenchConfig.quick()
+        if quick
+        else PaperBenchConfig(
+            steps=steps,
+            prompts_per_step=prompts,
+            samples=samples,
+            dataset_n=2 * prompts,
+            ablation_samples=ablation_samples,
+        )
+    )
     config = dataclasses.replace(
-        base, env=str(env_file), algorithms=tuple(algorithm), model=model, overrides=base.overrides + list(set_),
+        base,
+        env=str(env_file),
+        algorithms=tuple(algorithm),
+        model=model,
+        overrides=base.overrides + list(set_),
         out=str(out) if out is not None else base.out,
         methods=tuple(method) if method else tuple(m.name for m in METHODS),
     )
     with reported():
-        result = run_paper_bench(config, log=lambda line: console.print(line, highlight=False),
-                                 on_run=lambda partial: write_json(partial, json_path))
+        result = run_paper_bench(
+            config,
+            log=lambda line: console.print(line, highlight=False),
+            on_run=lambda partial: write_json(partial, json_path),
+        )
     console.print(paper_table(result), markup=False, highlight=False, soft_wrap=True)
     console.print(ablation_table(result), markup=False, highlight=False, soft_wrap=True)
     write_json(result, json_path)
@@ -297,9 +394,17 @@ def bench_paper(
 
 @bench_app.command("vllm")
 def bench_vllm(
-    env_file: Path = typer.Option(Path("envs/retool_train.yaml"), "--env", help="Env config (YAML) whose RL steps are measured."),
-    batch: list[int] = typer.Option([16, 1], "--batch", min=1, help="Sequences each engine runs at once (one RL run per value)."),
-    method: list[str] = typer.Option([], "--method", help="Methods (default: all): vllm:none, vllm:ngram, vllm:suffix, vllm:srt, engine:none, engine:srt."),
+    env_file: Path = typer.Option(
+        Path("envs/retool_train.yaml"), "--env", help="Env config (YAML) whose RL steps are measured."
+    ),
+    batch: list[int] = typer.Option(
+        [16, 1], "--batch", min=1, help="Sequences each engine runs at once (one RL run per value)."
+    ),
+    method: list[str] = typer.Option(
+        [],
+        "--method",
+        help="Methods (default: all): vllm:none, vllm:ngram, vllm:suffix, vllm:srt, engine:none, engine:srt.",
+    ),
     steps: int = typer.Option(4, min=1, help="RL steps per run."),
     prompts: int = typer.Option(4, min=1, help="Prompts per step."),
     samples: int = typer.Option(4, min=1, help="Samples per prompt (a GRPO group)."),
@@ -315,13 +420,23 @@ def bench_vllm(
 
     preload_for_vllm()
     config = VLLMBenchConfig(
-        env=str(env_file), batches=tuple(batch), methods=tuple(method) if method else tuple(m.name for m in METHODS),
-        steps=steps, prompts_per_step=prompts, samples=samples, dataset_n=dataset_n, model=model, out=str(out),
+        env=str(env_file),
+        batches=tuple(batch),
+        methods=tuple(method) if method else tuple(m.name for m in METHODS),
+        steps=steps,
+        prompts_per_step=prompts,
+        samples=samples,
+        dataset_n=dataset_n,
+        model=model,
+        out=str(out),
         overrides=list(set_),
     )
     with reported():
-        result = run_vllm_bench(config, log=lambda line: console.print(line, highlight=False),
-                                on_batch=lambda partial: write_json(partial, json_path))
+        result = run_vllm_bench(
+            config,
+            log=lambda line: console.print(line, highlight=False),
+            on_batch=lambda partial: write_json(partial, json_path),
+        )
     console.print(vllm_table(result), markup=False, highlight=False, soft_wrap=True)
     write_json(result, json_path)
     if plot is not None:
@@ -335,8 +450,12 @@ def bench_replay(
     max_draft_tokens: list[int] = typer.Option([], "--max-draft-tokens", help="Draft budgets to sweep."),
     max_depth: list[int] = typer.Option([], "--max-depth", help="Tree depths to sweep."),
     max_bytes: list[int] = typer.Option([], "--max-bytes", help="Cache byte budgets to sweep."),
-    slack: list[float] = typer.Option([], "--run-ahead-slack", help="Run-ahead slack values to sweep (uses recorded run-ahead content)."),
-    tokens_per_sequence: list[int] = typer.Option([], "--run-ahead-tokens", help="Run-ahead tokens per sequence to sweep."),
+    slack: list[float] = typer.Option(
+        [], "--run-ahead-slack", help="Run-ahead slack values to sweep (uses recorded run-ahead content)."
+    ),
+    tokens_per_sequence: list[int] = typer.Option(
+        [], "--run-ahead-tokens", help="Run-ahead tokens per sequence to sweep."
+    ),
     pool: Path | None = typer.Option(None, help="Take run-ahead content from this trace instead."),
     json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
 ):
@@ -347,8 +466,14 @@ def bench_replay(
     with reported():
         loaded = RolloutTrace.load(trace)
         result = replay_sweep(
-            loaded, RolloutTrace.load(pool) if pool else None, drafter=drafter, max_draft_tokens=max_draft_tokens,
-            max_depth=max_depth, max_bytes=max_bytes, slack=slack, tokens_per_sequence=tokens_per_sequence,
+            loaded,
+            RolloutTrace.load(pool) if pool else None,
+            drafter=drafter,
+            max_draft_tokens=max_draft_tokens,
+            max_depth=max_depth,
+            max_bytes=max_bytes,
+            slack=slack,
+            tokens_per_sequence=tokens_per_sequence,
         )
     console.print(sweep_table(result))
     write_json(result, json_path)

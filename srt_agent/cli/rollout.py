@@ -12,11 +12,15 @@ from .common import app, console, preload_for_vllm, reported, write_json
 @app.command()
 def rollout(
     env_file: Path = typer.Argument(..., help="Env config (YAML), e.g. envs/retool_arith.yaml."),
-    model: str | None = typer.Option(None, help="Override the config's model: smollm2, tiny-llama, an HF dir, a .gguf."),
+    model: str | None = typer.Option(
+        None, help="Override the config's model: smollm2, tiny-llama, an HF dir, a .gguf."
+    ),
     n: int | None = typer.Option(None, "--n", min=1, help="Samples per task (default: the config's n_samples)."),
     limit: int | None = typer.Option(None, min=1, help="Use at most this many tasks."),
     drafter: str | None = typer.Option(None, help="Override the engine's drafter (none, srt, ngram, suffix, ...)."),
-    backend: str | None = typer.Option(None, help="Rollout backend: engine (ours), vllm, or auto (default: the config's engine.backend)."),
+    backend: str | None = typer.Option(
+        None, help="Rollout backend: engine (ours), vllm, or auto (default: the config's engine.backend)."
+    ),
     out: Path = typer.Option(Path("rollouts.jsonl"), help="Where to write one JSON line per trajectory."),
     json_path: Path | None = typer.Option(None, "--json", help="Also write the summary as JSON here."),
 ):
@@ -28,5 +32,7 @@ def rollout(
     if backend in ("vllm", "auto"):
         preload_for_vllm()
     with reported():
-        summary = rollout_env_file(env_file, console, model=model, n_samples=n, limit=limit, drafter=drafter, out=out, backend=backend)
+        summary = rollout_env_file(
+            env_file, console, model=model, n_samples=n, limit=limit, drafter=drafter, out=out, backend=backend
+        )
     write_json(asdict(summary), json_path)

@@ -22,7 +22,10 @@ def sandbox_serve(
     max_output_bytes: int = typer.Option(65536, help="Cap on stdout+stderr per run."),
     max_request_bytes: int = typer.Option(8 << 20, min=1, help="Larger request bodies are refused (413)."),
     allow_unsandboxed: bool = typer.Option(False, help="Run without bubblewrap if it is missing (no isolation)."),
-    python: str | None = typer.Option(None, help="Interpreter or venv programs run with (default: the sandbox runtime when built, see docs/sandbox.md)."),
+    python: str | None = typer.Option(
+        None,
+        help="Interpreter or venv programs run with (default: the sandbox runtime when built, see docs/sandbox.md).",
+    ),
 ):
     """A SandboxFusion-compatible server (/run_code, /v1/ping, /v1/runtime) on the local bubblewrap sandbox."""
     from ..tools import LocalSandbox, SandboxUnavailable
@@ -30,12 +33,19 @@ def sandbox_serve(
 
     with reported(SandboxUnavailable, code=1, message=PLAIN):
         sandbox = LocalSandbox(
-            timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes, allow_unsandboxed=allow_unsandboxed,
+            timeout_s=timeout_s,
+            memory_mb=memory_mb,
+            max_output_bytes=max_output_bytes,
+            allow_unsandboxed=allow_unsandboxed,
             python=python,
         )
     console.print(f"sandbox python: {sandbox.interpreter}", highlight=False)
     config = ServerConfig(
-        sandbox, workers=workers, max_timeout_s=max_timeout_s, max_memory_mb=max_memory_mb, max_request_bytes=max_request_bytes
+        sandbox,
+        workers=workers,
+        max_timeout_s=max_timeout_s,
+        max_memory_mb=max_memory_mb,
+        max_request_bytes=max_request_bytes,
     )
     serve(config, host=host, port=port)
 

@@ -15,14 +15,28 @@ from .common import app, bad_input, console, preload_for_vllm, reported
 def train(
     env_file: Path = typer.Argument(..., help="Env config (YAML) with optional train: and cold_start: sections."),
     steps: int | None = typer.Option(None, min=1, help="RL steps (default: the config's train.steps)."),
-    out: Path | None = typer.Option(None, help="Run folder for checkpoints, logs and reports (default: runs/<env name>, or runs/<env name>-N when that holds a run; the resumed run's with --resume)."),
-    resume: Path | None = typer.Option(None, help="Continue a run from its folder (its newest checkpoint) or a step folder; the run goes on in its own folder."),
-    compare: str | None = typer.Option(None, help="Comma-separated drafters that regenerate every step for timing, e.g. none,suffix."),
+    out: Path | None = typer.Option(
+        None,
+        help="Run folder for checkpoints, logs and reports (default: runs/<env name>, or runs/<env name>-N when that holds a run; the resumed run's with --resume).",
+    ),
+    resume: Path | None = typer.Option(
+        None,
+        help="Continue a run from its folder (its newest checkpoint) or a step folder; the run goes on in its own folder.",
+    ),
+    compare: str | None = typer.Option(
+        None, help="Comma-separated drafters that regenerate every step for timing, e.g. none,suffix."
+    ),
     algorithm: str | None = typer.Option(None, help="grpo, dapo or ppo (default: the config's)."),
-    model: str | None = typer.Option(None, help="Override the config's model: smollm2, tiny-llama, an HF dir, a .gguf."),
-    cold_start: bool | None = typer.Option(None, "--cold-start/--no-cold-start", help="Run (or skip) the SFT cold start."),
+    model: str | None = typer.Option(
+        None, help="Override the config's model: smollm2, tiny-llama, an HF dir, a .gguf."
+    ),
+    cold_start: bool | None = typer.Option(
+        None, "--cold-start/--no-cold-start", help="Run (or skip) the SFT cold start."
+    ),
     set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set train.lr=1e-5 (repeatable)."),
-    backend: str | None = typer.Option(None, help="Rollout backend: engine (ours), vllm, or auto (default: the config's engine.backend)."),
+    backend: str | None = typer.Option(
+        None, help="Rollout backend: engine (ours), vllm, or auto (default: the config's engine.backend)."
+    ),
 ):
     """RL training: ReTool cold start, then GRPO / DAPO / PPO with SRT rollouts (the main job)."""
     from ..config import load_env_config
@@ -30,7 +44,11 @@ def train(
     from ..rl.coldstart import ColdStartError
     from ..rl.trainer import Trainer
 
-    overrides = list(set_) + ([f"train.algorithm={algorithm}"] if algorithm else []) + ([f"engine.backend={backend}"] if backend else [])
+    overrides = (
+        list(set_)
+        + ([f"train.algorithm={algorithm}"] if algorithm else [])
+        + ([f"engine.backend={backend}"] if backend else [])
+    )
     try:
         with reported(ColdStartError, *bad_input()):
             config = load_env_config(env_file, overrides)
@@ -42,11 +60,21 @@ def train(
                 if out.name != config.name:
                     console.print(f"runs/{config.name} holds an earlier run: this one goes to {out}", highlight=False)
             out = out or run_folder(resume)
-            trainer = Trainer(config, out, steps=steps, compare=names, resume=resume,
-                              model=model, cold_start=cold_start, console=console)
+            trainer = Trainer(
+                config,
+                out,
+                steps=steps,
+                compare=names,
+                resume=resume,
+                model=model,
+                cold_start=cold_start,
+                console=console,
+            )
             report = trainer.run()
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted before the first RL step finished: nothing to resume[/yellow]", highlight=False)
+        console.print(
+            "[yellow]interrupted before the first RL step finished: nothing to resume[/yellow]", highlight=False
+        )
         raise typer.Exit(130) from None
     if report.get("interrupted"):
         console.print(interrupted_line(report, out), highlight=False, soft_wrap=True)

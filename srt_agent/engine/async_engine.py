@@ -74,7 +74,11 @@ class AsyncEngine:
         return self._closed
 
     async def generate(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams | None = None, prompt_key: Hashable | None = None
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        prompt_key: Hashable | None = None,
     ) -> RequestOutput:
         """Generate one turn; bad input comes back as finish_reason "error" (never raises for it).
 

@@ -94,8 +94,12 @@ class Drafting:
         where = f" for request {seq.request_id!r}" if seq is not None else ""
         t.last_drafter_error = f"{method}{where}: {type(exc).__name__}: {exc}"
         report = log.warning if t.drafter_faults[method] == 1 else log.debug
-        report("drafter %r failed in %s; %s", self.drafter.name, t.last_drafter_error,
-               "that request decodes without drafts" if seq is not None else "drafting goes on")
+        report(
+            "drafter %r failed in %s; %s",
+            self.drafter.name,
+            t.last_drafter_error,
+            "that request decodes without drafts" if seq is not None else "drafting goes on",
+        )
         if seq is not None and seq.drafting:
             seq.drafting = False
             t.undrafted_requests += 1
@@ -111,7 +115,8 @@ class Drafting:
         nothing waits, so the slowest sequence sets the step's time (see `model_drafting`)."""
         budgets = [
             min(self.max_draft_tokens, s.params.max_tokens - s.num_generated - 1, self.max_context - len(s.tokens) - 1)
-            if s.drafting else 0
+            if s.drafting
+            else 0
             for s in seqs
         ]
         drafts, times = [], []
@@ -160,7 +165,9 @@ class Drafting:
         """Replace drafts by the model drafter's where the draft plan expects that to pay (in place)."""
         t0 = time.perf_counter()
         requests = [
-            DraftRequest(s.request_id, s.tokens, b, RowSampling(s.params.temperature, s.params.top_p, s.params.top_k, s.seed, 0))
+            DraftRequest(
+                s.request_id, s.tokens, b, RowSampling(s.params.temperature, s.params.top_p, s.params.top_k, s.seed, 0)
+            )
             for s, b in zip(seqs, budgets)
         ]
         if self.adaptive:

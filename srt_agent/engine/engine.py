@@ -100,15 +100,26 @@ class Engine:
         self.sequences: dict[str, Sequence] = {}
         self.totals = EngineStats()
         self.drafting = Drafting(
-            drafter, ForwardCostModel(), self.totals, self.runner.vocab_size, max_draft_tokens, max_context,
-            adaptive_drafts, min_draft_gain,
+            drafter,
+            ForwardCostModel(),
+            self.totals,
+            self.runner.vocab_size,
+            max_draft_tokens,
+            max_context,
+            adaptive_drafts,
+            min_draft_gain,
         )
         self.verifier = Verifier(self.runner, drafter, self.totals)
         self.run_ahead = None
         if run_ahead is not None:
             self.run_ahead = RunAhead(
-                run_ahead, drafter=drafter, scheduler=self.scheduler, runner=self.runner, cost_model=self.cost_model,
-                stops=self.stops, sequences=self.sequences,
+                run_ahead,
+                drafter=drafter,
+                scheduler=self.scheduler,
+                runner=self.runner,
+                cost_model=self.cost_model,
+                stops=self.stops,
+                sequences=self.sequences,
             )
         if self.drafting.capabilities.model:
             self.drafter.attach(model.model, self.device, max_batch, max_context, calibrate)
@@ -267,7 +278,11 @@ class Engine:
             out["run_ahead"] = self.run_ahead.stats.as_dict()
         reused = self.prefix.stats.reused_tokens if self.prefix is not None else 0
         requested = self.totals.prefill_tokens + reused
-        out.update(prefill_requested=requested, prefill_reused=reused, prefill_hit_rate=reused / requested if requested else 0.0)
+        out.update(
+            prefill_requested=requested,
+            prefill_reused=reused,
+            prefill_hit_rate=reused / requested if requested else 0.0,
+        )
         if self.prefix is not None:
             out.update(self.prefix.as_dict())
         return out
@@ -316,7 +331,9 @@ class Engine:
         all_seqs, all_chunks = seqs + [s for s, _ in ahead], chunks + [c for _, c in ahead]
         t0 = time.perf_counter()
         try:
-            emitted, accepted, faults = self.verifier.forward_and_verify(all_seqs, all_chunks, drafts + [Draft()] * len(ahead))
+            emitted, accepted, faults = self.verifier.forward_and_verify(
+                all_seqs, all_chunks, drafts + [Draft()] * len(ahead)
+            )
             batched = True
         except Exception:  # noqa: BLE001 - the batched pass failed: find out whose fault it is
             if ahead:  # run-ahead rows never risk a real step twice: they go, the real rows retry alone
@@ -329,7 +346,9 @@ class Engine:
         forward_s = time.perf_counter() - t0  # the forward pass, the LM head and sampling
         total = sum(len(c) for c in all_chunks)
         if batched and all(c.num_pending == 1 for c in all_chunks) and not faults:
-            self.cost_model.observe(total, forward_s, len(all_chunks))  # decoding and verifying only: the steps whose drafts the model sizes
+            self.cost_model.observe(
+                total, forward_s, len(all_chunks)
+            )  # decoding and verifying only: the steps whose drafts the model sizes
         if ahead:
             broken = {i - len(seqs) for i in faults if i >= len(seqs)}
             self.run_ahead.absorb(ahead, emitted[len(seqs) :], 0.0 if seqs else forward_s, broken)

@@ -79,7 +79,9 @@ class HybridDrafter:
         self.tree.end_step()
         self.model.end_step()
 
-    def attach(self, model: torch.nn.Module, device: torch.device, max_batch: int, max_context: int, calibrate: bool = True) -> None:
+    def attach(
+        self, model: torch.nn.Module, device: torch.device, max_batch: int, max_context: int, calibrate: bool = True
+    ) -> None:
         self.model.attach(model, device, max_batch, max_context, calibrate)
 
     def rebuild(self) -> float:

@@ -52,10 +52,14 @@ class KVCache:
         """The layer's key and value storage, after checking that rows `k` fit it."""
         keys, values = self.keys[layer], self.values[layer]
         if k.shape[1:] != (keys.shape[1], keys.shape[3]):
-            raise ValueError(f"layer {layer} writes keys of shape {tuple(k.shape[1:])}, the cache holds {tuple(keys.shape[1::2])}")
+            raise ValueError(
+                f"layer {layer} writes keys of shape {tuple(k.shape[1:])}, the cache holds {tuple(keys.shape[1::2])}"
+            )
         return keys, values
 
-    def read(self, layer: int, slots: torch.Tensor, slot_range: tuple[int, int] | None, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(
+        self, layer: int, slots: torch.Tensor, slot_range: tuple[int, int] | None, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``[len(slots), kv_heads, length, head_dim]`` of some slots' first `length` entries.
 
         A `slot_range` (lo, hi) of consecutive slots is read as a view instead of a copy.
@@ -82,13 +86,17 @@ class KVCache:
         """Copy the first `length` entries of one slot into another, in every layer."""
         self.copy_to(self, src_slot, 0, dst_slot, 0, length)
 
-    def copy_to(self, other: KVCache, src_slot: int, src_start: int, dst_slot: int, dst_start: int, length: int) -> None:
+    def copy_to(
+        self, other: KVCache, src_slot: int, src_start: int, dst_slot: int, dst_start: int, length: int
+    ) -> None:
         """Copy `length` entries of `src_slot` from `src_start` into `other`'s `dst_slot` at `dst_start`, in
         every layer (`other` may be this cache: a slot's prefix into another slot)."""
         pairs = zip(self.keys, self.values, other.keys, other.values)
         for keys, values, into_keys, into_values in pairs:
             into_keys[dst_slot, :, dst_start : dst_start + length] = keys[src_slot, :, src_start : src_start + length]
-            into_values[dst_slot, :, dst_start : dst_start + length] = values[src_slot, :, src_start : src_start + length]
+            into_values[dst_slot, :, dst_start : dst_start + length] = values[
+                src_slot, :, src_start : src_start + length
+            ]
 
     def clear(self, slot: int) -> None:
         """Zero one slot's keys and values in every layer."""

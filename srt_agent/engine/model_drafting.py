@@ -49,7 +49,9 @@ class ModelDrafter(Protocol):
 
     pass_cost: ForwardCostModel  # seconds of one draft-model pass, by (sequences, tokens)
 
-    def attach(self, model: torch.nn.Module, device: torch.device, max_batch: int, max_context: int, calibrate: bool) -> None:
+    def attach(
+        self, model: torch.nn.Module, device: torch.device, max_batch: int, max_context: int, calibrate: bool
+    ) -> None:
         """Bind to the policy `model` and build the draft model from it (the engine calls this once)."""
 
     def rebuild(self) -> float:
@@ -106,7 +108,8 @@ def plan_model_drafts(
         if depth > max(budgets, default=0):
             break
         chosen = [
-            i for i, (d, b) in enumerate(zip(free_drafts, budgets))
+            i
+            for i, (d, b) in enumerate(zip(free_drafts, budgets))
             if b > 0 and chain_gain(alpha, min(depth, b)) > top_gain(d, min(depth, b))
         ]
         if not chosen:

@@ -42,7 +42,9 @@ class PrefixCache:
         device: torch.device,
     ):
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"a prefix cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+            raise ValueError(
+                f"a prefix cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
+            )
         self.block_size = block_size
         self.pool = KVCache(layer_shapes, num_blocks, block_size, dtype, device)
         self.blocks: OrderedDict[BlockKey, CachedBlock] = OrderedDict()  # least recently used first

@@ -65,7 +65,9 @@ def quantized_copy(model: torch.nn.Module, scheme: str) -> torch.nn.Module:
     if scheme == "int8":
         from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-        with warnings.catch_warnings():  # torch.ao.quantization is deprecated; its CPU kernels are still the fastest here
+        with (
+            warnings.catch_warnings()
+        ):  # torch.ao.quantization is deprecated; its CPU kernels are still the fastest here
             warnings.simplefilter("ignore")
             quantize_dynamic(clone.float(), {n: per_channel_dynamic_qconfig for n in names}, inplace=True)
         return clone

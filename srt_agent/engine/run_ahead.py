@@ -232,7 +232,10 @@ class RunAhead:
         return planned
 
     def absorb(
-        self, planned: list[tuple[Sequence, Chunk]], emitted: list[list[tuple[int, float]]], alone_s: float = 0.0,
+        self,
+        planned: list[tuple[Sequence, Chunk]],
+        emitted: list[list[tuple[int, float]]],
+        alone_s: float = 0.0,
         broken: set[int] = frozenset(),
     ) -> None:
         """Take the tokens the planned rows produced (a row that only prefilled part of its context
@@ -305,8 +308,11 @@ class RunAhead:
     def _rollouts(self, prompt: WindowPrompt) -> list[list[int]]:
         """Responses of the prompt's real rollouts: live ones from the engine, finished ones from its tree."""
         n = len(prompt.prompt_ids)
-        live = [s.tokens[n:] for s in self.sequences.values()
-                if s.prompt_key == prompt.prompt_key and s.tokens[:n] == prompt.prompt_ids]
+        live = [
+            s.tokens[n:]
+            for s in self.sequences.values()
+            if s.prompt_key == prompt.prompt_key and s.tokens[:n] == prompt.prompt_ids
+        ]
         cache = self.drafter.cache
         lead = len(cache.prompt_tail(prompt.prompt_ids))
         stored = [s[lead:] for s in cache.sequences(prompt.prompt_key, run_ahead=False)]
@@ -322,11 +328,20 @@ class RunAhead:
                 best, shared = seq, n
         return best, shared
 
-    def _start(self, prompt: WindowPrompt, context: list[int], source: Sequence | None, shared: int, bubble: str) -> _Runner:
+    def _start(
+        self, prompt: WindowPrompt, context: list[int], source: Sequence | None, shared: int, bubble: str
+    ) -> _Runner:
         self._ids += 1
         params = replace(prompt.params, max_tokens=self.options.tokens_per_sequence, seed=None)
-        seq = Sequence(f"run-ahead-{self._ids}", prompt.prompt_key, list(context), params,
-                       self._rng.getrandbits(63), call_start=len(context), status=Status.RUNNING)
+        seq = Sequence(
+            f"run-ahead-{self._ids}",
+            prompt.prompt_key,
+            list(context),
+            params,
+            self._rng.getrandbits(63),
+            call_start=len(context),
+            status=Status.RUNNING,
+        )
         seq.slot = self.scheduler.free_slots.pop()
         if source is not None and shared > 0:
             self.runner.copy_prefix(source.slot, seq.slot, shared)
@@ -372,7 +387,9 @@ class RowCost:
     ``max_prefill_tokens`` bound a pass.
     """
 
-    def __init__(self, model: ForwardCostModel, bubble: str, options: RunAheadOptions, real_tokens: int, real_seqs: int):
+    def __init__(
+        self, model: ForwardCostModel, bubble: str, options: RunAheadOptions, real_tokens: int, real_seqs: int
+    ):
         self.model, self.bubble, self.options = model, bubble, options
         self.real_tokens, self.real_seqs = real_tokens, real_seqs
         self.tokens = self.seqs = 0
@@ -408,7 +425,6 @@ class RowCost:
             self.tokens += k
             self.seqs += 1
         return k
-
 
 
 def branch_points(rollouts: Seq[Seq[int]]) -> list[tuple[int, int]]:

@@ -39,7 +39,9 @@ class RowSampling:
     position: int
 
 
-def filter_logits(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, candidates: int = 1024) -> torch.Tensor:
+def filter_logits(
+    scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, candidates: int = 1024
+) -> torch.Tensor:
     """Set logits outside each row's top-k / top-p (nucleus) set to -inf; 0 / 1 disable the filters.
 
     Top-p applies after top-k: the nucleus is the smallest set of most likely tokens (among the top k)

@@ -79,7 +79,9 @@ class SelfDrafter:
 
     # ----- binding to the policy ------------------------------------------------------------------
 
-    def attach(self, model: torch.nn.Module, device: torch.device, max_batch: int, max_context: int, calibrate: bool = True) -> None:
+    def attach(
+        self, model: torch.nn.Module, device: torch.device, max_batch: int, max_context: int, calibrate: bool = True
+    ) -> None:
         """Bind to the policy `model` (whose weights `rebuild` follows) and quantize a copy of it, with
         `max_batch` slots in its own KV cache."""
         self.scheme = default_scheme(detect_device(device)) if self.quantization == "auto" else self.quantization
@@ -95,7 +97,9 @@ class SelfDrafter:
         if self.policy is None:
             raise ValueError("the self drafter has no model: an Engine attaches the policy to it")
         t0 = time.perf_counter()
-        self.runner = ModelRunner(quantized_copy(self.policy, self.scheme), self.max_batch, self.max_context, 1, self.device)
+        self.runner = ModelRunner(
+            quantized_copy(self.policy, self.scheme), self.max_batch, self.max_context, 1, self.device
+        )
         for state in self._states.values():
             state.slot, state.cached = None, 0
         self.build_s = time.perf_counter() - t0
@@ -198,7 +202,9 @@ class SelfDrafter:
             state.tokens, state.cached = list(r.context), start
             chunks.append(Chunk(state.slot, start, list(r.context[start:]), len(r.context) - start))
         for level in range(depth):
-            levels = self._pass(chunks, [replace(requests[i].sampling, position=len(requests[i].context) + level) for i in live])
+            levels = self._pass(
+                chunks, [replace(requests[i].sampling, position=len(requests[i].context) + level) for i in live]
+            )
             self.passes += 1
             next_live, chunks = [], []
             for i, (ranked, margins) in zip(live, levels):
@@ -251,7 +257,9 @@ class SelfDrafter:
         for c in chunks:
             end += len(c)
             ends.append(end)
-        logits = runner.logits(hidden[ends]).to(self.policy.dtype if self.policy.dtype == torch.float64 else torch.float32)
+        logits = runner.logits(hidden[ends]).to(
+            self.policy.dtype if self.policy.dtype == torch.float64 else torch.float32
+        )
         _, perturbed = perturbed_logits(logits, sampling)  # the verifier's noise (drawn in its dtype)
         k = min(self.tree_width + 1, perturbed.shape[1])
         values, tokens = torch.topk(perturbed, k, dim=-1)

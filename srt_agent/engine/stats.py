@@ -52,15 +52,24 @@ def engine_settings(engine) -> dict:
     drafter's tree options."""
     cache = engine.drafter.cache if capabilities(engine.drafter).trees else None
     return dict(
-        engine=dict(max_batch=engine.scheduler.num_slots, max_context=engine.max_context, max_draft_tokens=engine.max_draft_tokens,
-                    min_draft_gain=engine.min_draft_gain, adaptive_drafts=engine.adaptive_drafts),
-        cache=dict(max_depth=cache.max_depth, max_match=cache.max_match, max_bytes=cache.max_bytes) if cache is not None else {},
+        engine=dict(
+            max_batch=engine.scheduler.num_slots,
+            max_context=engine.max_context,
+            max_draft_tokens=engine.max_draft_tokens,
+            min_draft_gain=engine.min_draft_gain,
+            adaptive_drafts=engine.adaptive_drafts,
+        ),
+        cache=dict(max_depth=cache.max_depth, max_match=cache.max_match, max_bytes=cache.max_bytes)
+        if cache is not None
+        else {},
     )
 
 
 def cost_table(model: ForwardCostModel) -> dict:
     """A cost model's figures: the linear fit and every measured shape."""
     return {
-        "fixed_s": model.fixed_s, "per_token_s": model.per_token_s, "per_sequence_s": model.per_sequence_s,
+        "fixed_s": model.fixed_s,
+        "per_token_s": model.per_token_s,
+        "per_sequence_s": model.per_sequence_s,
         "shapes": model.measured(),
     }

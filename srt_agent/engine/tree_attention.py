@@ -171,8 +171,13 @@ def tree_attention(
 
 
 def _attention_math(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-    softcap: float | None, sinks: torch.Tensor | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
     """Attention written out, for what SDPA lacks: logit soft-capping and attention sinks."""
     groups = q.shape[1] // k.shape[1]

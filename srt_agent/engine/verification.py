@@ -30,7 +30,10 @@ Verified = tuple[list[list[tuple[int, float]]], list[list[int]], dict[int, str]]
 
 def chunks_of(seqs: list[Sequence], drafts: list[Draft]) -> list[Chunk]:
     """What each sequence feeds this step: its pending tokens, then its draft tree."""
-    return [Chunk(s.slot, s.num_cached, s.pending() + d.token_ids, len(s.pending()), d.parents) for s, d in zip(seqs, drafts)]
+    return [
+        Chunk(s.slot, s.num_cached, s.pending() + d.token_ids, len(s.pending()), d.parents)
+        for s, d in zip(seqs, drafts)
+    ]
 
 
 class Verifier:
@@ -97,7 +100,9 @@ class Verifier:
         # Rows that may need logits: each chunk's last pending token and its draft nodes. Few of them:
         # one LM-head pass over all (the head's weights are read once). Many: level by level, only
         # the rows on accepted paths.
-        candidates = [offsets[i] + c.num_pending - 1 + j for i, c in enumerate(chunks) for j in range(len(c.parents) + 1)]
+        candidates = [
+            offsets[i] + c.num_pending - 1 + j for i, c in enumerate(chunks) for j in range(len(c.parents) + 1)
+        ]
         eager = None
         if len(candidates) <= max(EAGER_LOGITS_ROWS, 2 * len(seqs)):
             eager = dict(zip(candidates, self.runner.logits(hidden[candidates])))

@@ -20,9 +20,17 @@ LAYER_KIND_FIELDS = ("layer_types", "layers_block_type", "block_types")  # how c
 MULTIMODAL_SUB_CONFIGS = ("vision_config", "audio_config", "vision_tower", "speech_config")
 
 _TINY = dict(
-    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=False,
-    bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
 )
 _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 _WINDOWS = dict(sliding_window=4, layer_types=["sliding_attention", "full_attention"])
@@ -78,13 +86,17 @@ def check_config(config) -> None:
     kinds = {kind for field in LAYER_KIND_FIELDS for kind in (getattr(config, field, None) or [])}
     other = sorted(kinds - ATTENTION_LAYER_TYPES)
     if other:
-        raise UnsupportedModel(f"{name}: {', '.join(other)} layers keep a recurrent state that a draft tree cannot branch")
+        raise UnsupportedModel(
+            f"{name}: {', '.join(other)} layers keep a recurrent state that a draft tree cannot branch"
+        )
     cls = causal_lm_class(config)
     if cls is None:
         raise UnsupportedModel(f"{name}: transformers has no causal-LM class for this architecture")
     if not cls._supports_attention_backend:
         if getattr(config, "num_attention_heads", None) is None and getattr(config, "n_head", None) is None:
-            raise UnsupportedModel(f"{name}: no attention layers (a recurrent model); tree verification needs a KV cache")
+            raise UnsupportedModel(
+                f"{name}: no attention layers (a recurrent model); tree verification needs a KV cache"
+            )
         raise UnsupportedModel(
             f"{name}: {cls.__name__}'s attention does not go through transformers' AttentionInterface, "
             "so tree attention cannot be plugged in"
@@ -99,7 +111,9 @@ def check_model(model) -> None:
     """check_config on a loaded module, plus what only the module shows."""
     config = getattr(model, "config", None)
     if config is None or not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
-        raise UnsupportedModel(f"{type(model).__name__}: not a Hugging Face causal LM (need *ForCausalLM with an LM head)")
+        raise UnsupportedModel(
+            f"{type(model).__name__}: not a Hugging Face causal LM (need *ForCausalLM with an LM head)"
+        )
     check_config(config)
 
 

@@ -233,8 +233,13 @@ def tiny_random_model(
     if tokenizer is not None:
         vocab_size = len(tokenizer)
     config = tiny_config(
-        arch, vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        arch,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
     )
     torch.manual_seed(seed)
     # Mixture-of-experts layers default to grouped matmuls, which lack float64: loop over experts.
@@ -260,7 +265,9 @@ def list_models(search_dirs: list[Path] | None = None) -> list[ModelInfo]:
             continue
         for pattern in ("config.json", "*/config.json", "*/*/config.json", "*/*/*/config.json"):
             for config in sorted(root.glob(pattern)):
-                found.append(ModelInfo(config.parent.name, "hf-dir", str(config.parent), None, _runnable(config.parent)))
+                found.append(
+                    ModelInfo(config.parent.name, "hf-dir", str(config.parent), None, _runnable(config.parent))
+                )
         for pattern in ("*.gguf", "*/*.gguf"):
             for path in sorted(root.glob(pattern)):
                 found.append(ModelInfo(path.name, "gguf", str(path), is_converted(path), _runnable(path)))
@@ -269,7 +276,10 @@ def list_models(search_dirs: list[Path] | None = None) -> list[ModelInfo]:
 
 def default_search_dirs() -> list[Path]:
     """Where `srt-agent models --search` looks without folders: here and the Hugging Face hub cache."""
-    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
+    hub = Path(
+        os.environ.get("HF_HUB_CACHE")
+        or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
+    )
     return [Path.cwd()] + ([hub] if hub.is_dir() else [])
 
 

@@ -219,7 +219,9 @@ def policy_loss(
     metrics = {
         "actor/pg_clipfrac": masked_mean(torch.gt(loss2, loss1).float(), mask).detach(),
         "actor/ppo_kl": masked_mean(-log_ratio, mask).detach(),
-        "actor/pg_clipfrac_lower": masked_mean(torch.gt(clipped, loss3).float() * (advantages < 0).float(), mask).detach(),
+        "actor/pg_clipfrac_lower": masked_mean(
+            torch.gt(clipped, loss3).float() * (advantages < 0).float(), mask
+        ).detach(),
     }
     return loss, metrics
 
@@ -235,7 +237,14 @@ def vanilla_policy_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """verl's ``vanilla`` loss: :func:`policy_loss` with the config's clip ratios."""
     return policy_loss(
-        old_logprobs, logprobs, advantages, mask, config.clip_ratio_low, config.clip_ratio_high, config.clip_ratio_c, weights
+        old_logprobs,
+        logprobs,
+        advantages,
+        mask,
+        config.clip_ratio_low,
+        config.clip_ratio_high,
+        config.clip_ratio_c,
+        weights,
     )
 
 

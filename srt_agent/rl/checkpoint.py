@@ -73,7 +73,9 @@ def run_folder(path: Path) -> Path:
     or one of its step folders."""
     folder = find_checkpoint(path)
     if folder.parent.name != "checkpoints":
-        raise ValueError(f"{folder} is not inside a run's checkpoints/ folder; name the run folder to continue in with --out")
+        raise ValueError(
+            f"{folder} is not inside a run's checkpoints/ folder; name the run folder to continue in with --out"
+        )
     return folder.parent.parent
 
 

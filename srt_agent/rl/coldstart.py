@@ -34,6 +34,7 @@ COLD_START_VERSION = 1
 class ColdStartError(RuntimeError):
     """The cold start cannot produce training data (e.g. no trace's code ran to the right answer)."""
 
+
 Evaluator = Callable[[str], ToolUseReport]  # runs the held-out tasks with the current engine weights
 
 
@@ -119,8 +120,9 @@ def cold_start_dir(key: str) -> Path:
     return cache_root() / "coldstart" / key
 
 
-def build_samples(config: EnvConfig, controller_args: dict, loaded: LoadedModel,
-                  phase: Phase = no_bar) -> tuple[list[Sample], list[Trajectory]]:
+def build_samples(
+    config: EnvConfig, controller_args: dict, loaded: LoadedModel, phase: Phase = no_bar
+) -> tuple[list[Sample], list[Trajectory]]:
     """The SFT samples: procedural traces (answers checked) or the user's own trace file."""
     end = turn_end_token(loaded.tokenizer, loaded.eos_token_ids)
     cs = config.cold_start
@@ -128,7 +130,9 @@ def build_samples(config: EnvConfig, controller_args: dict, loaded: LoadedModel,
         return load_message_traces(cs.source, loaded.tokenizer, end), []
     rl_questions = {t.prompt[-1]["content"] for t in config.dataset.tasks()}
     tasks = [
-        t for t in arithmetic_tasks(cs.n, cs.seed, few_shot=config.dataset.few_shot) if t.prompt[-1]["content"] not in rl_questions
+        t
+        for t in arithmetic_tasks(cs.n, cs.seed, few_shot=config.dataset.few_shot)
+        if t.prompt[-1]["content"] not in rl_questions
     ]
     # A worked solution is short; the RL env's turn and token limits do not bind it.
     limits = {"max_turns": max(config.max_turns, 2), "max_tokens_per_turn": 4096, "max_response_tokens": 8192}
@@ -175,12 +179,20 @@ def run_cold_start(
     policy = Policy(loaded.model, config.sampling.temperature, train.lora, dtype=getattr(torch, train.dtype))
     with phase("cold start SFT", None, "loss {task.fields[loss]:.3f}", loss=float("nan")) as update:
         history = sft_epochs(
-            policy, samples, cs.epochs, cs.lr, cs.batch_size, train.micro_batch_tokens, seed=cs.seed,
+            policy,
+            samples,
+            cs.epochs,
+            cs.lr,
+            cs.batch_size,
+            train.micro_batch_tokens,
+            seed=cs.seed,
             on_step=lambda done, total, loss: update(completed=done, total=total, loss=loss),
         )
     weights = policy.engine_weights()
     del policy
-    result = ColdStartResult(weights, len(samples), tokens, history, before, None, time.perf_counter() - start, False, key)
+    result = ColdStartResult(
+        weights, len(samples), tokens, history, before, None, time.perf_counter() - start, False, key
+    )
     _save(folder, result, trajectories)
     return result
 

@@ -34,8 +34,10 @@ class ToolUseReport:
 
     def __post_init__(self) -> None:
         if not self.intervals and self.trajectories:  # a report saved before intervals existed
-            self.intervals = {k: wilson_interval(round(getattr(self, k) * self.trajectories), self.trajectories)
-                              for k in ("tool_call_rate", "code_ok_rate", "accuracy")}
+            self.intervals = {
+                k: wilson_interval(round(getattr(self, k) * self.trajectories), self.trajectories)
+                for k in ("tool_call_rate", "code_ok_rate", "accuracy")
+            }
 
     def as_dict(self) -> dict:
         return asdict(self)

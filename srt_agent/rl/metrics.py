@@ -89,8 +89,17 @@ def run_ahead_metrics(runs: Sequence[RolloutRun], gen_s: float) -> dict[str, flo
     stats = [run.run_ahead for run in runs if run.run_ahead is not None]
     if not stats:
         return {}
-    keys = ("tokens", "rows", "real_rows", "sequences", "preempted", "added_s", "tokens_upcoming", "prefill_tokens",
-            "copied_tokens")
+    keys = (
+        "tokens",
+        "rows",
+        "real_rows",
+        "sequences",
+        "preempted",
+        "added_s",
+        "tokens_upcoming",
+        "prefill_tokens",
+        "copied_tokens",
+    )
     total = {k: sum(s[k] for s in stats) for k in keys}
     out = {f"run_ahead/{k}": float(v) for k, v in total.items()}
     for bubble in stats[0]["tokens_by_bubble"]:
@@ -111,11 +120,13 @@ def compare_metrics(name: str, main: Sequence[RolloutRun], runs: Sequence[Rollou
         f"compare/{name}/speedup": wall / main_wall if main_wall > 0 else 0.0,
         # time per generated token, theirs over ours: what compares speed when the trajectories differ
         f"compare/{name}/token_speedup": (wall / max(summary.model_tokens, 1)) / (main_wall / main_tokens)
-        if main_wall > 0 and main_tokens else 0.0,
+        if main_wall > 0 and main_tokens
+        else 0.0,
         f"compare/{name}/tokens_per_forward": summary.tokens_per_forward,
         f"compare/{name}/accepted_per_forward": summary.draft_accepted / summary.forwards if summary.forwards else 0.0,
-        f"compare/{name}/identical": identical_share([t for r in main for t in r.trajectories],
-                                                     [t for r in runs for t in r.trajectories]),
+        f"compare/{name}/identical": identical_share(
+            [t for r in main for t in r.trajectories], [t for r in runs for t in r.trajectories]
+        ),
     }
     out.update({f"compare/{name}/{k}": v for k, v in run_ahead_metrics(runs, wall).items()})
     return out

@@ -49,8 +49,12 @@ class Policy:
             from peft import LoraConfig as PeftLoraConfig, get_peft_model
 
             peft_config = PeftLoraConfig(
-                r=self.lora.rank, lora_alpha=self.lora.alpha, target_modules=list(self.lora.target_modules),
-                lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+                r=self.lora.rank,
+                lora_alpha=self.lora.alpha,
+                target_modules=list(self.lora.target_modules),
+                lora_dropout=0.0,
+                bias="none",
+                task_type="CAUSAL_LM",
             )
             self.model = get_peft_model(base, peft_config)
         else:
@@ -96,7 +100,11 @@ class Policy:
             ent = entropy_from_logits(logits)
         else:  # a metric only: no graph, in row chunks so no extra [tokens, vocab] tensor lives long
             with torch.no_grad():
-                ent = torch.cat([entropy_from_logits(c) for c in logits.detach().split(256)]) if len(logits) else lse.detach()
+                ent = (
+                    torch.cat([entropy_from_logits(c) for c in logits.detach().split(256)])
+                    if len(logits)
+                    else lse.detach()
+                )
         values = self.value_head(hidden).squeeze(-1) if self.value_head is not None else None
         return Scores(token_logp, ent, values)
 
@@ -149,7 +157,9 @@ def build_policy(config: EnvConfig, model: torch.nn.Module):
     reference is the start policy when the config has a KL loss (with LoRA the adapters off serve as it)."""
     train = config.train
     dtype = getattr(torch, train.dtype)
-    policy = Policy(model, config.sampling.temperature, train.lora, value_head=train.adv_estimator == "gae", dtype=dtype)
+    policy = Policy(
+        model, config.sampling.temperature, train.lora, value_head=train.adv_estimator == "gae", dtype=dtype
+    )
     reference = None
     if train.kl_coef > 0 and policy.lora is None:
         reference = Policy(model, config.sampling.temperature, dtype=dtype)

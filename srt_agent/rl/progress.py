@@ -15,8 +15,9 @@ Phase = Callable[..., "contextmanager[PhaseUpdate]"]
 
 
 @contextmanager
-def phase_bar(console: Console, label: str, total: float | None = None, detail: str = "",
-              **fields) -> Iterator[PhaseUpdate]:
+def phase_bar(
+    console: Console, label: str, total: float | None = None, detail: str = "", **fields
+) -> Iterator[PhaseUpdate]:
     """A bar for `label` while the block runs (`total` None: unknown until an update gives it); `detail` is
     a format string over `fields` shown beside the count (e.g. ``"loss {task.fields[loss]:.3f}"``)."""
     columns = [TextColumn(f"[bold]{label}[/bold]"), BarColumn(), MofNCompleteColumn()]

@@ -36,7 +36,10 @@ def step_table(metrics: dict[str, float], compare: Sequence[str], header: bool) 
     """One step's row (with the header on the first step), so rows stack into one live table."""
     columns = list(STEP_COLUMNS)
     for name in compare:
-        columns += [(f"{name} gen s", f"compare/{name}/gen_s", "{:.1f}"), (f"vs {name}", f"compare/{name}/speedup", "{:.2f}x")]
+        columns += [
+            (f"{name} gen s", f"compare/{name}/gen_s", "{:.1f}"),
+            (f"vs {name}", f"compare/{name}/speedup", "{:.2f}x"),
+        ]
     table = Table(box=None, show_header=header, header_style="bold", pad_edge=False)
     for title, _, _ in columns:
         table.add_column(title, justify="right", width=max(len(title), 7), no_wrap=True)
@@ -116,7 +119,10 @@ def held_out_lines(report: dict) -> list[str]:
     rows += [(label, r) for label, r in (report.get("held_out") or {}).items()]
     if not rows:
         return []
-    lines = ["| held-out | tasks | tool calls | code ran cleanly | accuracy | mean reward |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| held-out | tasks | tool calls | code ran cleanly | accuracy | mean reward |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for label, r in rows:
         cells = [_with_interval(r, k) for k in ("tool_call_rate", "code_ok_rate", "accuracy", "mean_reward")]
         lines.append(f"| {label} | {r['trajectories']} | " + " | ".join(cells) + " |")
@@ -132,8 +138,10 @@ def summary_markdown(report: dict) -> str:
     lines = [f"# {report['name']}: {report['algorithm']} with `{report['drafter']}` rollouts", ""]
     cold = report.get("cold_start")
     if cold:
-        lines.append(f"Cold start: {cold['traces']} traces, {cold['trained_tokens']} trained tokens"
-                     f"{' (cached)' if cold.get('cached') else ''}.")
+        lines.append(
+            f"Cold start: {cold['traces']} traces, {cold['trained_tokens']} trained tokens"
+            f"{' (cached)' if cold.get('cached') else ''}."
+        )
         lines.append("")
     lines += held_out_lines(report)
     steps = report.get("steps", [])
@@ -143,19 +151,27 @@ def summary_markdown(report: dict) -> str:
         head += [f"{d} gen s" for d in compare] + [f"speedup vs {d}" for d in compare]
         lines += ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
         for m in steps:
-            row = [f"{m['step']:.0f}", visit_label(m.get("training/revisit", 0.0)),
-                   f"{m.get('critic/score/mean', 0):.3f}", f"{m.get('env/accuracy', 0):.0%}",
-                   f"{m.get('env/tool_call_rate', 0):.0%}", f"{m.get('timing_s/gen', 0):.1f}",
-                   f"{m.get('timing_s/update_actor', 0):.1f}", f"{m.get('srt/tokens_per_forward', 0):.2f}"]
+            row = [
+                f"{m['step']:.0f}",
+                visit_label(m.get("training/revisit", 0.0)),
+                f"{m.get('critic/score/mean', 0):.3f}",
+                f"{m.get('env/accuracy', 0):.0%}",
+                f"{m.get('env/tool_call_rate', 0):.0%}",
+                f"{m.get('timing_s/gen', 0):.1f}",
+                f"{m.get('timing_s/update_actor', 0):.1f}",
+                f"{m.get('srt/tokens_per_forward', 0):.2f}",
+            ]
             row += [f"{m.get(f'compare/{d}/gen_s', 0):.1f}" for d in compare]
             row += [f"{m.get(f'compare/{d}/speedup', 0):.2f}x" for d in compare]
             lines.append("| " + " | ".join(row) + " |")
         totals = report.get("totals", {})
         for d in compare:
             if f"speedup_vs_{d}" in totals:
-                lines.append(f"\nOver all steps, `{report['drafter']}` generated at "
-                             f"{totals[f'speedup_vs_{d}']:.2f}x the speed of `{d}` (its time / ours; "
-                             f"share of identical trajectories: {totals.get(f'identical_vs_{d}', 'n/a')}).")
+                lines.append(
+                    f"\nOver all steps, `{report['drafter']}` generated at "
+                    f"{totals[f'speedup_vs_{d}']:.2f}x the speed of `{d}` (its time / ours; "
+                    f"share of identical trajectories: {totals.get(f'identical_vs_{d}', 'n/a')})."
+                )
                 if totals.get(f"identical_vs_{d}_note"):
                     lines.append(f"Identical share: {totals[f'identical_vs_{d}_note']}.")
     return "\n".join(lines) + "\n"
@@ -166,26 +182,43 @@ def story_lines(report: dict) -> list[str]:
     RL (95% intervals, and whether the change is beyond them), and the drafter's generation time against
     each compared one, per step and over first visits and revisits."""
     lines = []
-    pairs = [("cold start", report.get("cold_start") or {}, "before", "after"),
-             ("RL", report.get("held_out") or {}, "before RL", "after RL")]
+    pairs = [
+        ("cold start", report.get("cold_start") or {}, "before", "after"),
+        ("RL", report.get("held_out") or {}, "before RL", "after RL"),
+    ]
     for phase, results, before_key, after_key in pairs:
         before, after = results.get(before_key), results.get(after_key)
         if not (before and after):
             continue
-        parts = [f"{name} {_with_interval(before, key)} → {_with_interval(after, key)}"
-                 for name, key in (("tool calls", "tool_call_rate"), ("accuracy", "accuracy"))]
+        parts = [
+            f"{name} {_with_interval(before, key)} → {_with_interval(after, key)}"
+            for name, key in (("tool calls", "tool_call_rate"), ("accuracy", "accuracy"))
+        ]
         verdict = _verdict(before, after)
-        lines.append(f"[bold]{phase}[/bold] (held-out): " + "; ".join(parts) + (f"; accuracy {verdict}" if verdict else ""))
+        lines.append(
+            f"[bold]{phase}[/bold] (held-out): " + "; ".join(parts) + (f"; accuracy {verdict}" if verdict else "")
+        )
     steps, totals, drafter = report.get("steps", []), report.get("totals", {}), report.get("drafter", "")
     for name in report.get("compare", []):
-        per_step = ", ".join(f"{m['step']:.0f} {visit_label(m.get('training/revisit', 0.0))} "
-                             f"{m.get(f'compare/{name}/speedup', 0.0):.2f}x" for m in steps)
-        parts = [f"{label} {totals[key]:.2f}x" for label, key in
-                 (("all", f"speedup_vs_{name}"), ("first visits", f"speedup_vs_{name}_first"),
-                  ("revisits", f"speedup_vs_{name}_revisit")) if totals.get(key) is not None]
+        per_step = ", ".join(
+            f"{m['step']:.0f} {visit_label(m.get('training/revisit', 0.0))} "
+            f"{m.get(f'compare/{name}/speedup', 0.0):.2f}x"
+            for m in steps
+        )
+        parts = [
+            f"{label} {totals[key]:.2f}x"
+            for label, key in (
+                ("all", f"speedup_vs_{name}"),
+                ("first visits", f"speedup_vs_{name}_first"),
+                ("revisits", f"speedup_vs_{name}_revisit"),
+            )
+            if totals.get(key) is not None
+        ]
         if parts:
-            lines.append(f"[bold]{drafter} vs {name}[/bold] (their generation time / ours): {', '.join(parts)}; "
-                         f"per step: {per_step}")
+            lines.append(
+                f"[bold]{drafter} vs {name}[/bold] (their generation time / ours): {', '.join(parts)}; "
+                f"per step: {per_step}"
+            )
     return lines
 
 
@@ -209,13 +242,15 @@ def write_report(out_dir: Path, report: dict) -> dict[str, Path]:
     paths["report"].write_text(json.dumps(report, indent=2, default=float))
     paths["summary"].write_text(summary_markdown(report))
     if report.get("steps"):
-        paths["plots"] = plot_history(report["steps"], report.get("compare", []), report["drafter"], out_dir / "plots.png",
-                                      report.get("held_out"))
+        paths["plots"] = plot_history(
+            report["steps"], report.get("compare", []), report["drafter"], out_dir / "plots.png", report.get("held_out")
+        )
     return paths
 
 
-def step_warnings(metrics: dict[str, float], warn_above: float, drafter: str,
-                  compared_why: dict[str, str]) -> list[str]:
+def step_warnings(
+    metrics: dict[str, float], warn_above: float, drafter: str, compared_why: dict[str, str]
+) -> list[str]:
     """Console lines for what went wrong in a step: engine and trainer log-probs apart by more than
     `warn_above`, skipped non-finite updates, and compared drafters whose rollouts were not identical to
     `drafter`'s (`compared_why[name]`: why that can happen)."""
@@ -228,11 +263,15 @@ def step_warnings(metrics: dict[str, float], warn_above: float, drafter: str,
             f"(max {metrics.get('training/rollout_logprob_diff_max', 0):.4f}) — the rollouts may not be on-policy[/red]"
         )
     if metrics.get("training/nonfinite_updates", 0):
-        lines.append(f"[red]step {step:.0f}: non-finite loss or gradient; "
-                     f"{metrics['training/nonfinite_updates']:.0f} optimizer step(s) skipped[/red]")
+        lines.append(
+            f"[red]step {step:.0f}: non-finite loss or gradient; "
+            f"{metrics['training/nonfinite_updates']:.0f} optimizer step(s) skipped[/red]"
+        )
     for name, why in compared_why.items():
         share = metrics.get(f"compare/{name}/identical", 1.0)
         if share < 1.0:
-            lines.append(f"[yellow]step {step:.0f}: {name}'s rollouts match {share:.0%} of {drafter}'s "
-                         f"token for token ({why})[/yellow]")
+            lines.append(
+                f"[yellow]step {step:.0f}: {name}'s rollouts match {share:.0%} of {drafter}'s "
+                f"token for token ({why})[/yellow]"
+            )
     return lines

@@ -61,8 +61,14 @@ class PolicyRollouts:
     `variants` are `RolloutVariant`s or drafter names (a drafter without run-ahead).
     """
 
-    def __init__(self, config: EnvConfig, loaded: LoadedModel, tools: dict, variants: Sequence[str | RolloutVariant],
-                 log: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        config: EnvConfig,
+        loaded: LoadedModel,
+        tools: dict,
+        variants: Sequence[str | RolloutVariant],
+        log: Callable[[str], None] | None = None,
+    ):
         variants = [v if isinstance(v, RolloutVariant) else RolloutVariant(v, v) for v in variants]
         if not variants:
             raise ValueError("need at least one drafter")
@@ -74,10 +80,14 @@ class PolicyRollouts:
         self.controllers: dict[str, MultiTurnController] = {}
         try:
             for v in variants:
-                cfg = config if v.backend is None else config.model_copy(
-                    update={"engine": config.engine.model_copy(update={"backend": v.backend})})
-                self.controllers[v.name] = build_controller(cfg, loaded=loaded, drafter=v.drafter, tools=tools,
-                                                            run_ahead=v.run_ahead, log=log)
+                cfg = (
+                    config
+                    if v.backend is None
+                    else config.model_copy(update={"engine": config.engine.model_copy(update={"backend": v.backend})})
+                )
+                self.controllers[v.name] = build_controller(
+                    cfg, loaded=loaded, drafter=v.drafter, tools=tools, run_ahead=v.run_ahead, log=log
+                )
         except BaseException:
             self.close()
             raise
@@ -113,18 +123,24 @@ class PolicyRollouts:
             trajectories, summary = run_rollouts(self.controllers[drafter], tasks, n_samples, on_done, seed)
         finally:
             written = self.close_run_ahead(drafter) if ahead else []
-        run = RolloutRun(drafter, trajectories, summary, list(tasks), run_ahead_written=written, cost=cost, settings=settings)
+        run = RolloutRun(
+            drafter, trajectories, summary, list(tasks), run_ahead_written=written, cost=cost, settings=settings
+        )
         if ahead:
             run.run_ahead = stats_delta(before, self.run_ahead_stats(drafter))
         return run
 
-    def open_run_ahead(self, drafter: str, current: Sequence[Task], upcoming: Sequence[Task], phase: str = "rollout") -> None:
+    def open_run_ahead(
+        self, drafter: str, current: Sequence[Task], upcoming: Sequence[Task], phase: str = "rollout"
+    ) -> None:
         """Open variant `drafter`'s run-ahead window: `current` tasks (served while their groups run) and
         `upcoming` ones (a prompt in both counts as upcoming)."""
         controller = self.controllers[drafter]
         ahead = {t.key for t in upcoming}
         prompts = [WindowPrompt(t.key, *controller.opening(t), upcoming=False) for t in current if t.key not in ahead]
-        prompts += [WindowPrompt(t.key, *controller.opening(t), upcoming=True) for t in {t.key: t for t in upcoming}.values()]
+        prompts += [
+            WindowPrompt(t.key, *controller.opening(t), upcoming=True) for t in {t.key: t for t in upcoming}.values()
+        ]
         self._run_ahead(drafter).open(prompts, phase)
 
     def close_run_ahead(self, drafter: str) -> list[tuple]:

@@ -82,8 +82,13 @@ class ScriptedGenerator:
         return 0
 
 
-def procedural_traces(controller_args: dict, tasks: Sequence[Task], end_token: int, seed: int = 0,
-                      on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+def procedural_traces(
+    controller_args: dict,
+    tasks: Sequence[Task],
+    end_token: int,
+    seed: int = 0,
+    on_done: Callable[[Trajectory], None] | None = None,
+) -> list[Trajectory]:
     """Run the controller over `tasks` with the scripted generator; one trajectory per task (each handed to
     `on_done` as it finishes).
 

@@ -39,7 +39,9 @@ class WandbTracker:
         import wandb
 
         os.environ.setdefault("WANDB_MODE", "offline")
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "srt-agent"), name=name, dir=str(out_dir), config=config)
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "srt-agent"), name=name, dir=str(out_dir), config=config
+        )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
@@ -93,7 +95,9 @@ def make_trackers(names: Sequence[str], out_dir: Path, config: dict, run_name: s
                 else:
                     raise ValueError(f"unknown tracker {name!r}; choose from {sorted(PACKAGES)}")
             except ImportError:
-                raise ValueError(f"tracker {name!r} needs the {PACKAGES[name]!r} package: pip install {PACKAGES[name]}") from None
+                raise ValueError(
+                    f"tracker {name!r} needs the {PACKAGES[name]!r} package: pip install {PACKAGES[name]}"
+                ) from None
     except BaseException:
         for tracker in trackers:
             tracker.close()

@@ -255,7 +255,9 @@ class Trainer:
         metrics.update(run_ahead_metrics(gen.runs, gen.wall_s))
         compared = rollouts.drafters[1:]
         turn = step % len(compared) if compared else 0
-        for name in compared[turn:] + compared[:turn]:  # each step starts with the next one: no drafter always runs first
+        for name in (
+            compared[turn:] + compared[:turn]
+        ):  # each step starts with the next one: no drafter always runs first
             metrics.update(self._compare(name, gen, rollouts))
         metrics["timing_s/step"] = time.perf_counter() - t_step
         return metrics, gen
@@ -273,7 +275,9 @@ class Trainer:
         else:
             metrics["training/skipped_updates"] = 1.0
             metrics["timing_s/update_actor"] = 0.0
-            self._log(f"[yellow]step {step}: no group carries a learning signal (all rewards equal); update skipped[/yellow]")
+            self._log(
+                f"[yellow]step {step}: no group carries a learning signal (all rewards equal); update skipped[/yellow]"
+            )
         t0 = time.perf_counter()
         rollouts.update_weights(parts.policy.engine_weights())
         rollouts.end_step()
@@ -291,7 +295,9 @@ class Trainer:
             tasks = sampler.next_batch(train.prompts_per_step - kept)
             upcoming = sampler.peek(self.config.engine.run_ahead.window or train.prompts_per_step)
             seed = step_seed(train.seed, step, round_index)
-            run = self._run_with_progress(rollouts, rollouts.main, tasks, seed, f"step {step} rollouts", upcoming=upcoming)
+            run = self._run_with_progress(
+                rollouts, rollouts.main, tasks, seed, f"step {step} rollouts", upcoming=upcoming
+            )
             gen.rounds.append((tasks, seed, upcoming))
             gen.runs.append(run)
             if not train.dynamic_sampling:
@@ -301,7 +307,9 @@ class Trainer:
                 break
         return gen
 
-    def _run_with_progress(self, rollouts, drafter, tasks, seed, label, n: int | None = None, upcoming=None) -> RolloutRun:
+    def _run_with_progress(
+        self, rollouts, drafter, tasks, seed, label, n: int | None = None, upcoming=None
+    ) -> RolloutRun:
         n = n or self.config.n_samples
         with self._phase(f"{label} ({drafter})", len(tasks) * n) as update:
             return rollouts.run(drafter, tasks, n, seed, on_done=lambda _: update(advance=1), upcoming=upcoming)
@@ -312,8 +320,10 @@ class Trainer:
 
     def _compare(self, name: str, gen: StepRollouts, rollouts: PolicyRollouts) -> dict[str, float]:
         """Regenerate the step's rounds with variant `name`: same weights, same seeds."""
-        runs = [self._run_with_progress(rollouts, name, tasks, seed, "compare", upcoming=upcoming)
-                for tasks, seed, upcoming in gen.rounds]
+        runs = [
+            self._run_with_progress(rollouts, name, tasks, seed, "compare", upcoming=upcoming)
+            for tasks, seed, upcoming in gen.rounds
+        ]
         self._step_runs[name] = runs
         return compare_metrics(name, gen.runs, runs)
 
@@ -340,8 +350,16 @@ class Trainer:
     def _update(self, samples: list[Sample], parts: RunParts, step: int) -> dict[str, float]:
         seed = step_seed(self.config.train.seed, step, 99)
         with self._phase(f"step {step} update (trained tokens)", trained_tokens(samples, self.config.train)) as update:
-            return update_step(parts.policy, parts.reference, parts.optimizer, parts.scheduler, samples,
-                               self.config.train, seed, on_tokens=lambda n: update(advance=n))
+            return update_step(
+                parts.policy,
+                parts.reference,
+                parts.optimizer,
+                parts.scheduler,
+                samples,
+                self.config.train,
+                seed,
+                on_tokens=lambda n: update(advance=n),
+            )
 
     def _warn(self, metrics: dict[str, float]) -> None:
         why = {}
@@ -357,13 +375,18 @@ class Trainer:
 
     # ----- set-up, checkpoints, report --------------------------------------------------------------
 
-    def _cold_start(self, rollouts: PolicyRollouts, tools: dict, evaluate: Callable[[str], ToolUseReport] | None) -> None:
+    def _cold_start(
+        self, rollouts: PolicyRollouts, tools: dict, evaluate: Callable[[str], ToolUseReport] | None
+    ) -> None:
         cfg = self.config
         if not cfg.cold_start.enabled:
             return
         controller = rollouts.controllers[rollouts.main]
         args = dict(
-            tokenizer=controller.tokenizer, config=cfg, env_class=controller.env_class, tools=tools,
+            tokenizer=controller.tokenizer,
+            config=cfg,
+            env_class=controller.env_class,
+            tools=tools,
             eos_token_ids=controller.eos_token_ids,
         )
         self.cold = run_cold_start(cfg, self.loaded, args, evaluate, self._phase, log=self._log)
@@ -371,13 +394,17 @@ class Trainer:
         finish_report(self.cold, evaluate)
         self._log(cold_start_line(self.cold))
 
-    def _held_out(self, label: str, evaluate: Callable[[str], ToolUseReport], trackers: list[Tracker], step: int) -> None:
+    def _held_out(
+        self, label: str, evaluate: Callable[[str], ToolUseReport], trackers: list[Tracker], step: int
+    ) -> None:
         """The held-out report `label` (the cold start's "after" serves as "before RL"), logged as ``val/…``."""
         report = self.cold.after if label == "before RL" and self.cold and self.cold.after else evaluate(label)
         self.held_out[label] = report
         for tracker in trackers:
             tracker.log({f"val/{k}": getattr(report, k) for k in HELD_OUT_FIGURES}, step)
-        self._log(f"held-out {label}: " + ", ".join(f"{k.replace('_', ' ')} {report.interval(k)}" for k in HELD_OUT_FIGURES))
+        self._log(
+            f"held-out {label}: " + ", ".join(f"{k.replace('_', ' ')} {report.interval(k)}" for k in HELD_OUT_FIGURES)
+        )
 
     def _evaluator(self, rollouts: PolicyRollouts) -> Callable[[str], ToolUseReport]:
         tasks, seed = held_out_tasks(self.config), self.config.cold_start.eval_seed
@@ -388,7 +415,9 @@ class Trainer:
 
         return evaluate
 
-    def _save(self, step: int, parts: RunParts, caches: dict[str, RolloutCache] | None = None, rng: dict | None = None) -> None:
+    def _save(
+        self, step: int, parts: RunParts, caches: dict[str, RolloutCache] | None = None, rng: dict | None = None
+    ) -> None:
         state = {
             "reference": parts.reference.state_dict() if parts.reference is not None else None,
             "policy": parts.policy.state_dict(),
@@ -406,11 +435,15 @@ class Trainer:
     def _restore(self, state: dict, caches: dict[str, Path], parts: RunParts) -> int:
         saved = state.get("config", {}).get("train", {})
         if saved.get("algorithm") not in (None, self.config.train.algorithm):
-            raise ConfigError(f"checkpoint was trained with {saved['algorithm']!r}, this config says {self.config.train.algorithm!r}")
+            raise ConfigError(
+                f"checkpoint was trained with {saved['algorithm']!r}, this config says {self.config.train.algorithm!r}"
+            )
         parts.policy.load_state_dict(state["policy"])
         if parts.reference is not None:
             if state.get("reference") is None:
-                raise ConfigError("the checkpoint has no reference policy; it was saved without a KL loss (train.kl_coef)")
+                raise ConfigError(
+                    "the checkpoint has no reference policy; it was saved without a KL loss (train.kl_coef)"
+                )
             parts.reference.load_state_dict(state["reference"])
         parts.optimizer.load_state_dict(state["optimizer"])
         parts.scheduler.load_state_dict(state["scheduler"])

@@ -121,7 +121,9 @@ def update_policy(
             optimizer.zero_grad(set_to_none=True)
             finite = True
             for batch in pack(samples, cfg.micro_batch_tokens, chosen):
-                loss, parts, weight, logprobs = _micro_loss(policy, samples, batch, cfg, num_tokens, len(chosen), first_pass)
+                loss, parts, weight, logprobs = _micro_loss(
+                    policy, samples, batch, cfg, num_tokens, len(chosen), first_pass
+                )
                 if first_pass:
                     for i, lp in batch.split(samples, logprobs):
                         samples[i].old_logprobs = lp
@@ -134,7 +136,11 @@ def update_policy(
                 trained_tokens += weight
                 if on_tokens is not None:
                     on_tokens(int(weight))
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip) if finite else torch.tensor(float("nan"))
+            grad_norm = (
+                torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
+                if finite
+                else torch.tensor(float("nan"))
+            )
             if finite and torch.isfinite(grad_norm):
                 optimizer.step()
                 if scheduler is not None:
@@ -231,7 +237,9 @@ def update_step(
             for s, v in zip(samples, values):
                 s.values = v
     if cfg.kl_coef > 0:
-        ref_logprobs, _ = score_samples(reference or policy, samples, cfg.micro_batch_tokens, reference=reference is None)
+        ref_logprobs, _ = score_samples(
+            reference or policy, samples, cfg.micro_batch_tokens, reference=reference is None
+        )
         for s, lp in zip(samples, ref_logprobs):
             s.ref_logprobs = lp
     out["timing_s/old_log_prob"] = time.perf_counter() - t0

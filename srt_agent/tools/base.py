@@ -55,7 +55,9 @@ def is_memory_error(stderr: str) -> bool:
     """Whether a failed Python program's stderr ends in a MemoryError, or an extension module that could
     not be mapped (both: its address-space limit)."""
     lines = stderr.strip().splitlines()
-    return bool(lines) and (lines[-1].startswith("MemoryError") or "failed to map segment from shared object" in lines[-1])
+    return bool(lines) and (
+        lines[-1].startswith("MemoryError") or "failed to map segment from shared object" in lines[-1]
+    )
 
 
 @runtime_checkable

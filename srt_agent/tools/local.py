@@ -387,7 +387,17 @@ class LocalSandbox:
         command = limited_argv(self._python, run.program, run.limits, runner=_RUNNERS[run.language])
         if run.fetch_files:
             names = json.dumps([[name, sandbox_path(name)] for name in run.fetch_files])
-            command = [str(self._python), "-I", "-S", "-c", COLLECTOR, str(fds.fetched), str(self._fetch_limit), names, *command]
+            command = [
+                str(self._python),
+                "-I",
+                "-S",
+                "-c",
+                COLLECTOR,
+                str(fds.fetched),
+                str(self._fetch_limit),
+                names,
+                *command,
+            ]
         return argv + command
 
     @property
@@ -511,7 +521,9 @@ class _Run:
     @property
     def uses_scratch(self) -> bool:
         """Whether the run's files or fetched files name /mnt (only then does the sandbox have it)."""
-        return any(workdir_relative(name).startswith(f"{SCRATCH_IN_WORKDIR}/") for name in (*self.files, *self.fetch_files))
+        return any(
+            workdir_relative(name).startswith(f"{SCRATCH_IN_WORKDIR}/") for name in (*self.files, *self.fetch_files)
+        )
 
 
 @dataclass

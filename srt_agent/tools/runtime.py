@@ -39,4 +39,3 @@ def venv_of(python: Path) -> Path | None:
     """The virtual environment `python` belongs to (the folder above its bin/ holding pyvenv.cfg), if any."""
     folder = Path(os.path.abspath(python)).parent.parent
     return folder if (folder / "pyvenv.cfg").is_file() else None
-

@@ -116,7 +116,9 @@ class SandboxFusionSandbox:
             "stdin": stdin,
         }
         if files:
-            payload["files"] = {name: None if data is None else base64.b64encode(data).decode() for name, data in files.items()}
+            payload["files"] = {
+                name: None if data is None else base64.b64encode(data).decode() for name, data in files.items()
+            }
         if fetch_files:
             payload["fetch_files"] = list(fetch_files)
         start = time.monotonic()

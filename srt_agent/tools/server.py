@@ -100,7 +100,9 @@ def response_from_result(result: SandboxResult, fetch_files: tuple[str, ...] = (
     missing = [name for name in fetch_files if name not in result.files]
     message = OUTPUT_CUT if cut else ""
     if missing:
-        message = "; ".join(filter(None, [message, f"not fetched (missing, not a file, or over the size cap): {missing}"]))
+        message = "; ".join(
+            filter(None, [message, f"not fetched (missing, not a file, or over the size cap): {missing}"])
+        )
     return RunCodeResponse(
         status="Success" if result.status == "ok" else "Failed",
         message=message,
@@ -139,7 +141,9 @@ def create_app(config: ServerConfig) -> FastAPI:
     is read), and a sandbox that raises a SandboxError answer; the other requests never notice.
     """
     if config.workers < 1 or config.max_request_bytes < 1:
-        raise ValueError(f"workers and max_request_bytes must be >= 1, got {config.workers}, {config.max_request_bytes}")
+        raise ValueError(
+            f"workers and max_request_bytes must be >= 1, got {config.workers}, {config.max_request_bytes}"
+        )
     pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="sandbox")
 
     @asynccontextmanager
@@ -163,7 +167,9 @@ def create_app(config: ServerConfig) -> FastAPI:
             run = lambda: config.sandbox.run(DESCRIBE_PROGRAM, timeout_s=max(config.sandbox.timeout_s, 30.0))  # noqa: E731
             result = await asyncio.get_running_loop().run_in_executor(pool, run)
             if not result.ok:
-                raise HTTPException(503, f"the sandbox could not report its runtime ({result.status}): {result.stderr[-2000:]}")
+                raise HTTPException(
+                    503, f"the sandbox could not report its runtime ({result.status}): {result.stderr[-2000:]}"
+                )
             runtime.update(
                 languages=sorted(RUNNABLE),
                 python=json.loads(result.stdout),
@@ -225,7 +231,9 @@ class BodyLimit:
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit():  # the HTTP layer holds the body to its declared length
             if int(declared) > self.max_bytes:
-                await _plain_error(send, 413, f"request body of {int(declared)} bytes is over this server's limit of {self.max_bytes}")
+                await _plain_error(
+                    send, 413, f"request body of {int(declared)} bytes is over this server's limit of {self.max_bytes}"
+                )
             else:
                 await self.app(scope, receive, send)
             return
@@ -270,7 +278,9 @@ def running_server(config: ServerConfig, *, host: str = "127.0.0.1", port: int |
         with socket.socket() as probe:
             probe.bind((host, 0))
             port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(config), host=host, port=port, log_level="warning", loop="asyncio"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(config), host=host, port=port, log_level="warning", loop="asyncio")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:

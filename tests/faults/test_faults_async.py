@@ -24,7 +24,9 @@ ANSWER_WITHIN_S = 30.0  # a hang shows up as a timeout, never as a stuck suite
 
 def front(model, drafter="srt") -> AsyncEngine:
     drafter = make_drafter(drafter) if isinstance(drafter, str) else drafter
-    return AsyncEngine(Engine(model, drafter=drafter, max_batch=4, max_context=128, max_draft_tokens=6, calibrate=False))
+    return AsyncEngine(
+        Engine(model, drafter=drafter, max_batch=4, max_context=128, max_draft_tokens=6, calibrate=False)
+    )
 
 
 async def generate_all(engine: AsyncEngine, reqs) -> dict:

@@ -116,7 +116,11 @@ def test_an_interrupted_save_keeps_the_previous_file(tmp_path, ledger, monkeypat
     def broken(*args, **kwargs):
         raise InjectedFault(f"failed {where}")
 
-    target = {"while writing": (np, "savez", broken_savez), "at fsync": (os, "fsync", broken), "at the rename": (os, "replace", broken)}
+    target = {
+        "while writing": (np, "savez", broken_savez),
+        "at fsync": (os, "fsync", broken),
+        "at the rename": (os, "replace", broken),
+    }
     monkeypatch.setattr(*target[where])
     with pytest.raises(InjectedFault):
         filled_cache(seed=2).save(path)

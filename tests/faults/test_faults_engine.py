@@ -25,7 +25,10 @@ FAULTY_PROMPT = list(range(64, 104))  # long, so stale KV in its slot would reac
 DRAFTER_METHODS = ("start_request", "add_tokens", "draft", "stop_request")
 MAX_DRAFT_TOKENS = 6
 SETTINGS = settings(
-    max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    max_examples=10,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
 
@@ -78,7 +81,15 @@ def reference(model, reqs) -> dict[str, RequestOutput]:
 
 
 def speculative_engine(model, drafter) -> Engine:
-    return Engine(model, drafter=drafter, max_batch=4, max_context=128, max_draft_tokens=MAX_DRAFT_TOKENS, adaptive_drafts=False, calibrate=False)
+    return Engine(
+        model,
+        drafter=drafter,
+        max_batch=4,
+        max_context=128,
+        max_draft_tokens=MAX_DRAFT_TOKENS,
+        adaptive_drafts=False,
+        calibrate=False,
+    )
 
 
 def affected(outs: dict[str, RequestOutput], ref: dict[str, RequestOutput], suffix: str = "") -> list[str]:
@@ -108,7 +119,11 @@ class FaultyDrafter:
 
     def _maybe_fail(self, method: str, request_id: str | None) -> None:
         self.calls[request_id, method] += 1
-        due = self.end_step_fault if method == "end_step" else self.faults.get(request_id) == (method, self.calls[request_id, method])
+        due = (
+            self.end_step_fault
+            if method == "end_step"
+            else self.faults.get(request_id) == (method, self.calls[request_id, method])
+        )
         if due:
             self.fired.append((request_id, method))
             raise InjectedFault(f"{method} fault for {request_id}")
@@ -143,7 +158,11 @@ def sure_drafter_faults(mix, ref):
 
     def calls(r: Req) -> list[tuple[str, int]]:
         n = len(ref[r.rid].token_ids)
-        return [(m, 1) for m in DRAFTER_METHODS] + [("add_tokens", 2)] * (n > per_step) + [("draft", 2)] * (n > per_step + 1)
+        return (
+            [(m, 1) for m in DRAFTER_METHODS]
+            + [("add_tokens", 2)] * (n > per_step)
+            + [("draft", 2)] * (n > per_step + 1)
+        )
 
     return st.lists(st.sampled_from(mix), min_size=1, unique=True).flatmap(
         lambda reqs: st.tuples(*(st.sampled_from(calls(r)) for r in reqs)).map(
@@ -176,7 +195,9 @@ def test_drafter_faults_cost_speed_only(tiny_llama, ledger, mix, data):
     stats = engine.stats()
     for method in (*DRAFTER_METHODS, "end_step"):
         assert stats["drafter_faults"][method] == sum(m == method for _, m in drafter.fired), method
-    assert stats["undrafted_requests"] == len({rid for rid, m in drafter.fired if m in ("start_request", "add_tokens", "draft")})
+    assert stats["undrafted_requests"] == len(
+        {rid for rid, m in drafter.fired if m in ("start_request", "add_tokens", "draft")}
+    )
     assert drafter.fired[-1][1] in stats["last_drafter_error"] and "InjectedFault" in stats["last_drafter_error"]
     assert stats["draft_accepted"] > 0  # the bystanders still drafted
 
@@ -273,7 +294,9 @@ def test_a_model_fault_ends_only_its_request(tiny_llama, ledger, kind, mix, mid_
         again = drive(engine, mix, "/again")
     hit = affected(first, ref) + affected(again, ref, "/again")
     leaks = engine_leaks(engine)
-    ledger.record(FaultRecord("model" if "sampler" not in kind else "sampler", kind, 1, 2 * len(mix), len(hit), len(leaks)))
+    ledger.record(
+        FaultRecord("model" if "sampler" not in kind else "sampler", kind, 1, 2 * len(mix), len(hit), len(leaks))
+    )
     assert fault.fired >= 1
     assert first["faulty"].finish_reason == "error" and MODEL_FAULTS[kind] in first["faulty"].error
     assert hit == [] and leaks == []

@@ -46,9 +46,21 @@ BAD_REQUESTS = {
     "not JSON": (dict(content=b"{code: print(1)", headers=JSON), 422, "JSON"),
     "wrong types": (dict(json={"code": ["print(1)"], "language": "python"}), 422, "code"),
     "no code": (dict(json={"language": "python"}), 422, "code"),
-    "oversized": (dict(json={"code": "#" * (2 * MAX_REQUEST_BYTES), "language": "python"}), 413, "over this server's limit"),
-    "oversized, chunked": (dict(content=chunked(b'{"code": "' + b"#" * (2 * MAX_REQUEST_BYTES) + b'"}'), headers=JSON), 413, "over this server's limit"),
-    "sandbox raises": (dict(json={"code": f"print(1)\n{RAISE_MARK}", "language": "python"}), 200, "InjectedFault: the sandbox broke"),
+    "oversized": (
+        dict(json={"code": "#" * (2 * MAX_REQUEST_BYTES), "language": "python"}),
+        413,
+        "over this server's limit",
+    ),
+    "oversized, chunked": (
+        dict(content=chunked(b'{"code": "' + b"#" * (2 * MAX_REQUEST_BYTES) + b'"}'), headers=JSON),
+        413,
+        "over this server's limit",
+    ),
+    "sandbox raises": (
+        dict(json={"code": f"print(1)\n{RAISE_MARK}", "language": "python"}),
+        200,
+        "InjectedFault: the sandbox broke",
+    ),
 }
 
 
@@ -61,13 +73,17 @@ def test_bad_requests_among_good_ones(ledger):
         post = lambda kwargs: client.post("/run_code", **kwargs)  # noqa: E731
         with ThreadPoolExecutor(8) as pool:
             bodies = [{"code": code, "language": "python"} for code in good]
-            requests = [dict(content=chunked(json.dumps(bodies[0]).encode()), headers=JSON)] + [dict(json=b) for b in bodies[1:]]
+            requests = [dict(content=chunked(json.dumps(bodies[0]).encode()), headers=JSON)] + [
+                dict(json=b) for b in bodies[1:]
+            ]
             good_answers = [pool.submit(post, request) for request in requests]  # the first one chunked
             bad_answers = {kind: pool.submit(post, spec[0]) for kind, spec in BAD_REQUESTS.items()}
             good_answers = [f.result() for f in good_answers]
             bad_answers = {kind: f.result() for kind, f in bad_answers.items()}
         after = post(dict(json={"code": "print('still serving')", "language": "python"}))
-    hit = [i for i, r in enumerate(good_answers) if r.status_code != 200 or r.json()["run_result"]["stdout"] != f"{i ** 2}\n"]
+    hit = [
+        i for i, r in enumerate(good_answers) if r.status_code != 200 or r.json()["run_result"]["stdout"] != f"{i**2}\n"
+    ]
     hit += [] if after.json()["run_result"]["stdout"] == "still serving\n" else ["after"]
     leaks = host_leaks(host)
     for kind in BAD_REQUESTS:
@@ -103,7 +119,9 @@ def test_a_server_answering_garbage_is_a_sandbox_error(ledger):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        client = SandboxFusionSandbox(f"http://127.0.0.1:{server.server_port}", retries=len(GarbageHandler.bodies), backoff_s=0.01)
+        client = SandboxFusionSandbox(
+            f"http://127.0.0.1:{server.server_port}", retries=len(GarbageHandler.bodies), backoff_s=0.01
+        )
         result = client.run("print(1)")
         client.close()
     finally:

@@ -82,8 +82,12 @@ def tasks(faulty: int | None):
 
 def run(tiny, tools, task_list):
     engine = Engine(tiny, drafter="srt", device="cpu", max_batch=4, max_context=1024, calibrate=False)
-    config = EnvConfig(max_turns=3, max_tokens_per_turn=8, max_response_tokens=160, n_samples=2, tool_timeout_s=TOOL_TIMEOUT_S)
-    controller = MultiTurnController(AsyncEngine(engine), tiny.tokenizer, config, PrefilledReTool, tools, tiny.eos_token_ids)
+    config = EnvConfig(
+        max_turns=3, max_tokens_per_turn=8, max_response_tokens=160, n_samples=2, tool_timeout_s=TOOL_TIMEOUT_S
+    )
+    controller = MultiTurnController(
+        AsyncEngine(engine), tiny.tokenizer, config, PrefilledReTool, tools, tiny.eos_token_ids
+    )
     try:
         return asyncio.run(asyncio.wait_for(controller.run(task_list), 120)), engine
     finally:

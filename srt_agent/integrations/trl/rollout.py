@@ -43,7 +43,9 @@ class SRTRolloutFunc:
     ``max_completion_length``. Every call draws new sampling seeds from the config's seed.
     """
 
-    def __init__(self, config: EnvConfig | str | Path | None = None, env_class: type | None = None, tools: dict | None = None):
+    def __init__(
+        self, config: EnvConfig | str | Path | None = None, env_class: type | None = None, tools: dict | None = None
+    ):
         if isinstance(config, (str, Path)):
             config = load_env_config(config)
         self.config = config or EnvConfig(n_samples=1)
@@ -59,7 +61,9 @@ class SRTRolloutFunc:
             state = {k: v.detach() for k, v in trainer.accelerator.unwrap_model(trainer.model).state_dict().items()}
             controller.engine.call(lambda engine: (engine.update_weights(state), engine.end_step())).result()
             self.synced_step = trainer.state.global_step
-        budget = min(self.config.max_response_tokens, trainer.args.max_completion_length or self.config.max_response_tokens)
+        budget = min(
+            self.config.max_response_tokens, trainer.args.max_completion_length or self.config.max_response_tokens
+        )
         controller.config = self.config.model_copy(update={"max_response_tokens": budget})
         seed = self.config.sampling.seed
         tasks = [Task(prompt=as_messages(p), ground_truth="") for p in prompts]

@@ -52,9 +52,13 @@ class SRTServerAdapter(BaseRollout):
     ) -> int:
         """Send every ``(name, tensor)`` of `weights` to the server and load them; returns how many."""
         if wire_format != "named_tensors":
-            raise NotImplementedError(f"the srt backend takes full tensors (wire_format='named_tensors'), not {wire_format!r}")
+            raise NotImplementedError(
+                f"the srt backend takes full tensors (wire_format='named_tensors'), not {wire_format!r}"
+            )
         if peft_config is not None:
-            raise NotImplementedError("the srt backend loads merged weights: set actor_rollout_ref.model.lora.merge=True")
+            raise NotImplementedError(
+                "the srt backend loads merged weights: set actor_rollout_ref.model.lora.merge=True"
+            )
         bucket_bytes = self.config.checkpoint_engine.update_weights_bucket_megabytes << 20
         server = self.server()
         bucket: list[tuple[str, torch.Tensor]] = []

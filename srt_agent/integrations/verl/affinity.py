@@ -192,7 +192,9 @@ class PromptAffinityRouter:
         self._inflight.setdefault(sid, 0)
         self.ring.add(sid)
 
-    def _migrate(self, before: dict[Hashable, str], handles: dict[str, Any] | None = None, joined: set[str] = frozenset()) -> None:
+    def _migrate(
+        self, before: dict[Hashable, str], handles: dict[str, Any] | None = None, joined: set[str] = frozenset()
+    ) -> None:
         """Move the known prompts that change replica, and their trees (the old replica exports, the new
         imports): those whose replica left get a new home, those a `joined` replica now owns go to it.
         Every other prompt stays, also one that bounded loads placed off its owner."""

@@ -50,12 +50,19 @@ class ServerTurnEngine:
         self.send_prompt_key = send_prompt_key
 
     async def generate(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams | None = None, prompt_key: Hashable | None = None
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        prompt_key: Hashable | None = None,
     ) -> RequestOutput:
         extra = {"prompt_key": prompt_digest(prompt_key)} if self.send_prompt_key and prompt_key is not None else {}
         try:
             out = await self.server_manager.generate(
-                request_id, prompt_ids=list(prompt_ids), sampling_params=to_verl_sampling(params or SamplingParams()), **extra
+                request_id,
+                prompt_ids=list(prompt_ids),
+                sampling_params=to_verl_sampling(params or SamplingParams()),
+                **extra,
             )
         except Exception as exc:  # noqa: BLE001 - a failed server call ends this trajectory, not the batch
             return RequestOutput(request_id, [], [], "error", error=f"server call failed: {type(exc).__name__}: {exc}")
@@ -186,7 +193,9 @@ class ReToolAgentLoop(AgentLoopBase):
             response_logprobs=traj.response_logprobs[:limit],
             reward_score=reward_score,
             num_turns=traj.chat_turns,
-            metrics=AgentLoopMetrics(generate_sequences=max(wall_s - traj.tool_time_s, 0.0), tool_calls=traj.tool_time_s),
+            metrics=AgentLoopMetrics(
+                generate_sequences=max(wall_s - traj.tool_time_s, 0.0), tool_calls=traj.tool_time_s
+            ),
             extra_fields={
                 "turn_scores": [],
                 "tool_rewards": [],

@@ -40,13 +40,19 @@ class SRTReplica(RolloutReplica):
                 "the srt backend runs one engine per device: set rollout.tensor_model_parallel_size, "
                 f"data_parallel_size and pipeline_model_parallel_size to 1 (world size is {self.world_size})"
             )
-        options: dict = {"name": server_name(self.replica_rank, self.name_suffix), "max_concurrency": self.max_concurrency}
+        options: dict = {
+            "name": server_name(self.replica_rank, self.name_suffix),
+            "max_concurrency": self.max_concurrency,
+        }
         if self.workers:
             node_id, devices = await self.workers[0].__ray_call__.remote(_node_and_devices)
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
             if devices:
                 options["runtime_env"] = {
-                    "env_vars": {"CUDA_VISIBLE_DEVICES": ",".join(devices), "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
+                    "env_vars": {
+                        "CUDA_VISIBLE_DEVICES": ",".join(devices),
+                        "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
+                    }
                 }
         server = self.server_class.options(**options).remote(
             config=self.config, model_config=self.model_config, replica_rank=self.replica_rank

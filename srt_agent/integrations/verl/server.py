@@ -184,7 +184,9 @@ class SRTServer:
 
     async def state_checksum(self) -> float:
         """The sum of all policy weights (to check that an update arrived)."""
-        return await on_engine_thread(self.front, lambda e: float(sum(p.double().sum() for p in e.loaded.model.parameters())))
+        return await on_engine_thread(
+            self.front, lambda e: float(sum(p.double().sum() for p in e.loaded.model.parameters()))
+        )
 
     # ---- trees -----------------------------------------------------------------------------------
     def _cache(self, engine: Engine):

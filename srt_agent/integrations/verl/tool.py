@@ -48,7 +48,11 @@ class CodeInterpreterTool(BaseTool):
         """
         code = parameters.get("code") if isinstance(parameters, dict) else None
         if not isinstance(code, str) or not code.strip():
-            return ToolResponse(text="Error: the 'code' argument must be a non-empty string."), 0.0, {"status": "bad_arguments"}
+            return (
+                ToolResponse(text="Error: the 'code' argument must be a non-empty string."),
+                0.0,
+                {"status": "bad_arguments"},
+            )
         async with self._slot():
             text, result = await asyncio.to_thread(self.interpreter.execute, code)
         metrics = {"status": result.status, "seconds": result.wall_s, "truncated": result.truncated}

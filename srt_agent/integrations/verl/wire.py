@@ -65,7 +65,9 @@ def to_token_output(out: RequestOutput, global_steps: int | None = None) -> Toke
     if out.error:
         extra["error"] = out.error
     stop_reason = "aborted" if out.finish_reason == "error" else "completed"
-    return TokenOutput(token_ids=list(out.token_ids), log_probs=list(out.logprobs), stop_reason=stop_reason, extra_fields=extra)
+    return TokenOutput(
+        token_ids=list(out.token_ids), log_probs=list(out.logprobs), stop_reason=stop_reason, extra_fields=extra
+    )
 
 
 def from_token_output(request_id: str, out: TokenOutput) -> RequestOutput:

@@ -36,8 +36,15 @@ METHODS = ("none", "ngram", "suffix", "srt")
 PRELOAD_LIBS = ("libiomp5.so", "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 
 __all__ = [
-    "METHODS", "cpu_env", "preload_env", "proposer_call", "reload_weights", "speculative_config", "srt_proposer",
-    "tiny_model_dir", "vllm_model_dir",
+    "METHODS",
+    "cpu_env",
+    "preload_env",
+    "proposer_call",
+    "reload_weights",
+    "speculative_config",
+    "srt_proposer",
+    "tiny_model_dir",
+    "vllm_model_dir",
 ]
 
 
@@ -115,8 +122,10 @@ def srt_proposer(llm):
 
     drafter = llm.collective_rpc(_drafter)[0]
     if not isinstance(drafter, SRTProposer):
-        raise ValueError(f"the engine's proposer is {type(drafter).__name__}, not SRTProposer "
-                         "(in-process engines only: VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+        raise ValueError(
+            f"the engine's proposer is {type(drafter).__name__}, not SRTProposer "
+            "(in-process engines only: VLLM_ENABLE_V1_MULTIPROCESSING=0)"
+        )
     return drafter
 
 

@@ -48,8 +48,10 @@ def check_exact_seam() -> None:
 
     sample = GPUModelRunner._sample
     if not getattr(sample, "srt_exact", False):
-        raise RuntimeError("srt_agent's vLLM plugin is not loaded (entry point vllm.general_plugins): exact sampling "
-                           "is not installed; reinstall srt-agent, and do not exclude it with VLLM_PLUGINS")
+        raise RuntimeError(
+            "srt_agent's vLLM plugin is not loaded (entry point vllm.general_plugins): exact sampling "
+            "is not installed; reinstall srt-agent, and do not exclude it with VLLM_PLUGINS"
+        )
     params = list(inspect.signature(inspect.unwrap(sample)).parameters)
     if params != ["self", "logits", "spec_decode_metadata"]:
         raise RuntimeError(f"vLLM's GPUModelRunner._sample takes {params}: exact sampling does not support this vLLM")
@@ -105,14 +107,20 @@ def exact_sample(runner: Any, logits: torch.Tensor, spec: Any) -> Any:
     metadata = runner.input_batch.sampling_metadata
     problem = unsupported(metadata)
     if problem is not None:
-        raise ValueError(f"exact sampling does not implement {problem}; turn engine.vllm.exact_sampling off to use them")
+        raise ValueError(
+            f"exact sampling does not implement {problem}; turn engine.vllm.exact_sampling off to use them"
+        )
     batch = runner.input_batch
     num_reqs = batch.num_reqs
     if spec is None:
         rows_of = [[i] for i in range(num_reqs)]  # the logits rows of each request, in position order
         drafts: list[list[int]] = [[] for _ in range(num_reqs)]
     else:
-        targets, bonus, ids = spec.target_logits_indices.tolist(), spec.bonus_logits_indices.tolist(), spec.draft_token_ids.tolist()
+        targets, bonus, ids = (
+            spec.target_logits_indices.tolist(),
+            spec.bonus_logits_indices.tolist(),
+            spec.draft_token_ids.tolist(),
+        )
         rows_of, drafts, start = [], [], 0
         for i, k in enumerate(spec.num_draft_tokens):
             rows_of.append(targets[start : start + k] + [bonus[i]])
@@ -144,8 +152,13 @@ def exact_sample(runner: Any, logits: torch.Tensor, spec: Any) -> Any:
     return SamplerOutput(sampled_token_ids=tokens.to(torch.int32).to(device), logprobs_tensors=logprob_tensors)
 
 
-def _emitted_logprobs(logits: torch.Tensor, emitted: list[tuple[int, int, int]], tokens: torch.Tensor,
-                      sampling: list[tuple[float, float, int, int]], num_logprobs: int) -> Any:
+def _emitted_logprobs(
+    logits: torch.Tensor,
+    emitted: list[tuple[int, int, int]],
+    tokens: torch.Tensor,
+    sampling: list[tuple[float, float, int, int]],
+    num_logprobs: int,
+) -> Any:
     """vLLM's LogprobsTensors for a step: one row per output slot (request × depth; the placeholders' rows
     are dropped by vLLM), each emitted token's log_softmax(logits / T) and the top `num_logprobs`."""
     from vllm.v1.outputs import LogprobsTensors

@@ -43,8 +43,14 @@ def tiny_model_dir(
         return target
     tokenizer = load_tokenizer(EMBEDDED_NAME)
     loaded = tiny_random_model(
-        arch, hidden_size=TINY_HIDDEN, num_layers=num_layers, num_heads=TINY_HEADS, num_kv_heads=TINY_HEADS // 2,
-        seed=seed, dtype=torch.float32, tokenizer=tokenizer,
+        arch,
+        hidden_size=TINY_HIDDEN,
+        num_layers=num_layers,
+        num_heads=TINY_HEADS,
+        num_kv_heads=TINY_HEADS // 2,
+        seed=seed,
+        dtype=torch.float32,
+        tokenizer=tokenizer,
     )
     with torch.no_grad():
         loaded.model.get_output_embeddings().weight.mul_(logit_scale)
@@ -78,8 +84,10 @@ def unservable(loaded) -> str | None:
     head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     on_cpu = next(loaded.model.parameters()).device.type == "cpu"
     if on_cpu and head not in VLLM_CPU_HEAD_SIZES:
-        return (f"vLLM's CPU attention runs head sizes {VLLM_CPU_HEAD_SIZES}; {loaded.name} has {head} "
-                "(use a model directory, e.g. srt_agent.integrations.vllm.tiny_model_dir())")
+        return (
+            f"vLLM's CPU attention runs head sizes {VLLM_CPU_HEAD_SIZES}; {loaded.name} has {head} "
+            "(use a model directory, e.g. srt_agent.integrations.vllm.tiny_model_dir())"
+        )
     return None
 
 

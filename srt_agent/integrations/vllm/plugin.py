@@ -32,8 +32,9 @@ FIX_ENV = "SRT_VLLM_TEMPERATURE_FIX"
 fix_state = {"installed": False, "original": "unprobed"}
 
 
-def expand_reference(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor,
-                     replace_from, replace_to) -> None:
+def expand_reference(
+    output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor, replace_from, replace_to
+) -> None:
     """``expand_kernel`` in plain torch: row i's value (``replace_from`` mapped to ``replace_to``) written
     into ``output[cu[i-1]:cu[i]]``."""
     if input_val.numel() == 0:

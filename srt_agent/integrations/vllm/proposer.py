@@ -115,13 +115,19 @@ def check_seam() -> None:
 
     source = inspect.getsource(inspect.unwrap(GPUModelRunner.propose_draft_token_ids))
     if 'method == "custom_class"' not in source or "self.input_batch.token_ids_cpu" not in source:
-        raise RuntimeError("vLLM's GPUModelRunner.propose_draft_token_ids no longer calls a custom_class "
-                           "proposer with the input batch's arrays: SRTProposer does not support this vLLM")
+        raise RuntimeError(
+            "vLLM's GPUModelRunner.propose_draft_token_ids no longer calls a custom_class "
+            "proposer with the input batch's arrays: SRTProposer does not support this vLLM"
+        )
     if not getattr(GPUModelRunner.propose_draft_token_ids, "srt_seam", False):
-        raise RuntimeError("srt_agent's vLLM plugin is not loaded (entry point vllm.general_plugins): "
-                           "reinstall srt-agent, and do not exclude it with VLLM_PLUGINS")
+        raise RuntimeError(
+            "srt_agent's vLLM plugin is not loaded (entry point vllm.general_plugins): "
+            "reinstall srt-agent, and do not exclude it with VLLM_PLUGINS"
+        )
     init_source = inspect.getsource(InputBatch.__init__) + inspect.getsource(InputBatch)
-    missing = [name for name in BATCH_ATTRIBUTES if f"self.{name}" not in init_source and f"def {name}" not in init_source]
+    missing = [
+        name for name in BATCH_ATTRIBUTES if f"self.{name}" not in init_source and f"def {name}" not in init_source
+    ]
     if missing:
         raise RuntimeError(f"vLLM's InputBatch lacks {missing}: SRTProposer does not support this vLLM")
 
@@ -138,17 +144,25 @@ class SRTProposer:
         if vllm_config is not None:
             check_seam()
         o = self.options
-        self.cache = (self._loaded(o.trees) if o.trees else
-                      RolloutCache(max_depth=o.max_depth, max_match=o.max_match, max_bytes=o.max_bytes,
-                                   max_nodes_per_prompt=o.max_nodes_per_prompt))
+        self.cache = (
+            self._loaded(o.trees)
+            if o.trees
+            else RolloutCache(
+                max_depth=o.max_depth,
+                max_match=o.max_match,
+                max_bytes=o.max_bytes,
+                max_nodes_per_prompt=o.max_nodes_per_prompt,
+            )
+        )
         self.turns = HeldTurns(o.max_held)
         self._batch: Any = None
         self._active: dict[str, _Request] = {}  # vLLM request id -> state
         self._held: dict[int, _Request] = {}  # cache id -> state of a finished turn
         self._broken: set[str] = set()  # requests a fault happened for: no drafts, no inserts
         self._next_id = 0
-        self._stats = dict(steps=0, requests=0, continuations=0, drafted=0, accepted=0, expected=0.0,
-                           rows=0, rows_drafted=0, faults=0)
+        self._stats = dict(
+            steps=0, requests=0, continuations=0, drafted=0, accepted=0, expected=0.0, rows=0, rows_drafted=0, faults=0
+        )
         self.acceptance = AcceptanceModel()
         self.cost = step_cost_model(o)
         self._verified: list[tuple[Draft, int]] = []  # this step's settled drafts and their accepted counts
@@ -160,8 +174,13 @@ class SRTProposer:
     def bind_input_batch(self, batch: Any) -> None:
         self._batch = batch
 
-    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
-                token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
+    def propose(
+        self,
+        sampled_token_ids: list[list[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        slot_mappings: Any = None,
+    ) -> list[list[int]]:
         """One draft (a list of token ids, maybe empty) per batch row."""
         rows = len(sampled_token_ids)
         try:
@@ -197,15 +216,16 @@ class SRTProposer:
         """What of each decoding row's draft to propose (see the module's docstring)."""
         if self.options.policy == "always" or not any(len(d) for d in drafts):
             return drafts
-        return choose_drafts(drafts, len(drafts), self.cost, makespan=True, calibrate=self.acceptance.calibrate,
-                             joint=True)
+        return choose_drafts(
+            drafts, len(drafts), self.cost, makespan=True, calibrate=self.acceptance.calibrate, joint=True
+        )
 
     # ---- the trees' lifecycle --------------------------------------------------------------------
     def _step(self, rid: str, row: int, sampled: list[int], n: int, token_ids: np.ndarray) -> Draft:
         req = self._active.get(rid) or self._begin(rid, row, n - len(sampled), token_ids)
         self._settle(req, len(sampled) - 1)
         if n > len(req.tokens):  # every token since the last call (robust to steps vLLM did not draft in)
-            new = token_ids[row, len(req.tokens):n].tolist()
+            new = token_ids[row, len(req.tokens) : n].tolist()
             self.cache.add_tokens(req.cache_id, new)
             req.tokens += new
         return self._draft(req, row, n, token_ids)
@@ -251,7 +271,7 @@ class SRTProposer:
         budget = min(self.k, self.max_model_len - n - 1)
         if budget <= 0:
             return Draft()
-        context = token_ids[row, max(0, n - self.options.max_match):n].tolist()
+        context = token_ids[row, max(0, n - self.options.max_match) : n].tolist()
         return self.cache.draft_request(req.cache_id, context, budget, chain=True, min_prob=self.options.min_prob)
 
     def _settle(self, req: _Request, accepted: int) -> None:
