@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up, then run the whole test suite (slow tests included) on all cores.
+# Set up, then run the whole test suite (slow tests included) on all cores, lint and build the docs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -18,4 +18,8 @@ ignore=(); for t in "${VLLM_TESTS[@]}"; do ignore+=(--ignore "$t"); done
 status=0
 .venv/bin/python -m pytest -n "${PYTEST_WORKERS:-auto}" --timeout 600 "${ignore[@]}" "$@" || status=$?
 .venv/bin/python -m pytest -n 0 --timeout 600 "${VLLM_TESTS[@]}" "$@" || status=$?
+# The house: lint, formatting and the documentation site (a broken link fails the build).
+.venv/bin/ruff check . || status=$?
+.venv/bin/ruff format --check . || status=$?
+bash scripts/docs.sh --quiet || status=$?
 exit $status
