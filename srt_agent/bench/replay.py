@@ -10,6 +10,8 @@ finished turn waits its recorded tool time before its observation is fed, slots 
 scheduler shares them. Run-ahead content comes from the recorded continuations (real samples of the
 policy, never the tokens they are judged on), fed into the bubbles the simulated clock finds, sized by
 the same row-cost rule as the engine's.
+
+(Just over 400 lines: the replayed scheduler, drafting and sweep share one simulated clock.)
 """
 
 from __future__ import annotations
