@@ -9,6 +9,7 @@ import pytest
 import torch
 from rl_envs import tiny_env_file
 
+import srt_agent.rl.trainer as trainer_module
 from srt_agent.agent.controller import MultiTurnController
 from srt_agent.config import ConfigError, load_env_config
 from srt_agent.models import load_tokenizer, tiny_random_model
@@ -97,14 +98,14 @@ def test_dapo_filters_groups_without_signal_and_refills(tmp_path, tiny, monkeypa
     first = PromptSampler(load_env_config(config).dataset.tasks(), seed=0).next_batch(1)[0]
     one_success_per_group(monkeypatch, never={first.prompt[-1]["content"]})
     trained = []
-    samples = Trainer._samples
+    samples = trainer_module.step_samples
 
-    def spy(self, gen):
-        kept, filtered = samples(self, gen)
+    def spy(runs, config):
+        kept, filtered = samples(runs, config)
         trained.extend(kept)
         return kept, filtered
 
-    monkeypatch.setattr(Trainer, "_samples", spy)
+    monkeypatch.setattr(trainer_module, "step_samples", spy)
     out = tmp_path / "run"
     report = Trainer.from_env_file(config, out, loaded=tiny).run()
     m = report["steps"][0]

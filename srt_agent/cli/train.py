@@ -72,18 +72,22 @@ def train(
             )
             report = trainer.run()
     except KeyboardInterrupt:
-        console.print(
-            "[yellow]interrupted before the first RL step finished: nothing to resume[/yellow]", highlight=False
-        )
+        console.print(interrupted_line(out), highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
     if report.get("interrupted"):
-        console.print(interrupted_line(report, out), highlight=False, soft_wrap=True)
+        console.print(interrupted_line(out), highlight=False, soft_wrap=True)
         raise typer.Exit(130)
 
 
-def interrupted_line(report: dict, out: Path) -> str:
-    """One line after Ctrl-C: where the checkpoint is and the exact command that continues the run."""
-    if not report.get("checkpoint"):
+def interrupted_line(out: Path | None) -> str:
+    """One line after Ctrl-C: where the newest checkpoint is and the exact command that continues the run."""
+    from ..rl.checkpoint import find_checkpoint
+
+    try:
+        saved = find_checkpoint(out) if out is not None else None
+    except FileNotFoundError:
+        saved = None
+    if saved is None:
         return "[yellow]interrupted before the first RL step finished: nothing to resume[/yellow]"
     args, skip = [], False
     for arg in sys.argv[1:]:  # the same command, with --resume OUT instead of --out/--resume
@@ -94,4 +98,5 @@ def interrupted_line(report: dict, out: Path) -> str:
         elif not arg.startswith(("--out=", "--resume=")):
             args.append(arg)
     command = shlex.join(["srt-agent", *args, "--resume", str(out)])
-    return f"[yellow]interrupted: step {report['steps'][-1]['step']:.0f} saved in {report['checkpoint']}; continue with: {command}[/yellow]"
+    step = int(saved.name.removeprefix("step-"))
+    return f"[yellow]interrupted: step {step} saved in {saved}; continue with: {command}[/yellow]"

@@ -8,12 +8,8 @@ cursor, metrics history) and one ``rollout_cache-<drafter>.npz`` per drafter tha
 
 from __future__ import annotations
 
-import contextlib
 import random
 import shutil
-import signal
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,20 +142,3 @@ def claim_out_dir(out_dir: Path, resume: Path | None, replace_run: bool) -> None
         probe.unlink()
     except OSError as exc:
         raise ConfigError(f"output directory {out_dir} is not writable: {exc.strerror or exc}") from None
-
-
-@contextlib.contextmanager
-def deferred_interrupt() -> Iterator[list]:
-    """Hold Ctrl-C until the block ends (an update or a checkpoint is never left half done); yields a
-    list that is non-empty once a Ctrl-C is held."""
-    caught: list = []
-    if threading.current_thread() is not threading.main_thread():
-        yield caught
-        return
-    previous = signal.signal(signal.SIGINT, lambda *args: caught.append(args))
-    try:
-        yield caught
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught:
-            raise KeyboardInterrupt

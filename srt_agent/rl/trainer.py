@@ -13,6 +13,7 @@ checkpoint.py, evaluate.py and report.py.)
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 import time
@@ -34,7 +35,6 @@ from .batch import Sample
 from .checkpoint import (
     SavedStep,
     claim_out_dir,
-    deferred_interrupt,
     find_checkpoint,
     load_checkpoint,
     save_checkpoint,
@@ -43,6 +43,7 @@ from .checkpoint import (
 from .coldstart import ColdStartResult, cold_start_line, finish_report, run_cold_start
 from .data import PromptSampler
 from .evaluate import HELD_OUT_FIGURES, ToolUseReport, held_out_tasks, tool_use_report
+from .interrupt import cooperative_interrupt, deferred_interrupt
 from .metrics import compare_metrics, merged_summary, rollout_metrics, run_ahead_metrics, speed_totals
 from .policy import Policy, build_policy
 from .progress import phase_bar
@@ -135,6 +136,7 @@ class Trainer:
         self.interrupted = False
         self.held_out: dict[str, ToolUseReport] = {}  # "before RL", "after RL"
         self.checkpoint: Path | None = None  # the newest checkpoint when the run was interrupted
+        self._check_interrupt: Callable[[], None] = lambda: None  # raises once a held Ctrl-C is due
         self.replace_run = replace_run
         self.variants = list(variants) if variants is not None else self._variants()
         self.on_step = on_step
@@ -192,13 +194,17 @@ class Trainer:
                 self._held_out("before RL", evaluate, trackers, first)
             self._loop(first, parts, trackers)
             if evaluate is not None and not self.interrupted and self.history:
-                self._held_out("after RL", evaluate, trackers, int(self.history[-1]["step"]))
+                try:
+                    self._held_out("after RL", evaluate, trackers, int(self.history[-1]["step"]))
+                except KeyboardInterrupt:  # every step is saved: resuming runs only this evaluation
+                    self.interrupted, self.checkpoint = True, find_checkpoint(self.out_dir)
         finally:
             for tracker in trackers:
                 tracker.close()
             rollouts.close()
-        report = self.report()
-        paths = write_report(self.out_dir, report)
+        with deferred_interrupt():  # a Ctrl-C now waits for the report
+            report = self.report()
+            paths = write_report(self.out_dir, report)
         for line in story_lines(report):
             self._log(line)
         self._log(f"wrote {', '.join(str(p) for p in paths.values())} and rollouts/, checkpoints/")
@@ -211,28 +217,35 @@ class Trainer:
         saved = first
         pending: SavedStep | None = None  # the last finished step that has no checkpoint yet
         try:
-            for step in range(first + 1, train.steps + 1):
-                cursor = sampler.state_dict()
-                try:
-                    metrics, gen = self._rollout_phase(step, parts)
-                except KeyboardInterrupt:
-                    sampler.load_state_dict(cursor)  # the interrupted step did not happen
-                    raise
-                with deferred_interrupt() as interrupted:
-                    self._train_phase(step, parts, metrics, gen)
-                    if self.on_step is not None:
-                        self.on_step(step, metrics, self._step_runs)
-                    self.history.append(metrics)
-                    write_jsonl(gen.trajectories, self.out_dir / "rollouts" / f"step-{step:06d}.jsonl")
-                    for tracker in trackers:
-                        tracker.log({k: v for k, v in metrics.items() if k != "step"}, step)
-                    self.console.print(step_table(metrics, self.compared, header=len(self.history) == 1))
-                    self._warn(metrics)
-                    if step % train.checkpoint_every == 0 or step == train.steps or interrupted:
-                        self._save(step, parts)
-                        saved, pending = step, None
-                    else:
-                        pending = SavedStep.now(step, parts.rollouts.caches())
+            with cooperative_interrupt() as check:
+                self._check_interrupt = check  # each rollout run starts with it
+                for step in range(first + 1, train.steps + 1):
+                    cursor = sampler.state_dict()
+                    try:
+                        metrics, gen = self._rollout_phase(step, parts)
+                        check()
+                    except KeyboardInterrupt:
+                        sampler.load_state_dict(cursor)  # the interrupted step did not happen
+                        raise
+                    except asyncio.CancelledError:  # Ctrl-C cancelled the step's rollouts
+                        sampler.load_state_dict(cursor)
+                        check()
+                        raise
+                    with deferred_interrupt() as interrupted:
+                        self._train_phase(step, parts, metrics, gen)
+                        if self.on_step is not None:
+                            self.on_step(step, metrics, self._step_runs)
+                        self.history.append(metrics)
+                        write_jsonl(gen.trajectories, self.out_dir / "rollouts" / f"step-{step:06d}.jsonl")
+                        for tracker in trackers:
+                            tracker.log({k: v for k, v in metrics.items() if k != "step"}, step)
+                        self.console.print(step_table(metrics, self.compared, header=len(self.history) == 1))
+                        self._warn(metrics)
+                        if step % train.checkpoint_every == 0 or step == train.steps or interrupted:
+                            self._save(step, parts)
+                            saved, pending = step, None
+                        else:
+                            pending = SavedStep.now(step, parts.rollouts.caches())
         except KeyboardInterrupt:
             self.interrupted = True
             if pending is not None and pending.step > saved:
@@ -311,6 +324,7 @@ class Trainer:
         self, rollouts, drafter, tasks, seed, label, n: int | None = None, upcoming=None
     ) -> RolloutRun:
         n = n or self.config.n_samples
+        self._check_interrupt()
         with self._phase(f"{label} ({drafter})", len(tasks) * n) as update:
             return rollouts.run(drafter, tasks, n, seed, on_done=lambda _: update(advance=1), upcoming=upcoming)
 
