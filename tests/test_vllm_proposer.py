@@ -12,6 +12,7 @@ from vllm_engines import engine, generate, srt_engine, tokens
 
 from srt_agent.cache import RolloutCache
 from srt_agent.cache.draft import Draft
+from srt_agent.engine.acceptance import AcceptanceModel
 from srt_agent.integrations.vllm import proposer_call, reload_weights, srt_proposer, tiny_model_dir
 from srt_agent.integrations.vllm.exact_sampling import check_exact_seam
 from srt_agent.integrations.vllm.plugin import expand_reference, fix_state
@@ -109,9 +110,10 @@ def test_the_byte_budget_evicts_least_recently_used_prompts():
 def test_the_cost_policy_drafts_at_batch_one_and_nothing_at_a_large_batch():
     llm, p = srt_engine()
     prompt = tokens("Drafts sized to the batch:")
+    saved = p.options, p.cost, p.acceptance
+    p.acceptance = AcceptanceModel()  # what earlier tests' greedy decoding taught it does not hold at T = 1
     generate(llm, [prompt] * 8, temperature=1.0)  # eight samples: a tree that branches at every node
     p.end_step()
-    saved = p.options, p.cost
     # a drafted token costs 5 ms against 105 ms for a lone sequence's step and 140 ms for eight: at batch 8
     # the slowest of eight rows, each unsure which branch it takes, cannot be expected to gain enough for
     # eight times the drafts; a lone row can (with a certain chain, as greedy decoding grows, both would)
@@ -125,7 +127,7 @@ def test_the_cost_policy_drafts_at_batch_one_and_nothing_at_a_large_batch():
         generate(llm, [prompt], temperature=1.0)
         assert p.stats()["drafted"] > drafted
     finally:
-        p.options, p.cost = saved
+        p.options, p.cost, p.acceptance = saved
         p.end_step()
 
 
