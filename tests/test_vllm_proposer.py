@@ -5,6 +5,7 @@ budget, the batch-size policy, fault isolation, and the plugin's seam and temper
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -16,7 +17,14 @@ from srt_agent.engine.acceptance import AcceptanceModel
 from srt_agent.integrations.vllm import proposer_call, reload_weights, srt_proposer, tiny_model_dir
 from srt_agent.integrations.vllm.exact_sampling import check_exact_seam
 from srt_agent.integrations.vllm.plugin import expand_reference, fix_state
-from srt_agent.integrations.vllm.proposer import ProposerOptions, SRTProposer, check_seam, prompt_key, step_cost_model
+from srt_agent.integrations.vllm.proposer import (
+    ProposerOptions,
+    SRTProposer,
+    check_seam,
+    cost_model,
+    prompt_key,
+    step_cost_model,
+)
 
 pytestmark = pytest.mark.slow  # starting a vLLM engine takes ~10 s here
 
@@ -117,7 +125,9 @@ def test_the_cost_policy_drafts_at_batch_one_and_nothing_at_a_large_batch():
     # a drafted token costs 5 ms against 105 ms for a lone sequence's step and 140 ms for eight: at batch 8
     # the slowest of eight rows, each unsure which branch it takes, cannot be expected to gain enough for
     # eight times the drafts; a lone row can (with a certain chain, as greedy decoding grows, both would)
-    p.options = dataclasses.replace(saved[0], policy="cost", step_fixed_ms=100.0, step_row_ms=1.0, draft_token_ms=5.0)
+    p.options = dataclasses.replace(
+        saved[0], policy="cost", step_fixed_ms=100.0, step_row_ms=1.0, draft_token_ms=5.0, calibrate=False
+    )
     p.cost = step_cost_model(p.options)
     try:
         drafted = p.stats()["drafted"]
@@ -128,6 +138,35 @@ def test_the_cost_policy_drafts_at_batch_one_and_nothing_at_a_large_batch():
         assert p.stats()["drafted"] > drafted
     finally:
         p.options, p.cost, p.acceptance = saved
+        p.end_step()
+
+
+def test_the_cost_model_learns_vllms_measured_steps():
+    """The level of a lone sequence's step is learned from vLLM's measured steps (the prior says 32.8 ms),
+    the price of a drafted token stays the prior's until steps of different draft sizes say otherwise,
+    other batch sizes keep the prior, and nothing is learned with calibration off."""
+    llm, p = srt_engine()
+    saved = p.options, p.cost
+    p.options = dataclasses.replace(saved[0], calibrate=True, policy="cost")
+    p.cost = cost_model(p.options)
+    prior = step_cost_model(p.options)
+    try:
+        start = time.perf_counter()
+        generate(llm, [tokens("Timed steps, a new prompt:")], max_tokens=48)
+        step_s = (time.perf_counter() - start) / 48
+        p.end_step()
+        a, c = p.cost.line(1)
+        assert 0.4 * step_s < a < 1.6 * step_s and c >= 0.0
+        assert p.cost.line(16) == pytest.approx((prior.predict(16, 16), prior.predict(17, 16) - prior.predict(16, 16)))
+        for k in range(100):  # steps with and without 8 drafted tokens, as long: drafts nearly free at batch 1
+            p.cost.observe(1 + 8 * (k % 2), 0.030 + 0.001 * (k % 2), 1)
+        assert p.cost.line(1)[1] < 0.5 * (prior.predict(2, 1) - prior.predict(1, 1))
+        p.options = dataclasses.replace(saved[0], calibrate=False)
+        p.cost = cost_model(p.options)
+        generate(llm, [tokens("Untimed steps:")], max_tokens=32)
+        assert p.cost.predict(1, 1) == pytest.approx(prior.predict(1, 1))
+    finally:
+        p.options, p.cost = saved
         p.end_step()
 
 

@@ -30,7 +30,11 @@ longer only where the expected number of tokens the *slowest* sequence gains pay
 drafted token at this batch size. A step costs ``step_fixed_ms + step_row_ms * B + draft_token_ms * D``
 for B sequences and D drafted tokens (measured by :func:`srt_agent.bench.vllm_proposer.verification_cost`:
 on a 2-core CPU a drafted token is almost free at batch 1 and costs about half a sequence's step at batch
-16). Each drafted token's chance of acceptance is the tree's path frequency calibrated by the acceptance
+16). That line is only the prior: like our engine, the proposer times vLLM's own steps (the interval
+between two ``propose`` calls is the step that verified the first call's drafts) and learns each step
+shape's cost, so "nearly free at batch 1" and "costly at batch 16" come from this machine (``calibrate``;
+a step that ran a prefill is not counted). Each drafted token's chance of acceptance is the tree's path
+frequency calibrated by the acceptance
 observed so far (:class:`srt_agent.engine.acceptance.AcceptanceModel`, per bin of conditional frequency and
 match length; a continuation seen once scores 1.0 in the tree, far above what the policy accepts at
 T = 1). So a lone sequence drafts whatever its tree offers, a full batch only where every sequence is
@@ -46,6 +50,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -56,11 +61,13 @@ from ...cache.draft import Draft
 from ...engine.acceptance import AcceptanceModel
 from ...engine.cost_model import ForwardCostModel, choose_drafts
 from ..turns import HeldTurns
+from .step_cost import MeasuredStepCost
 
 logger = logging.getLogger(__name__)
 
 OPTIONS_ENV = "SRT_VLLM_PROPOSER"
 BATCH_ATTRIBUTES = ("req_ids", "num_prompt_tokens", "token_ids_cpu", "num_tokens_no_spec")
+IDLE_FACTOR = 5.0  # a measured step this many times its prediction had vLLM idle in it: not counted
 
 
 @dataclass
@@ -77,6 +84,7 @@ class ProposerOptions:
     step_fixed_ms: float = 30.0  # cost model of a decode step (2-core AVX-512 CPU, SmolLM2): fixed part,
     step_row_ms: float = 2.8  # per sequence in the batch,
     draft_token_ms: float = 2.4  # per drafted token verified
+    calibrate: bool = True  # learn each step shape's cost from vLLM's measured steps (the above is the prior)
     trees: str | None = None  # a saved cache to start from
 
     def __post_init__(self) -> None:
@@ -164,7 +172,8 @@ class SRTProposer:
             steps=0, requests=0, continuations=0, drafted=0, accepted=0, expected=0.0, rows=0, rows_drafted=0, faults=0
         )
         self.acceptance = AcceptanceModel()
-        self.cost = step_cost_model(o)
+        self.cost = cost_model(o)
+        self._last_step: tuple[int, int, float] | None = None  # (sequences, tokens, start) of the running step
         self._verified: list[tuple[Draft, int]] = []  # this step's settled drafts and their accepted counts
 
     # ---- vLLM's interface ------------------------------------------------------------------------
@@ -191,6 +200,8 @@ class SRTProposer:
             return [[] for _ in range(rows)]
         self._stats["steps"] += 1
         decoding = [i for i in range(rows) if sampled_token_ids[i] and req_ids[i] is not None]
+        prefilled = len(decoding) < rows or any(req_ids[i] not in self._active for i in decoding)
+        self._time_step(rows, prefilled)
         raw: list[Draft] = []
         for i in decoding:
             rid = req_ids[i]
@@ -210,7 +221,23 @@ class SRTProposer:
                 drafts[i] = list(draft.token_ids)
                 self._stats["rows"] += 1
                 self._stats["rows_drafted"] += len(draft) > 0
+        if self._last_step is not None:
+            self._last_step = (rows, rows + sum(len(d) for d in drafts), self._last_step[2])
         return drafts
+
+    def _time_step(self, rows: int, prefilled: bool) -> None:
+        """Teach the cost model the step that just ended (it verified the last call's drafts) when it ran
+        decoding only (no row prefilled), the same rows as drafted for; start timing the next one."""
+        now = time.perf_counter()
+        last, self._last_step = self._last_step, None
+        if not self.options.calibrate:
+            return
+        if last is not None and not prefilled and last[0] == rows:
+            sequences, tokens, start = last
+            seconds = now - start
+            if seconds < IDLE_FACTOR * self.cost.predict(tokens, sequences):  # else vLLM idled between steps
+                self.cost.observe(tokens, seconds, sequences)
+        self._last_step = (rows, rows, now)
 
     def choose(self, drafts: list[Draft]) -> list[Draft]:
         """What of each decoding row's draft to propose (see the module's docstring)."""
@@ -334,3 +361,9 @@ def step_cost_model(options: ProposerOptions) -> ForwardCostModel:
     if row >= token:
         return ForwardCostModel(fixed_s=fixed + row - token, per_token_s=token, per_sequence_s=row - token)
     return ForwardCostModel(fixed_s=fixed, per_token_s=token, per_sequence_s=0.0)
+
+
+def cost_model(options: ProposerOptions) -> ForwardCostModel | MeasuredStepCost:
+    """The options' line, learned from vLLM's measured steps when ``calibrate`` is on."""
+    prior = step_cost_model(options)
+    return MeasuredStepCost(prior) if options.calibrate else prior

@@ -1,0 +1,60 @@
+"""What a vLLM decode step costs, learned from vLLM's own measured steps, per batch size.
+
+A step of B sequences verifying D drafted tokens takes ``a_B + c_B * D`` seconds. Measured steps set the
+level: the prior line is scaled to them (a smaller model or a loaded machine scales every step alike, and
+that changes nothing about what pays). The slope ``c_B``, the price of one drafted token at this batch size,
+stays the scaled prior's until steps with different draft sizes show otherwise (a ridge toward it): steps
+that all drafted the same number of tokens say nothing about what a drafted token costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...engine.cost_model import ForwardCostModel
+
+
+@dataclass
+class _Sums:
+    """Decayed weighted sums of (D, seconds) for one batch size."""
+
+    n: float = 0.0
+    d: float = 0.0
+    t: float = 0.0
+    dd: float = 0.0
+    dt: float = 0.0
+
+
+@dataclass
+class MeasuredStepCost:
+    """``predict(tokens, sequences)`` as `ForwardCostModel`'s, learned per batch size (see the module)."""
+
+    prior: ForwardCostModel
+    decay: float = 0.98  # per observed step of that batch size
+    slope_weight: float = 16.0  # the prior slope counts as this much Σ (D - mean D)² of measurements
+    _sums: dict[int, _Sums] = field(default_factory=dict)
+
+    def observe(self, tokens: int, seconds: float, sequences: int) -> None:
+        s = self._sums.setdefault(sequences, _Sums())
+        d = tokens - sequences
+        s.n, s.d, s.t = self.decay * s.n + 1, self.decay * s.d + d, self.decay * s.t + seconds
+        s.dd, s.dt = self.decay * s.dd + d * d, self.decay * s.dt + d * seconds
+
+    def line(self, sequences: int) -> tuple[float, float]:
+        """(a, c): seconds of a step of `sequences` without drafts, and per drafted token."""
+        prior_a = self.prior.predict(sequences, sequences)
+        prior_c = self.prior.predict(sequences + 1, sequences) - prior_a
+        s = self._sums.get(sequences)
+        if s is None or s.n <= 0:
+            return prior_a, prior_c
+        mean_d, mean_t = s.d / s.n, s.t / s.n
+        scaled_c = prior_c * mean_t / (prior_a + prior_c * mean_d)  # the prior line scaled to the measurements
+        spread = s.dd - s.n * mean_d * mean_d  # Σ (D - mean D)²
+        covariance = s.dt - s.n * mean_d * mean_t
+        c = max(0.0, (covariance + self.slope_weight * scaled_c) / (max(spread, 0.0) + self.slope_weight))
+        return max(mean_t - c * mean_d, 1e-6), c
+
+    def predict(self, tokens: int, sequences: int | None = None) -> float:
+        sequences = sequences or 1
+        a, c = self.line(sequences)
+        return a + c * max(tokens - sequences, 0)
