@@ -224,12 +224,8 @@ class Trainer:
                     try:
                         metrics, gen = self._rollout_phase(step, parts)
                         check()
-                    except KeyboardInterrupt:
-                        sampler.load_state_dict(cursor)  # the interrupted step did not happen
-                        raise
-                    except asyncio.CancelledError:  # Ctrl-C cancelled the step's rollouts
-                        sampler.load_state_dict(cursor)
-                        check()
+                    except (KeyboardInterrupt, asyncio.CancelledError):  # a Ctrl-C's cancellation leaves the
+                        sampler.load_state_dict(cursor)  # `with` as KeyboardInterrupt; the step did not happen
                         raise
                     with deferred_interrupt() as interrupted:
                         self._train_phase(step, parts, metrics, gen)

@@ -31,8 +31,8 @@ drafted token at this batch size. A step costs ``step_fixed_ms + step_row_ms * B
 for B sequences and D drafted tokens (measured by :func:`srt_agent.bench.vllm_proposer.verification_cost`:
 on a 2-core CPU a drafted token is almost free at batch 1 and costs about half a sequence's step at batch
 16). That line is only the prior: like our engine, the proposer times vLLM's own steps (the interval
-between two ``propose`` calls is the step that verified the first call's drafts) and learns each step
-shape's cost, so "nearly free at batch 1" and "costly at batch 16" come from this machine (``calibrate``;
+between two ``propose`` calls is the step that verified the first call's drafts) and learns, per batch
+size, what a step and a drafted token cost, so "nearly free at batch 1" and "costly at batch 16" come from this machine (``calibrate``;
 a step that ran a prefill is not counted). Each drafted token's chance of acceptance is the tree's path
 frequency calibrated by the acceptance
 observed so far (:class:`srt_agent.engine.acceptance.AcceptanceModel`, per bin of conditional frequency and
@@ -197,11 +197,12 @@ class SRTProposer:
             self._retire(set(self._batch.req_ids))
         except Exception:  # the batch itself is unreadable: no drafts this step
             self._fault("batch", None)
+            self._last_step = None  # nor a timed step
             return [[] for _ in range(rows)]
         self._stats["steps"] += 1
         decoding = [i for i in range(rows) if sampled_token_ids[i] and req_ids[i] is not None]
         prefilled = len(decoding) < rows or any(req_ids[i] not in self._active for i in decoding)
-        self._time_step(rows, prefilled)
+        started = self._time_step(rows, prefilled)
         raw: list[Draft] = []
         for i in decoding:
             rid = req_ids[i]
@@ -221,23 +222,24 @@ class SRTProposer:
                 drafts[i] = list(draft.token_ids)
                 self._stats["rows"] += 1
                 self._stats["rows_drafted"] += len(draft) > 0
-        if self._last_step is not None:
-            self._last_step = (rows, rows + sum(len(d) for d in drafts), self._last_step[2])
+        if started is not None:
+            self._last_step = (rows, rows + sum(len(d) for d in drafts), started)
         return drafts
 
-    def _time_step(self, rows: int, prefilled: bool) -> None:
+    def _time_step(self, rows: int, prefilled: bool) -> float | None:
         """Teach the cost model the step that just ended (it verified the last call's drafts) when it ran
-        decoding only (no row prefilled), the same rows as drafted for; start timing the next one."""
+        decoding only (no row prefilled), the same rows as drafted for; returns when the next step starts
+        (None with calibration off)."""
         now = time.perf_counter()
         last, self._last_step = self._last_step, None
         if not self.options.calibrate:
-            return
+            return None
         if last is not None and not prefilled and last[0] == rows:
             sequences, tokens, start = last
             seconds = now - start
             if seconds < IDLE_FACTOR * self.cost.predict(tokens, sequences):  # else vLLM idled between steps
                 self.cost.observe(tokens, seconds, sequences)
-        self._last_step = (rows, rows, now)
+        return now
 
     def choose(self, drafts: list[Draft]) -> list[Draft]:
         """What of each decoding row's draft to propose (see the module's docstring)."""
