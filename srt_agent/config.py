@@ -10,6 +10,7 @@ Relative paths inside a config (dataset, tools, cold-start traces) are resolved 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,6 +181,51 @@ class RunAheadConfig(_Strict):
         )
 
 
+@dataclass
+class ProposerOptions:
+    """The SRT proposer's knobs (JSON in ``SRT_VLLM_PROPOSER``; ``engine.vllm.proposer`` in an env YAML)."""
+
+    max_depth: int = 64  # tree depth (RolloutCache)
+    max_match: int = 32  # context tokens matched against the tree
+    max_bytes: int = 1 << 30  # trees and held turns together (held turns take at most an eighth); LRU past it
+    max_nodes_per_prompt: int = 1 << 21
+    max_held: int = 4096  # finished turns kept open for their trajectory's next turn
+    held_ttl_s: float = 900.0  # a held turn not continued within this long is released
+    min_prob: float = 0.0  # draft nodes below this path frequency are not proposed
+    policy: str = "cost"  # "cost": draft what pays at this batch size; "always": up to num_speculative_tokens
+    step_fixed_ms: float = 30.0  # cost model of a decode step (2-core AVX-512 CPU, SmolLM2): fixed part,
+    step_row_ms: float = 2.8  # per sequence in the batch,
+    draft_token_ms: float = 2.4  # per drafted token verified
+    calibrate: bool = True  # learn each step shape's cost from vLLM's measured steps (the above is the prior)
+    trees: str | None = None  # a saved cache to start from
+    save_path: str | None = None  # save the trees here (atomically) when the batch drains; {dp_rank} allowed
+    save_interval_s: float = 300.0  # at most this often
+    max_fault_share: float = 0.1  # past this share of decoding rows failing (and 8 faults), drafting fails loudly
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("cost", "always"):
+            raise ValueError(f"policy must be 'cost' or 'always', got {self.policy!r}")
+        if min(self.step_fixed_ms, self.step_row_ms, self.draft_token_ms) < 0:
+            raise ValueError("the cost model's terms must be >= 0")
+        if self.max_held < 0:
+            raise ValueError(f"max_held must be >= 0, got {self.max_held}")
+        if self.max_bytes <= 0 or self.held_ttl_s <= 0 or self.save_interval_s < 0:
+            raise ValueError("max_bytes and held_ttl_s must be positive, save_interval_s >= 0")
+        if not 0 <= self.max_fault_share <= 1:
+            raise ValueError(f"max_fault_share must lie in [0, 1], got {self.max_fault_share}")
+
+    @classmethod
+    def checked(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """`options` if they make valid ProposerOptions (ValueError naming the unknown keys otherwise)."""
+        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(
+                f"unknown SRT proposer option(s) {unknown}; known: {[f.name for f in dataclasses.fields(cls)]}"
+            )
+        cls(**options)
+        return options
+
+
 class VLLMOptions(_Strict):
     """How the vLLM backend runs (``engine.backend: vllm``)."""
 
@@ -205,6 +251,17 @@ class VLLMOptions(_Strict):
         description="sample as our engine does (position-keyed noise): a seeded request's tokens do not depend on "
         "drafts or batch, and equal our engine's; off: vLLM's own sampler (equal in distribution only)",
     )
+    proposer: dict[str, Any] = Field(
+        default_factory=dict,
+        description="options of SRT's proposer inside vLLM (drafter srt): max_bytes, max_held, held_ttl_s, min_prob, "
+        "policy, step_fixed_ms, step_row_ms, draft_token_ms, calibrate, save_path, save_interval_s, ... "
+        "(ProposerOptions above)",
+    )
+
+    @field_validator("proposer")
+    @classmethod
+    def _known_proposer_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return ProposerOptions.checked(value)
 
 
 class EngineConfig(_Strict):

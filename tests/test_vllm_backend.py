@@ -40,6 +40,7 @@ def config(model_dir: Path, drafter: str = "srt", **engine) -> EnvConfig:
             "max_batch": 8,
             "max_context": 256,
             "calibrate": False,
+            "vllm": {"proposer": {"held_ttl_s": 1234.0}},  # proposer options from the env config
             **engine,
         },
     )
@@ -321,3 +322,90 @@ def test_missing_vllm_is_one_clear_line(monkeypatch):
     backend, why = choose_backend("auto", "srt")
     assert backend == "engine" and "vLLM is not installed" in why
     assert choose_backend("engine", "history") == ("engine", "engine.backend: engine")
+
+
+def test_proposer_options_come_from_the_env_config(backend):
+    proposer = backend.call(lambda engine: engine.proposer()).result()
+    assert proposer.options.held_ttl_s == 1234.0 and proposer.turns.ttl_s == 1234.0
+    with pytest.raises(ValueError, match="unknown SRT proposer option"):
+        EnvConfig(engine={"vllm": {"proposer": {"held_ttl": 1}}})
+
+
+def test_new_weights_are_refused_while_kv_of_the_old_ones_is_in_use(backend, tiny):
+    """A weight update while a turn runs, or while vLLM holds KV blocks of a request it runs for someone else,
+    is refused (vLLM will not empty its prefix cache then): the old policy's KV would be reused."""
+    from vllm import SamplingParams as VParams
+
+    weights = tiny.model.state_dict()
+
+    def hold_a_block(engine):
+        engine.llm.add_request("outside", {"prompt_token_ids": PROMPTS[0] * 10}, VParams(max_tokens=64))
+        engine.llm.step()  # scheduled: its blocks are in use
+
+    def let_go(engine):
+        engine.llm.abort_request(["outside"])
+
+    backend.call(hold_a_block).result()
+    try:
+        with pytest.raises(RuntimeError, match="refused to empty its prefix cache"):
+            backend.update_weights(weights)
+    finally:
+        backend.call(let_go).result()
+    backend.call(lambda engine: engine.add_request(PROMPTS[1], SamplingParams(max_tokens=4), "running")).result()
+    try:
+        with pytest.raises(RuntimeError, match=r"while 1 turn\(s\) run"):
+            backend.call(lambda engine: engine.update_weights(weights)).result()
+    finally:
+        backend.release("running")
+    backend.update_weights(weights)  # nothing runs: accepted
+    assert generate(backend, PROMPTS[:1], SamplingParams(temperature=0, max_tokens=4))[0].finish_reason == "length"
+
+
+def test_a_run_interrupted_and_resumed_on_vllm_equals_the_uninterrupted_one(tmp_path, model_dir, monkeypatch):
+    """Two GRPO steps on the vLLM backend, once straight through and once stopped by Ctrl-C during step 2's
+    rollouts and resumed from the checkpoint: the same rollouts (exact sampling), rewards and trees."""
+    from srt_agent.cache import RolloutCache
+    from srt_agent.rl.rollouts import PolicyRollouts
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(
+        f"name: tiny\nenv: rl_envs.ParityToolEnv\nmodel: {model_dir}\n"
+        f"tools: {ROOT / 'tools' / 'code_interpreter.yaml'}\n"
+        "dataset: {n: 2, seed: 1}\nn_samples: 2\nmax_turns: 2\nmax_tokens_per_turn: 6\nmax_response_tokens: 60\n"
+        "sampling: {temperature: 1.0, seed: 3}\n"
+        "engine: {backend: vllm, max_batch: 8, max_context: 256, vllm: {kv_cache_gib: 0.25}}\n"
+        "cold_start: {enabled: false}\n"
+        "train: {steps: 2, prompts_per_step: 2, lr: 1.0e-3, micro_batch_tokens: 256, checkpoint_every: 1}\n"
+    )
+
+    def load():
+        return load_model(str(model_dir), dtype=torch.float32, device="cpu")
+
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    Trainer(load_env_config(path), whole, loaded=load()).run()
+    run, calls = PolicyRollouts.run, []
+
+    def interrupted(self, *args, **kwargs):
+        calls.append(1)
+        out = run(self, *args, **kwargs)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # after step 2's rollouts grew the trees
+        return out
+
+    monkeypatch.setattr(PolicyRollouts, "run", interrupted)
+    report = Trainer(load_env_config(path), part, loaded=load()).run()
+    assert report["interrupted"] and [m["step"] for m in report["steps"]] == [1.0]
+    monkeypatch.undo()
+    Trainer(load_env_config(path), part, resume=part, loaded=load()).run()
+
+    def rollouts(out, step):
+        lines = (out / "rollouts" / f"step-{step:06d}.jsonl").read_text().splitlines()
+        return [(r["response_ids"], r["reward"]) for r in map(json.loads, lines)]
+
+    for step in (1, 2):
+        assert rollouts(part, step) == rollouts(whole, step), step
+    trees = []
+    for out in (whole, part):
+        cache = RolloutCache.load(load_checkpoint(out)[1]["srt"])
+        trees.append({repr(k): sorted(map(tuple, cache.sequences(k))) for k in cache.prompt_keys()})
+    assert trees[0] == trees[1] and sum(map(len, trees[0].values())) > 0

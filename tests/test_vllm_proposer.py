@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import numpy as np
 import pytest
 import torch
 from vllm_engines import engine, generate, srt_engine, tokens
@@ -252,6 +253,7 @@ def test_the_temperature_fix_writes_expanded_floats():
 
 def test_speculative_configs_and_the_proposers_options_travel_in_the_environment(monkeypatch):
     from srt_agent.integrations.vllm import PROPOSER_CLASS, speculative_config
+    from srt_agent.integrations.vllm.settings import proposer_options
 
     monkeypatch.delenv("SRT_VLLM_PROPOSER", raising=False)
     assert speculative_config("none", 4) is None
@@ -261,7 +263,7 @@ def test_speculative_configs_and_the_proposers_options_travel_in_the_environment
         "model": PROPOSER_CLASS,
         "num_speculative_tokens": 5,
     }
-    assert ProposerOptions.from_env() == ProposerOptions(policy="always", max_held=7)
+    assert proposer_options() == ProposerOptions(policy="always", max_held=7)
     with pytest.raises(ValueError, match="policy"):
         speculative_config("srt", 4, policy="sometimes")
     with pytest.raises(ValueError, match="unknown speculative method"):
@@ -287,3 +289,115 @@ def test_cpu_and_preload_environments():
     assert (env is None) == (not libs) and (env is None or env["LD_PRELOAD"] == ":".join(libs))
     assert env is None or env["KMP_WARNINGS"] == "0"
     assert preload_env({"LD_PRELOAD": ":".join(libs)}) is None
+
+
+def test_a_stop_inside_an_accepted_draft_then_a_next_turn_continues_the_same_tree():
+    """vLLM accepts a whole draft and cuts the output at a stop inside it: the proposer saw (and stored) the
+    tokens past the stop, the caller's next turn does not have them. That turn still continues its
+    trajectory's sequence in the first turn's tree, from the stop on, instead of starting a tree keyed by its
+    whole context."""
+    llm, p = srt_engine()
+    prompt = tokens("A stop lands inside a drafted chain, then the tool answers:")
+    free = generate(llm, [prompt])[0]
+    p.end_step()
+    cut = next(i for i in (2, 3) if free[i] not in free[:i])  # inside the first decode step's draft (K = 3)
+    before = p.stats()
+    first = generate(llm, [prompt], stop_token_ids=[free[cut]])[0]
+    assert first == free[: cut + 1]
+    assert p.stats()["accepted"] > before["accepted"]  # the stop came inside an accepted draft
+    tool = tokens("<interpreter>42</interpreter>")
+    second = generate(llm, [prompt + first + tool])[0]
+    stats = p.stats()
+    assert stats["continuations"] == before["continuations"] + 1 and stats["rewound"] == before["rewound"] + 1
+    assert prompt_key(prompt + first + tool) not in p.cache  # no fresh tree keyed by the whole context
+    assert any(s[-(len(tool) + len(second)) :] == tool + second for s in _sequences(p, prompt))
+    p.end_step()
+
+
+def test_drafting_fails_loudly_once_faults_are_no_longer_rare():
+    """A moved seam (a test double: the proposer's per-request step raises) must not read as 'SRT drafts
+    nothing': past max_fault_share of the rows (and 8 faults) propose raises; one failing request among many
+    does not."""
+
+    class Batch:  # a test double of vLLM's InputBatch: only what propose reads
+        def __init__(self, ids):
+            self.req_ids = ids
+
+    p = SRTProposer(options=ProposerOptions(max_fault_share=0.1))
+
+    def step(rid, *args):
+        if rid.startswith("bad"):
+            raise KeyError("num_prompt_tokens")
+        return Draft()
+
+    p._step = step
+    arrays = (np.zeros(4, dtype=np.int64), np.zeros((4, 8), dtype=np.int64))
+    for i in range(20):  # one bad request in 20 batches of 4: 1 fault in 80 rows
+        ids = [f"good{i}-{j}" for j in range(3)] + ([f"bad{i}"] if i == 0 else [f"good{i}-3"])
+        p.bind_input_batch(Batch(ids))
+        p.propose([[1]] * 4, *arrays)
+    assert p.stats()["faults"] == 1
+    with pytest.raises(RuntimeError, match=r"SRTProposer failed for \d+ of \d+ batch rows \(first: KeyError"):
+        for i in range(10):
+            p.bind_input_batch(Batch([f"bad-{i}-{j}" for j in range(4)]))
+            p.propose([[1]] * 4, *arrays)
+
+
+def test_the_step_cost_is_learned_on_a_configuration_many_times_slower_than_the_prior():
+    """The prior says a step costs 0.2 ms (far faster than this machine runs even the tiny model): vLLM's
+    measured steps still set the level (an idle interval is judged against the measured steps, not the prior)."""
+    llm, p = srt_engine()
+    saved = p.options, p.cost
+    p.options = dataclasses.replace(
+        saved[0], calibrate=True, policy="cost", step_fixed_ms=0.1, step_row_ms=0.05, draft_token_ms=0.05
+    )
+    p.cost = cost_model(p.options)
+    try:
+        start = time.perf_counter()
+        generate(llm, [tokens("Timed on a slow configuration:")], max_tokens=48)
+        step_s = (time.perf_counter() - start) / 48
+        a, _ = p.cost.line(1)
+        assert 0.4 * step_s < a < 1.6 * step_s  # learned, although every step is > 5x the prior
+        idle_before = p.cost.skipped
+        for _ in range(5):
+            p.cost.measured(1, 100 * a, 1)  # vLLM idle between two steps: left out
+        assert p.cost.skipped == idle_before + 5 and p.cost.line(1)[0] == pytest.approx(a, rel=0.2)
+    finally:
+        p.options, p.cost = saved
+        p.end_step()
+
+
+def test_trees_and_held_turns_are_bounded_and_saved_without_anyone_ending_the_step(tmp_path):
+    """As in verl's workers, where nobody calls end_step or save: held turns take at most an eighth of the byte
+    budget and are released after held_ttl_s; the trees are saved to save_path whenever the batch drains."""
+    llm, p = srt_engine()
+    assert p.cache.max_bytes + p.turns.max_bytes == p.options.max_bytes
+    saved_options, saved_ttl = p.options, p.turns.ttl_s
+    p.options = dataclasses.replace(saved_options, save_path=str(tmp_path / "trees-{dp_rank}.bin"), save_interval_s=0)
+    try:
+        prompt = tokens("Served by a worker nobody calls end_step on:")
+        generate(llm, [prompt] * 2)
+        saves = p.stats()["saves"]
+        generate(llm, [tokens("The next step's prompt")])  # the first batch drained: its turns held, trees saved
+        assert p.stats()["saves"] > saves and len(p.turns) >= 2
+        saved = RolloutCache.load(tmp_path / "trees-0.bin")
+        assert saved.sequences(prompt_key(prompt)) == _sequences(p, prompt)
+        held = list(p._held)
+        p.turns.ttl_s = 1e-3
+        time.sleep(0.01)
+        generate(llm, [tokens("And a third one")])  # turns held longer than held_ttl_s are released
+        assert not any(cache_id in p.turns for cache_id in held) and len(p.turns) <= 1
+    finally:
+        p.options, p.turns.ttl_s = saved_options, saved_ttl
+        p.end_step()
+
+
+def test_proposer_options_reach_the_proposer_through_the_one_channel(monkeypatch):
+    from srt_agent.integrations.vllm.settings import PROPOSER_ENV, set_proposer_options
+
+    monkeypatch.delenv(PROPOSER_ENV, raising=False)
+    set_proposer_options({"max_bytes": 1 << 20, "held_ttl_s": 5.0})
+    p = SRTProposer()
+    assert p.options.max_bytes == 1 << 20 and p.turns.ttl_s == 5.0 and p.turns.max_bytes == (1 << 20) // 8
+    with pytest.raises(ValueError, match=r"unknown SRT proposer option\(s\) \['max_byte'\]"):
+        set_proposer_options({"max_byte": 1})

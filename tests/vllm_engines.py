@@ -45,13 +45,17 @@ def srt_engine(**options):
     return llm, srt_proposer(llm)
 
 
-def generate(llm, prompts: list[list[int]], max_tokens: int = 16, temperature: float = 0.0) -> list[list[int]]:
-    """The sampled token ids of each prompt (EOS ignored, no detokenisation)."""
+def generate(
+    llm, prompts: list[list[int]], max_tokens: int = 16, temperature: float = 0.0, **sampling
+) -> list[list[int]]:
+    """The sampled token ids of each prompt (EOS ignored, no detokenisation); `sampling`: more SamplingParams."""
     import torch
     from vllm import SamplingParams
 
     torch.set_num_threads(llm.srt_threads)  # another engine's start or a one_thread module may have changed it
-    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    params = SamplingParams(
+        temperature=temperature, max_tokens=max_tokens, ignore_eos=True, detokenize=False, **sampling
+    )
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
 

@@ -87,5 +87,6 @@ def vllm_backend(config, loaded, drafter: str | None = None) -> VLLMBackend:
         threads=e.vllm.threads,
         exact_sampling=e.vllm.exact_sampling,
         block_size=e.vllm.block_size,
+        proposer_options=e.vllm.proposer,
     )
     return VLLMBackend(engine)

@@ -33,6 +33,7 @@ import warnings
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -124,14 +125,15 @@ class VLLMEngine:
         threads: int | None = None,
         exact_sampling: bool = True,
         block_size: int | None = 32,
+        proposer_options: Mapping[str, Any] | None = None,
     ):
         check_vllm_drafter(drafter)
         missing = vllm_missing()
         if missing:
             raise VLLMUnavailable(missing)
-        from ..integrations.vllm import cpu_env, speculative_config
-        from ..integrations.vllm.exact_sampling import EXACT_ENV, check_exact_seam
+        from ..integrations.vllm import check_runner, cpu_env, speculative_config
         from ..integrations.vllm.plugin import register
+        from ..integrations.vllm.settings import EXACT_SAMPLING_ENV, V2_RUNNER_ENV
 
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up chatter would bury the run's own lines
         warnings.filterwarnings("ignore", message=".*reduce_op.*", category=FutureWarning)  # vLLM's kernel scan
@@ -142,9 +144,12 @@ class VLLMEngine:
                 os.environ[key] = value  # the live proposer and the weight reload need the worker here
             else:
                 os.environ.setdefault(key, value)
+        # Only vLLM's V1 model runner calls custom proposers and the runner's _sample (V2, the GPU default, has
+        # neither): chosen here, checked in the worker once it runs (check_runner).
+        os.environ[V2_RUNNER_ENV] = "0"
+        set_num_threads, exact_before = torch.set_num_threads, os.environ.get(EXACT_SAMPLING_ENV)
+        os.environ[EXACT_SAMPLING_ENV] = "1" if exact_sampling else "0"  # read when this engine's runner is built
         register()  # the CPU temperature fix, exact sampling and the proposer's seam, in this process (the worker's)
-        if exact_sampling:
-            check_exact_seam()
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -163,20 +168,23 @@ class VLLMEngine:
             enforce_eager=enforce_eager,
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=True,
-            speculative_config=speculative_config(drafter, speculative_tokens),
+            speculative_config=speculative_config(drafter, speculative_tokens, **dict(proposer_options or {})),
             disable_log_stats=True,
             seed=0,
             async_scheduling=False if exact_sampling else None,
             block_size=block_size,
             use_tqdm_on_load=False,
         )
-        set_num_threads, exact_before = torch.set_num_threads, os.environ.get(EXACT_ENV)
-        os.environ[EXACT_ENV] = "1" if exact_sampling else "0"  # read when this engine's model runner is built
         try:
             self.llm = LLMEngine.from_engine_args(args)
         finally:  # vLLM's CPU worker disables it process-wide; the trainer and our engine still need it
             torch.set_num_threads = set_num_threads
-            _restore_env(EXACT_ENV, exact_before)  # other engines in this process choose for themselves
+            _restore_env(EXACT_SAMPLING_ENV, exact_before)  # other engines in this process choose for themselves
+        try:
+            check_runner(self.llm, exact_sampling=exact_sampling, srt=drafter == "srt")
+        except RuntimeError:
+            self.close()
+            raise
         # vLLM's CPU attention checks at every step that the thread count is the one it started with;
         # another engine's start (or anyone's set_num_threads) in this process may have changed it.
         self.threads_at_start = torch.get_num_threads()
@@ -330,12 +338,23 @@ class VLLMEngine:
     # ----- policy and drafter ---------------------------------------------------------------------
 
     def update_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """New weights in place (float32); cached prefixes were computed by the old ones, so they go."""
+        """New weights in place (float32). Cached prefixes were computed by the old ones, so they go first; with
+        turns running (or vLLM refusing to empty its prefix cache because blocks are in use) the update is
+        refused: KV of the old policy would be reused, an off-policy rollout with no sign."""
         from ..integrations.vllm import reload_weights
 
+        if self.calls:
+            raise RuntimeError(
+                f"new weights while {len(self.calls)} turn(s) run: their KV comes from the old weights; "
+                "update between steps, when no request runs"
+            )
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError(
+                "vLLM refused to empty its prefix cache (KV blocks are still in use): new weights now would "
+                "reuse KV of the old ones; update between steps, when no request runs"
+            )
         start = time.perf_counter()
         reload_weights(self.llm, ((name, tensor.detach().to(torch.float32)) for name, tensor in weights.items()))
-        self.llm.reset_prefix_cache()
         self.totals.weight_updates += 1
         self.totals.weight_update_s += time.perf_counter() - start
 

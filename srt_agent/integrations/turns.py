@@ -1,49 +1,110 @@
 """`HeldTurns`: finished turns kept so that a trajectory's next turn is recognised by its tokens.
 
 Serving stacks give every turn a fresh request id, so a later request continues a finished turn when its
-prompt extends that turn's tokens (prompt + response, then the tool output). Up to ``max_held`` turns are
-held, least recently used released first.
+prompt extends that turn's tokens (prompt + response, then the tool output). A turn held with a ``floor``
+below its length may also be continued by a prompt that leaves its tail out: a serving engine that verifies
+drafts can sample a few tokens past a stop (inside an accepted draft) that the caller then drops, so the
+next prompt shares the turn's tokens up to the stop and goes on with the tool output. Such a prompt must
+share at least the first ``floor`` tokens (the context the turn was given) and leave out at most
+``max_overshoot`` of the turn's tokens.
+
+Turns are held least recently used first, within a count (``max_held``), a byte budget (``max_bytes``; the
+tokens are stored as int32) and an age (``ttl_s``: a trajectory's next turn comes within a tool call's time).
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class _Held:
+    tokens: np.ndarray  # int32
+    floor: int  # a continuing prompt shares at least these leading tokens
+    held_at: float
 
 
 class HeldTurns:
-    """Finished turns by key (their token lists), claimed by the prompt that continues them."""
+    """Finished turns by key, claimed by the prompt that continues them."""
 
-    def __init__(self, max_held: int) -> None:
+    def __init__(
+        self,
+        max_held: int,
+        max_bytes: int | None = None,
+        ttl_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if max_held < 0:
             raise ValueError(f"max_held must be >= 0, got {max_held}")
-        self.max_held = max_held
-        self._turns: OrderedDict[Hashable, list[int]] = OrderedDict()  # least recently used first
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.max_held, self.max_bytes, self.ttl_s, self.clock = max_held, max_bytes, ttl_s, clock
+        self._turns: OrderedDict[Hashable, _Held] = OrderedDict()  # least recently used first
+        self.nbytes = 0
 
-    def hold(self, key: Hashable, tokens: list[int]) -> list[Hashable]:
-        """Hold a finished turn; returns the keys released to stay within ``max_held``."""
-        self._turns[key] = tokens
-        released = []
-        while len(self._turns) > self.max_held:
-            released.append(self._turns.popitem(last=False)[0])
+    def hold(self, key: Hashable, tokens: Sequence[int], floor: int | None = None) -> list[Hashable]:
+        """Hold a finished turn (`floor`: how many leading tokens a continuing prompt must share; all by
+        default); returns the keys released to stay within the bounds."""
+        if key in self._turns:
+            self._drop(key)
+        held = _Held(np.asarray(tokens, dtype=np.int32), len(tokens) if floor is None else floor, self.clock())
+        self._turns[key] = held
+        self.nbytes += held.tokens.nbytes
+        released = self.expire()
+        while self._turns and (
+            len(self._turns) > self.max_held or (self.max_bytes is not None and self.nbytes > self.max_bytes)
+        ):
+            released.append(self._drop(next(iter(self._turns))))
         return released
 
-    def claim(self, prompt_ids: Sequence[int]) -> tuple[Hashable, list[int]] | None:
-        """The held turn that `prompt_ids` extends (the longest), removed and returned with its tokens."""
-        best, best_len = None, 0
-        for key, tokens in self._turns.items():
-            n = len(tokens)
-            if best_len < n <= len(prompt_ids) and prompt_ids[n - 1] == tokens[-1] and list(prompt_ids[:n]) == tokens:
-                best, best_len = key, n
+    def claim(self, prompt_ids: Sequence[int], max_overshoot: int = 0) -> tuple[Hashable, int, int] | None:
+        """The held turn that `prompt_ids` continues, removed: (key, how many of its leading tokens the prompt
+        shares, its length). The prompt shares all of it, or leaves out up to `max_overshoot` tokens of its tail;
+        the turn sharing the most wins."""
+        prompt = np.asarray(prompt_ids, dtype=np.int64)
+        best, best_shared = None, 0
+        for key, held in self._turns.items():
+            n, floor = len(held.tokens), held.floor
+            if floor > len(prompt) or n - max_overshoot > len(prompt) or n <= best_shared:
+                continue
+            if floor and (
+                prompt[floor - 1] != held.tokens[floor - 1] or not np.array_equal(prompt[:floor], held.tokens[:floor])
+            ):
+                continue
+            shared = min(n, len(prompt))
+            differ = np.flatnonzero(prompt[floor:shared] != held.tokens[floor:shared])
+            if len(differ):
+                shared = floor + int(differ[0])
+            if n - shared <= max_overshoot and shared > best_shared:
+                best, best_shared = key, shared
         if best is None:
             return None
-        return best, self._turns.pop(best)
+        length = len(self._turns[best].tokens)
+        self._drop(best)
+        return best, best_shared, length
+
+    def expire(self) -> list[Hashable]:
+        """Release the turns held longer than ``ttl_s``; their keys."""
+        if self.ttl_s is None:
+            return []
+        cutoff = self.clock() - self.ttl_s
+        return [self._drop(key) for key, held in list(self._turns.items()) if held.held_at < cutoff]
 
     def release_all(self) -> list[Hashable]:
         """Forget every held turn; returns their keys."""
         keys = list(self._turns)
         self._turns.clear()
+        self.nbytes = 0
         return keys
+
+    def _drop(self, key: Hashable) -> Hashable:
+        self.nbytes -= self._turns.pop(key).tokens.nbytes
+        return key
 
     def __len__(self) -> int:
         return len(self._turns)

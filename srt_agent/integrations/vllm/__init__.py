@@ -17,26 +17,27 @@ API (``vllm`` is imported lazily, so this module imports without it):
   ``proposer_call(llm, name, *args)`` calls one of those methods in every worker (any process layout)
   and returns the first worker's result.
 * ``reload_weights(llm, named_tensors)``: new policy weights in place; the trees stay.
+* ``check_runner(llm, exact_sampling, srt)``: asks every worker of a started engine whether it runs vLLM's V1
+  model runner with what srt-agent hooks installed; raises one line naming what is missing.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .models import tiny_model_dir, vllm_model_dir
+from .settings import set_proposer_options
 
 PROPOSER_CLASS = "srt_agent.integrations.vllm.proposer.SRTProposer"
-OPTIONS_ENV = "SRT_VLLM_PROPOSER"
 METHODS = ("none", "ngram", "suffix", "srt")
 PRELOAD_LIBS = ("libiomp5.so", "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 
 __all__ = [
     "METHODS",
+    "check_runner",
     "cpu_env",
     "preload_env",
     "proposer_call",
@@ -46,6 +47,15 @@ __all__ = [
     "tiny_model_dir",
     "vllm_model_dir",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``tiny_model_dir`` and ``vllm_model_dir`` load lazily: they import torch, and the settings do not."""
+    if name in ("tiny_model_dir", "vllm_model_dir"):
+        from . import models
+
+        return getattr(models, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def speculative_config(method: str, num_speculative_tokens: int = 8, **options: Any) -> dict | None:
@@ -61,10 +71,7 @@ def speculative_config(method: str, num_speculative_tokens: int = 8, **options: 
     elif method == "suffix":
         config.update(options)
     else:
-        from .proposer import ProposerOptions
-
-        ProposerOptions(**options)  # bad options fail here, not in vLLM's worker
-        os.environ[OPTIONS_ENV] = json.dumps(options)
+        set_proposer_options(options)  # bad options fail here, not in vLLM's worker
         config.update({"method": "custom_class", "model": PROPOSER_CLASS})
     return config
 
@@ -141,3 +148,49 @@ def _reload(worker, tensors):
 def reload_weights(llm, named_tensors: Iterable[tuple[str, Any]]) -> None:
     """Load new weights into the running model (names as in the HF checkpoint); drafts and trees stay."""
     llm.collective_rpc(_reload, args=(list(named_tensors),))
+
+
+def _runner_report(worker) -> dict:
+    """What a worker's model runner is and which of srt-agent's hooks it carries."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from .plugin import failed_steps
+
+    runner = worker.model_runner
+    kind = type(runner)
+    return {
+        "runner": f"{kind.__module__}.{kind.__qualname__}",
+        "v1": isinstance(runner, GPUModelRunner),
+        "exact_sampling": bool(getattr(runner, "srt_exact_sampling", False))
+        and getattr(getattr(kind, "_sample", None), "srt_exact", False),
+        "seam": getattr(getattr(kind, "propose_draft_token_ids", None), "srt_seam", False),
+        "drafter": type(getattr(runner, "drafter", None)).__name__,
+        "plugin_failed": dict(failed_steps),
+    }
+
+
+def runner_problems(report: dict, exact_sampling: bool, srt: bool) -> list[str]:
+    """What keeps a worker (its `_runner_report`) from running as asked; [] when nothing does."""
+    failed = "".join(f" ({step}: {why})" for step, why in report["plugin_failed"].items())
+    if not report["v1"]:
+        return [
+            f"vLLM runs {report['runner']}, not the V1 model runner that calls custom proposers and _sample: set "
+            "VLLM_USE_V2_MODEL_RUNNER=0 before the process starts its first vLLM engine"
+        ]
+    problems = []
+    if exact_sampling and not report["exact_sampling"]:
+        problems.append(f"exact sampling is not installed in vLLM's model runner (GPUModelRunner._sample){failed}")
+    if srt and not report["seam"]:
+        problems.append(f"SRT's proposer seam is not installed (GPUModelRunner.propose_draft_token_ids){failed}")
+    if srt and report["drafter"] != "SRTProposer":
+        problems.append(f"vLLM built {report['drafter']} as its drafter, not SRTProposer")
+    return problems
+
+
+def check_runner(llm, exact_sampling: bool, srt: bool) -> None:
+    """Raise RuntimeError (one line) unless every worker of `llm` runs the V1 model runner with exact sampling
+    (if asked) and SRT's proposer seam (if `srt`) in place."""
+    for report in llm.collective_rpc(_runner_report):
+        problems = runner_problems(report, exact_sampling, srt)
+        if problems:
+            raise RuntimeError("; ".join(problems))

@@ -24,19 +24,13 @@ loudly rather than sample differently.
 from __future__ import annotations
 
 import hashlib
-import os
 from typing import Any
 
 import torch
 
 from ...engine.sampler import RowSampling, sample_rows
 
-EXACT_ENV = "SRT_VLLM_EXACT_SAMPLING"
 PLACEHOLDER = -1  # vLLM's rejected-token marker in a spec step's output rows
-
-
-def exact_sampling_requested() -> bool:
-    return os.environ.get(EXACT_ENV, "0") == "1"
 
 
 def check_exact_seam() -> None:

@@ -18,16 +18,24 @@ It installs three things:
   is called with token arrays only, so ``GPUModelRunner.propose_draft_token_ids`` is wrapped to hand a
   proposer that asks for it (``wants_input_batch = True``) the runner's live input batch (request ids,
   prompt lengths) just before each call.
+
+The plugin is installed in every vLLM process of the venv, SRT or not, so it must never hurt one that does
+not use SRT: :func:`register` never raises (a step that fails is logged once and left out; the engine that
+needs it then fails its own start, see ``check_runner``), ``_sample`` is wrapped only in a process that
+asks for exact sampling, and every wrapper hands what it does not handle to vLLM's own code unchanged.
 """
 
 from __future__ import annotations
 
 import functools
-import os
+import logging
 
 import torch
 
-FIX_ENV = "SRT_VLLM_TEMPERATURE_FIX"
+from .settings import exact_sampling_requested, temperature_fix_wanted
+
+logger = logging.getLogger(__name__)
+
 # "unprobed" until the patched function first runs; then "buggy" (the fix is in use) or "sound".
 fix_state = {"installed": False, "original": "unprobed"}
 
@@ -71,7 +79,7 @@ def checked_expand(original):
 def install_temperature_fix() -> bool:
     """Replace ``cpu_triton_utils._expand_kernel_impl`` (looked up there when a CPU worker registers its
     kernel overrides); False where vLLM has no such function or the fix is switched off."""
-    if os.environ.get(FIX_ENV, "1") == "0":
+    if not temperature_fix_wanted():
         return False
     try:
         from vllm.utils import cpu_triton_utils
@@ -106,37 +114,50 @@ def install_input_batch_seam() -> None:
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
 
 
-def install_exact_sampling() -> None:
+def install_exact_sampling() -> bool:
     """Wrap ``GPUModelRunner.__init__`` to note whether the runner samples exactly (``SRT_VLLM_EXACT_SAMPLING``
-    when it is built) and ``GPUModelRunner._sample`` to do so (see exact_sampling.py)."""
+    when it is built) and ``GPUModelRunner._sample`` to do so (see exact_sampling.py); only in a process that
+    asks for exact sampling (False elsewhere: vLLM's sampling is left alone)."""
+    if not exact_sampling_requested():
+        return False
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from .exact_sampling import exact_sample, exact_sampling_requested
+    from .exact_sampling import exact_sample
 
     if getattr(GPUModelRunner._sample, "srt_exact", False):
-        return
+        return True
     original_init, original_sample = GPUModelRunner.__init__, GPUModelRunner._sample
 
     @functools.wraps(original_init)
     def __init__(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
         self.srt_exact_sampling = exact_sampling_requested()
-        if self.srt_exact_sampling and self.use_async_scheduling:
+        if self.srt_exact_sampling and getattr(self, "use_async_scheduling", False):
             raise ValueError("exact sampling needs vLLM's async scheduling off (async_scheduling=False)")
 
     @functools.wraps(original_sample)
-    def _sample(self, logits, spec_decode_metadata):
+    def _sample(self, *args, **kwargs):
         if getattr(self, "srt_exact_sampling", False):
-            return exact_sample(self, logits, spec_decode_metadata)
-        return original_sample(self, logits, spec_decode_metadata)
+            return exact_sample(self, *args, **kwargs)
+        return original_sample(self, *args, **kwargs)
 
     _sample.srt_exact = True
     GPUModelRunner.__init__ = __init__
     GPUModelRunner._sample = _sample
+    return True
+
+
+INSTALL_STEPS = (install_temperature_fix, install_input_batch_seam, install_exact_sampling)
+failed_steps: dict[str, str] = {}  # install step -> why it failed in this process (logged once)
 
 
 def register() -> None:
-    """The entry point vLLM calls in each of its processes."""
-    install_temperature_fix()
-    install_input_batch_seam()
-    install_exact_sampling()
+    """The entry point vLLM calls in each of its processes. Never raises: vLLM calls plugins without a try,
+    so a raise here would break every vLLM command of the venv."""
+    for step in INSTALL_STEPS:
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - whatever a vLLM version does differently, vLLM must start
+            if step.__name__ not in failed_steps:
+                failed_steps[step.__name__] = f"{type(exc).__name__}: {exc}"
+                logger.warning("srt-agent's vLLM plugin left out %s (%s)", step.__name__, failed_steps[step.__name__])

