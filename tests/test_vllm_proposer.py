@@ -16,7 +16,6 @@ from srt_agent.cache import RolloutCache
 from srt_agent.cache.draft import Draft
 from srt_agent.engine.acceptance import AcceptanceModel
 from srt_agent.integrations.vllm import proposer_call, reload_weights, srt_proposer, tiny_model_dir
-from srt_agent.integrations.vllm.exact_sampling import check_exact_seam
 from srt_agent.integrations.vllm.plugin import expand_reference, fix_state
 from srt_agent.integrations.vllm.proposer import (
     ProposerOptions,
@@ -223,14 +222,59 @@ def test_a_fault_for_one_request_leaves_the_others_drafting():
     assert p.stats()["accepted"] > accepted
 
 
-def test_the_seam_is_in_place():
-    engine()
+def test_the_seam_is_in_place_and_vllms_sampling_is_wrapped_only_where_asked(monkeypatch):
+    """The plugin runs in every vLLM process of the venv: it wraps the runner's _sample only in a process that
+    asks for exact sampling (SRT_VLLM_EXACT_SAMPLING=1), and that wrapper hands other runners' calls on."""
+    import inspect
+
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+    from srt_agent.integrations.vllm import plugin
+    from srt_agent.integrations.vllm.settings import EXACT_SAMPLING_ENV
+
+    engine()
     check_seam()
     assert GPUModelRunner.propose_draft_token_ids.srt_seam
-    check_exact_seam()  # the plugin wrapped the runner's sampling step as well
+    monkeypatch.setattr(GPUModelRunner, "_sample", inspect.unwrap(GPUModelRunner._sample))
+    monkeypatch.setattr(GPUModelRunner, "__init__", inspect.unwrap(GPUModelRunner.__init__))
+    monkeypatch.delenv(EXACT_SAMPLING_ENV, raising=False)
+    plugin.register()
+    assert not getattr(GPUModelRunner._sample, "srt_exact", False)
+    monkeypatch.setenv(EXACT_SAMPLING_ENV, "1")
+    plugin.register()
     assert GPUModelRunner._sample.srt_exact
+    assert list(inspect.signature(GPUModelRunner._sample, follow_wrapped=False).parameters) == [
+        "self",
+        "args",
+        "kwargs",
+    ]
+
+
+def test_a_missing_seam_never_breaks_vllm_and_fails_our_start_in_one_line(monkeypatch):
+    """With what the proposer hooks gone from vLLM's runner class (a stand-in for a vLLM that moved it),
+    the plugin's register() returns, plain vLLM still generates, and SRT's engine start fails naming it."""
+    import inspect
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from srt_agent.integrations.vllm import plugin
+
+    monkeypatch.setattr(plugin, "failed_steps", {})
+    monkeypatch.delattr(GPUModelRunner, "propose_draft_token_ids")
+    monkeypatch.setattr(GPUModelRunner, "_sample", inspect.unwrap(GPUModelRunner._sample))
+    monkeypatch.setattr(GPUModelRunner, "__init__", inspect.unwrap(GPUModelRunner.__init__))
+    monkeypatch.delattr(GPUModelRunner, "_sample")
+    monkeypatch.setenv("SRT_VLLM_EXACT_SAMPLING", "1")
+    plugin.register()  # does not raise
+    assert set(plugin.failed_steps) == {"install_input_batch_seam", "install_exact_sampling"}
+    monkeypatch.undo()
+    monkeypatch.setattr(plugin, "failed_steps", {})
+    monkeypatch.delattr(GPUModelRunner, "propose_draft_token_ids")
+    plugin.register()
+    assert len(generate(engine(), [tokens("Plain vLLM still runs")], max_tokens=4)[0]) == 4
+    with pytest.raises(RuntimeError, match="no propose_draft_token_ids") as raised:
+        check_seam()
+    assert "\n" not in str(raised.value)
 
 
 def test_the_temperature_fix_writes_expanded_floats():

@@ -33,24 +33,6 @@ from ...engine.sampler import RowSampling, sample_rows
 PLACEHOLDER = -1  # vLLM's rejected-token marker in a spec step's output rows
 
 
-def check_exact_seam() -> None:
-    """Raise unless this vLLM samples through ``GPUModelRunner._sample(logits, spec_decode_metadata)`` and the
-    plugin has wrapped it (a vLLM upgrade that moves the seam must fail loudly, not sample another way)."""
-    import inspect
-
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    sample = GPUModelRunner._sample
-    if not getattr(sample, "srt_exact", False):
-        raise RuntimeError(
-            "srt_agent's vLLM plugin is not loaded (entry point vllm.general_plugins): exact sampling "
-            "is not installed; reinstall srt-agent, and do not exclude it with VLLM_PLUGINS"
-        )
-    params = list(inspect.signature(inspect.unwrap(sample)).parameters)
-    if params != ["self", "logits", "spec_decode_metadata"]:
-        raise RuntimeError(f"vLLM's GPUModelRunner._sample takes {params}: exact sampling does not support this vLLM")
-
-
 def unseeded_seed(request_id: str) -> int:
     """The seed of a request that has none: fixed by its vLLM request id (unique per request)."""
     return int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest(), "little") >> 1

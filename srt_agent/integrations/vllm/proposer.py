@@ -381,7 +381,9 @@ class SRTProposer:
 
     def _loaded(self, path: str) -> RolloutCache:
         o = self.options
-        return RolloutCache.load(path, max_bytes=o.max_bytes, max_nodes_per_prompt=o.max_nodes_per_prompt)
+        return RolloutCache.load(
+            path, max_bytes=o.max_bytes - self.held_bytes, max_nodes_per_prompt=o.max_nodes_per_prompt
+        )
 
 
 def step_cost_model(options: ProposerOptions) -> ForwardCostModel:
