@@ -255,6 +255,43 @@ def test_multi_turn_episodes_with_the_code_tool(backend, tiny):
         assert all(lp < 0 for lp, m in zip(t.response_logprobs, t.response_mask) if m)
 
 
+def test_proposer_options_come_from_the_env_config(backend):
+    proposer = backend.call(lambda engine: engine.proposer()).result()
+    assert proposer.options.held_ttl_s == 1234.0 and proposer.turns.ttl_s == 1234.0
+    with pytest.raises(ValueError, match="unknown SRT proposer option"):
+        EnvConfig(engine={"vllm": {"proposer": {"held_ttl": 1}}})
+
+
+def test_new_weights_are_refused_while_kv_of_the_old_ones_is_in_use(backend, tiny):
+    """A weight update while a turn runs, or while vLLM holds KV blocks of a request it runs for someone else,
+    is refused (vLLM will not empty its prefix cache then): the old policy's KV would be reused."""
+    from vllm import SamplingParams as VParams
+
+    weights = tiny.model.state_dict()
+
+    def hold_a_block(engine):
+        engine.llm.add_request("outside", {"prompt_token_ids": PROMPTS[0] * 10}, VParams(max_tokens=64))
+        engine.llm.step()  # scheduled: its blocks are in use
+
+    def let_go(engine):
+        engine.llm.abort_request(["outside"])
+
+    backend.call(hold_a_block).result()
+    try:
+        with pytest.raises(RuntimeError, match="refused to empty its prefix cache"):
+            backend.update_weights(weights)
+    finally:
+        backend.call(let_go).result()
+    backend.call(lambda engine: engine.add_request(PROMPTS[1], SamplingParams(max_tokens=4), "running")).result()
+    try:
+        with pytest.raises(RuntimeError, match=r"while 1 turn\(s\) run"):
+            backend.call(lambda engine: engine.update_weights(weights)).result()
+    finally:
+        backend.release("running")
+    backend.update_weights(weights)  # nothing runs: accepted
+    assert generate(backend, PROMPTS[:1], SamplingParams(temperature=0, max_tokens=4))[0].finish_reason == "length"
+
+
 def test_training_with_vllm_reaches_the_engines_and_compares_with_none(tmp_path, model_dir):
     """Two GRPO steps with engine.backend: vllm, compared with vLLM without speculation: step 2's
     rollouts are scored by the updated policy at fp32 noise, so the new weights reached vLLM in place;
@@ -324,43 +361,6 @@ def test_missing_vllm_is_one_clear_line(monkeypatch):
     assert choose_backend("engine", "history") == ("engine", "engine.backend: engine")
 
 
-def test_proposer_options_come_from_the_env_config(backend):
-    proposer = backend.call(lambda engine: engine.proposer()).result()
-    assert proposer.options.held_ttl_s == 1234.0 and proposer.turns.ttl_s == 1234.0
-    with pytest.raises(ValueError, match="unknown SRT proposer option"):
-        EnvConfig(engine={"vllm": {"proposer": {"held_ttl": 1}}})
-
-
-def test_new_weights_are_refused_while_kv_of_the_old_ones_is_in_use(backend, tiny):
-    """A weight update while a turn runs, or while vLLM holds KV blocks of a request it runs for someone else,
-    is refused (vLLM will not empty its prefix cache then): the old policy's KV would be reused."""
-    from vllm import SamplingParams as VParams
-
-    weights = tiny.model.state_dict()
-
-    def hold_a_block(engine):
-        engine.llm.add_request("outside", {"prompt_token_ids": PROMPTS[0] * 10}, VParams(max_tokens=64))
-        engine.llm.step()  # scheduled: its blocks are in use
-
-    def let_go(engine):
-        engine.llm.abort_request(["outside"])
-
-    backend.call(hold_a_block).result()
-    try:
-        with pytest.raises(RuntimeError, match="refused to empty its prefix cache"):
-            backend.update_weights(weights)
-    finally:
-        backend.call(let_go).result()
-    backend.call(lambda engine: engine.add_request(PROMPTS[1], SamplingParams(max_tokens=4), "running")).result()
-    try:
-        with pytest.raises(RuntimeError, match=r"while 1 turn\(s\) run"):
-            backend.call(lambda engine: engine.update_weights(weights)).result()
-    finally:
-        backend.release("running")
-    backend.update_weights(weights)  # nothing runs: accepted
-    assert generate(backend, PROMPTS[:1], SamplingParams(temperature=0, max_tokens=4))[0].finish_reason == "length"
-
-
 def test_a_run_interrupted_and_resumed_on_vllm_equals_the_uninterrupted_one(tmp_path, model_dir, monkeypatch):
     """Two GRPO steps on the vLLM backend, once straight through and once stopped by Ctrl-C during step 2's
     rollouts and resumed from the checkpoint: the same rollouts (exact sampling), rewards and trees."""
@@ -374,7 +374,7 @@ def test_a_run_interrupted_and_resumed_on_vllm_equals_the_uninterrupted_one(tmp_
         "dataset: {n: 2, seed: 1}\nn_samples: 2\nmax_turns: 2\nmax_tokens_per_turn: 6\nmax_response_tokens: 60\n"
         "sampling: {temperature: 1.0, seed: 3}\n"
         "engine: {backend: vllm, max_batch: 8, max_context: 256, vllm: {kv_cache_gib: 0.25}}\n"
-        "cold_start: {enabled: false}\n"
+        "cold_start: {enabled: false, eval_tasks: 0}\n"
         "train: {steps: 2, prompts_per_step: 2, lr: 1.0e-3, micro_batch_tokens: 256, checkpoint_every: 1}\n"
     )
 
