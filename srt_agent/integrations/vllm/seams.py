@@ -39,19 +39,16 @@ def _attrs(module: str, cls: str, names: str, why: str) -> tuple[Seam, ...]:
 RUNNER = "vllm.v1.worker.gpu_model_runner"
 BATCH = "vllm.v1.worker.gpu_input_batch"
 ENGINE = "vllm.v1.engine.llm_engine"
+IDLE = "exact sampling tells by it that vLLM's built-in processor is idle"
 CUSTOM_CALL = ".propose(sampled_token_ids, self.input_batch.num_tokens_no_spec, self.input_batch.token_ids_cpu,"
 SEAMS: tuple[Seam, ...] = (
     # plugin.py and proposer.py: the custom_class proposer and the input batch it is handed
     Seam(
         RUNNER,
         "GPUModelRunner.propose_draft_token_ids",
-        ("self", "scheduler_output", "sampled_token_ids", "sampling_metadata", "hidden_states")
-        + (
-            "sample_hidden_states",
-            "aux_hidden_states",
-            "spec_decode_metadata",
-            "common_attn_metadata",
-            "slot_mappings",
+        tuple(
+            "self scheduler_output sampled_token_ids sampling_metadata hidden_states sample_hidden_states"
+            " aux_hidden_states spec_decode_metadata common_attn_metadata slot_mappings".split()
         ),
         contains=('method == "custom_class"', CUSTOM_CALL + "slot_mappings=slot_mappings"),
         why="plugin.py wraps it to bind the input batch; SRTProposer.propose takes the custom_class call's arguments",
@@ -74,7 +71,10 @@ SEAMS: tuple[Seam, ...] = (
         ("self", "weights_iterator", "weights_path", "is_checkpoint_format"),
         why="reload_weights() calls worker.model_runner.reload_weights(weights_iterator=...)",
     ),
-    *_attrs(RUNNER, "GPUModelRunner", "input_batch requests drafter use_async_scheduling", "read by the plugin"),
+    *_attrs(RUNNER, "GPUModelRunner", "input_batch", "plugin.py hands it to SRTProposer; exact sampling reads it"),
+    *_attrs(RUNNER, "GPUModelRunner", "requests", "exact sampling reads each request's sampling parameters"),
+    *_attrs(RUNNER, "GPUModelRunner", "drafter", "plugin.py, srt_proposer() and proposer_call() reach SRTProposer"),
+    *_attrs(RUNNER, "GPUModelRunner", "use_async_scheduling", "exact sampling refuses async scheduling"),
     Seam(
         "vllm.v1.spec_decode.custom_class_proposer",
         "create_custom_proposer",
@@ -106,9 +106,9 @@ SEAMS: tuple[Seam, ...] = (
         "argmax_invariant non_argmax_invariant",
         "exact sampling refuses active logits processors",
     ),
-    *_attrs("vllm.v1.sample.logits_processor.builtin", "MinPLogitsProcessor", "min_p_count", "tells it is idle"),
-    *_attrs("vllm.v1.sample.logits_processor.builtin", "LogitBiasLogitsProcessor", "biases", "tells it is idle"),
-    *_attrs("vllm.v1.sample.logits_processor.builtin", "MinTokensLogitsProcessor", "min_toks", "tells it is idle"),
+    *_attrs("vllm.v1.sample.logits_processor.builtin", "MinPLogitsProcessor", "min_p_count", IDLE),
+    *_attrs("vllm.v1.sample.logits_processor.builtin", "LogitBiasLogitsProcessor", "biases", IDLE),
+    *_attrs("vllm.v1.sample.logits_processor.builtin", "MinTokensLogitsProcessor", "min_toks", IDLE),
     *_attrs(
         "vllm.v1.spec_decode.metadata",
         "SpecDecodeMetadata",
@@ -296,6 +296,11 @@ def _check(seam: Seam, params: tuple[str, ...] | None, source: str | None) -> li
     return problems
 
 
+def _lines_of(lines: list[str], node: ast.AST) -> str:
+    """The whole lines `node` spans (the source of a def or class, or of an assignment)."""
+    return "".join(lines[node.lineno - 1 : node.end_lineno])
+
+
 def _module_file(root: Path, module: str) -> Path | None:
     base = root.joinpath(*module.split("."))
     for path in (base.with_suffix(".py"), base / "__init__.py"):
@@ -308,7 +313,7 @@ def source_problems(root: Path) -> list[str]:
     """Every moved seam in the vLLM sources under `root` (the folder holding the ``vllm`` package); optional
     seams are left out. Parsed with ``ast``, never imported."""
     problems: list[str] = []
-    parsed: dict[str, tuple[str, ast.Module] | None] = {}
+    parsed: dict[str, tuple[list[str], ast.Module] | None] = {}
     for seam in SEAMS:
         if seam.optional:
             continue
@@ -325,7 +330,7 @@ def source_problems(root: Path) -> list[str]:
             problems.append(_problem(seam, "not found"))
             continue
         params = _ast_params(node) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
-        problems += _check(seam, params, "".join(lines[node.lineno - 1 : node.end_lineno]))
+        problems += _check(seam, params, _lines_of(lines, node))
     return problems
 
 
@@ -381,7 +386,7 @@ def _source(seam: Seam, module: object, obj: object) -> str | None:
     except (OSError, TypeError):
         return None
     node = _find(ast.parse(text), seam.qualname)
-    return ast.get_source_segment(text, node) if node is not None else None
+    return _lines_of(text.splitlines(keepends=True), node) if node is not None else None
 
 
 def installed_problems() -> list[str]:
@@ -394,6 +399,9 @@ def installed_problems() -> list[str]:
             if not seam.optional:
                 problems.append(_problem(seam, f"module {seam.module} does not import ({exc})"))
             continue
+        except Exception as exc:  # noqa: BLE001 - a module that fails to import is a problem to report, not a crash
+            problems.append(_problem(seam, f"importing {seam.module} failed ({exc!r})"))
+            continue
         obj = _resolve(module, seam.qualname)
         if obj is _MISSING:
             problems.append(_problem(seam, "not found"))
@@ -401,8 +409,8 @@ def installed_problems() -> list[str]:
         params = None
         if callable(obj) and not inspect.isclass(obj):
             try:
-                params = tuple(inspect.signature(obj).parameters)
-            except (TypeError, ValueError):
+                params = tuple(inspect.signature(obj, follow_wrapped=False).parameters)
+            except (TypeError, ValueError):  # a builtin without a signature: reported as not a function
                 params = None
         problems += _check(seam, params, _source(seam, module, obj) if seam.contains else None)
     return problems
