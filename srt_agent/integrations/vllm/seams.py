@@ -40,7 +40,10 @@ RUNNER = "vllm.v1.worker.gpu_model_runner"
 BATCH = "vllm.v1.worker.gpu_input_batch"
 ENGINE = "vllm.v1.engine.llm_engine"
 IDLE = "exact sampling tells by it that vLLM's built-in processor is idle"
-CUSTOM_CALL = ".propose(sampled_token_ids, self.input_batch.num_tokens_no_spec, self.input_batch.token_ids_cpu,"
+CUSTOM_CALL = (  # the custom_class branch's call (SRTProposer.propose's arguments)
+    ".propose(sampled_token_ids, self.input_batch.num_tokens_no_spec, self.input_batch.token_ids_cpu, "
+    "slot_mappings=slot_mappings"
+)
 SEAMS: tuple[Seam, ...] = (
     # plugin.py and proposer.py: the custom_class proposer and the input batch it is handed
     Seam(
@@ -50,7 +53,7 @@ SEAMS: tuple[Seam, ...] = (
             "self scheduler_output sampled_token_ids sampling_metadata hidden_states sample_hidden_states"
             " aux_hidden_states spec_decode_metadata common_attn_metadata slot_mappings".split()
         ),
-        contains=('method == "custom_class"', CUSTOM_CALL + "slot_mappings=slot_mappings"),
+        contains=('method == "custom_class"', CUSTOM_CALL),
         why="plugin.py wraps it to bind the input batch; SRTProposer.propose takes the custom_class call's arguments",
     ),
     Seam(
