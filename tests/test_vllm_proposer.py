@@ -12,6 +12,7 @@ import pytest
 import torch
 from vllm_engines import engine, generate, srt_engine, tokens
 
+from srt_agent.backends.vllm_engine import VLLMEngine, VLLMUnsupported
 from srt_agent.cache import RolloutCache
 from srt_agent.cache.draft import Draft
 from srt_agent.engine.acceptance import AcceptanceModel
@@ -258,6 +259,10 @@ def test_a_missing_seam_never_breaks_vllm_and_fails_our_start_in_one_line(monkey
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from srt_agent.integrations.vllm import plugin
+    from srt_agent.models import load_tokenizer
+
+    def tokenizer():
+        return load_tokenizer("smollm2")
 
     monkeypatch.setattr(plugin, "failed_steps", {})
     monkeypatch.delattr(GPUModelRunner, "propose_draft_token_ids")
@@ -272,8 +277,14 @@ def test_a_missing_seam_never_breaks_vllm_and_fails_our_start_in_one_line(monkey
     monkeypatch.delattr(GPUModelRunner, "propose_draft_token_ids")
     plugin.register()
     assert len(generate(engine(), [tokens("Plain vLLM still runs")], max_tokens=4)[0]) == 4
-    with pytest.raises(RuntimeError, match="no propose_draft_token_ids") as raised:
+    with pytest.raises(
+        RuntimeError, match=r"GPUModelRunner.propose_draft_token_ids: (not found|is not a function)"
+    ) as raised:
         check_seam()
+    with pytest.raises(
+        VLLMUnsupported, match=r"moved what srt-agent hooks: .*propose_draft_token_ids: (not found|is not a function)"
+    ):
+        VLLMEngine(tiny_model_dir(), tokenizer(), [0], drafter="srt")  # our backend's start
     assert "\n" not in str(raised.value)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from ..engine import AsyncEngine
-from .vllm_engine import VLLMEngine, check_vllm_drafter
+from .vllm_engine import VLLMEngine, check_vllm_drafter, vllm_version
 
 
 class VLLMBackend(AsyncEngine):
@@ -51,17 +51,11 @@ class VLLMBackend(AsyncEngine):
 
     def describe(self) -> str:
         e = self.engine
-        return f"vLLM {_vllm_version()} (float32, {e.device.type}, started in {e.startup_s:.0f} s)"
+        return f"vLLM {vllm_version()} (float32, {e.device.type}, started in {e.startup_s:.0f} s)"
 
     def close(self) -> None:
         super().close()
         self.engine.close()
-
-
-def _vllm_version() -> str:
-    import vllm
-
-    return getattr(vllm, "__version__", "?")
 
 
 def vllm_backend(config, loaded, drafter: str | None = None) -> VLLMBackend:

@@ -60,6 +60,10 @@ class VLLMUnavailable(ValueError):
     """vLLM cannot be imported here; the message says how to install it."""
 
 
+class VLLMUnsupported(RuntimeError):
+    """The installed vLLM lacks a seam srt-agent hooks (the message names it)."""
+
+
 def vllm_missing() -> str | None:
     """Why vLLM cannot run here (one line with the install command), or None when it can be imported."""
     if importlib.util.find_spec("vllm") is not None:
@@ -133,6 +137,7 @@ class VLLMEngine:
             raise VLLMUnavailable(missing)
         from ..integrations.vllm import check_runner, cpu_env, speculative_config
         from ..integrations.vllm.plugin import register
+        from ..integrations.vllm.seams import installed_problems
         from ..integrations.vllm.settings import EXACT_SAMPLING_ENV, V2_RUNNER_ENV
 
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up chatter would bury the run's own lines
@@ -150,6 +155,10 @@ class VLLMEngine:
         set_num_threads, exact_before = torch.set_num_threads, os.environ.get(EXACT_SAMPLING_ENV)
         os.environ[EXACT_SAMPLING_ENV] = "1" if exact_sampling else "0"  # read when this engine's runner is built
         register()  # the CPU temperature fix, exact sampling and the proposer's seam, in this process (the worker's)
+        problems = installed_problems()
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise VLLMUnsupported(f"this vLLM ({vllm_version()}) moved what srt-agent hooks: {problems[0]}{more}")
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -391,3 +400,9 @@ def _restore_env(key: str, value: str | None) -> None:
         os.environ.pop(key, None)
     else:
         os.environ[key] = value
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return getattr(vllm, "__version__", "?")

@@ -65,7 +65,6 @@ from .step_cost import MeasuredStepCost
 
 logger = logging.getLogger(__name__)
 
-BATCH_ATTRIBUTES = ("req_ids", "num_prompt_tokens", "token_ids_cpu", "num_tokens_no_spec")
 HELD_SHARE = 8  # held turns take at most 1/HELD_SHARE of the byte budget
 MIN_LOUD_FAULTS = 8  # faults before a high fault share fails drafting loudly
 
@@ -85,35 +84,21 @@ class _Request:
 
 
 def check_seam() -> None:
-    """Raise if the vLLM in use lacks what this proposer relies on (a vLLM upgrade that moves the seam
-    must fail loudly, not draft nothing)."""
-    import inspect
-
-    from vllm.v1.worker.gpu_input_batch import InputBatch
+    """Raise (one line) if the vLLM in use lacks what this proposer relies on, or the plugin that hands it the
+    input batch is not installed: a vLLM upgrade that moves the seam must fail loudly, not draft nothing."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    propose = getattr(GPUModelRunner, "propose_draft_token_ids", None)
-    if propose is None:
-        raise RuntimeError(
-            "vLLM's GPUModelRunner has no propose_draft_token_ids: SRTProposer does not support this vLLM"
-        )
-    source = inspect.getsource(inspect.unwrap(propose))
-    if 'method == "custom_class"' not in source or "self.input_batch.token_ids_cpu" not in source:
-        raise RuntimeError(
-            "vLLM's GPUModelRunner.propose_draft_token_ids no longer calls a custom_class "
-            "proposer with the input batch's arrays: SRTProposer does not support this vLLM"
-        )
-    if not getattr(propose, "srt_seam", False):
+    from .seams import installed_problems
+
+    problems = installed_problems()
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise RuntimeError(f"SRTProposer does not support this vLLM: {problems[0]}{more}")
+    if not getattr(getattr(GPUModelRunner, "propose_draft_token_ids", None), "srt_seam", False):
         raise RuntimeError(
             "srt_agent's vLLM plugin is not loaded (entry point vllm.general_plugins): "
             "reinstall srt-agent, and do not exclude it with VLLM_PLUGINS"
         )
-    init_source = inspect.getsource(InputBatch.__init__) + inspect.getsource(InputBatch)
-    missing = [
-        name for name in BATCH_ATTRIBUTES if f"self.{name}" not in init_source and f"def {name}" not in init_source
-    ]
-    if missing:
-        raise RuntimeError(f"vLLM's InputBatch lacks {missing}: SRTProposer does not support this vLLM")
 
 
 class SRTProposer:

@@ -10,6 +10,7 @@ naming the seam, what moved and what srt-agent needs it for; an empty list means
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import textwrap
@@ -347,13 +348,20 @@ def _class_attribute(cls: type, name: str) -> bool:
     for klass in inspect.getmro(cls)[:-1]:
         if name in vars(klass) or name in vars(klass).get("__annotations__", {}):
             return True
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        except (OSError, TypeError, SyntaxError):
-            continue
-        if tree.body and isinstance(tree.body[0], ast.ClassDef) and _member(tree.body[0], name) is not None:
+        tree = _class_tree(klass)
+        if tree is not None and _member(tree, name) is not None:
             return True
     return False
+
+
+@functools.cache
+def _class_tree(klass: type) -> ast.ClassDef | None:
+    """The parsed source of a class (once per class: vLLM's runner is thousands of lines)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    return tree.body[0] if tree.body and isinstance(tree.body[0], ast.ClassDef) else None
 
 
 def _resolve(module: object, qualname: str) -> object:
