@@ -152,6 +152,22 @@ class TestUnusableRuntime:
         finally:
             shutil.rmtree(closed, ignore_errors=True)
 
+    def test_a_runtime_that_does_not_start_inside_is_named_for_training(self, checkout_under):
+        runtime = checkout_under(Path("/tmp"), "broken")
+        python = runtime / "bin" / "python"
+        python.unlink()
+        python.write_text("#!/bin/sh\necho 'cannot start' >&2\nexit 3\n")
+        python.chmod(0o755)
+        sandbox = LocalSandbox(timeout_s=10)
+        assert sandbox.runtime_problem is None  # nothing to see without running it
+        problem = sandbox.check_runtime()
+        assert f"the sandbox runtime {runtime} does not start inside the sandbox (cannot start)" in problem
+        assert sandbox.check_runtime() == problem  # asked once
+
+    def test_a_working_runtime_passes_the_training_check(self, checkout_under):
+        checkout_under(Path("/tmp"), "fine")
+        assert LocalSandbox(timeout_s=10).check_runtime() is None
+
     def test_an_interpreter_installed_under_the_working_directory_is_refused(self, tmp_path):
         prefix = Path(tempfile.mkdtemp(prefix="srt-prefix-", dir="/tmp"))
         try:

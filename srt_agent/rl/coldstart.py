@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..agent.toolconfig import require_sandbox_runtime
 from ..agent.trajectory import Trajectory
 from ..atomic import atomic_folder, write_atomic
 from ..config import EnvConfig
@@ -128,6 +129,7 @@ def build_samples(
     cs = config.cold_start
     if cs.source != "procedural":
         return load_message_traces(cs.source, loaded.tokenizer, end), []
+    require_sandbox_runtime(controller_args.get("tools") or {})  # the traces' solutions run in the sandbox
     rl_questions = {t.prompt[-1]["content"] for t in config.dataset.tasks()}
     tasks = [
         t

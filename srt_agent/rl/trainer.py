@@ -25,7 +25,7 @@ import torch
 from rich.console import Console
 
 from ..agent.rollout import write_jsonl
-from ..agent.toolconfig import load_tools
+from ..agent.toolconfig import load_tools, require_sandbox_runtime
 from ..agent.trajectory import Trajectory
 from ..backends.vllm_engine import VLLM_IDENTICAL_NOTE
 from ..cache import DRAFTERS, LENIENT_DRAFTERS, RolloutCache
@@ -165,6 +165,7 @@ class Trainer:
         claim_out_dir(self.out_dir, self.resume, self.replace_run)
         cfg, train = self.config, self.config.train
         tools = load_tools(cfg.tools, cfg.interpreter) if cfg.tools is not None else {}
+        require_sandbox_runtime(tools)  # before the model loads: one line, not a run that scores numpy as wrong
         if self.loaded is None:
             with self.console.status(f"loading {self.model_spec or cfg.model}"):
                 self.loaded = load_model(self.model_spec or cfg.model, device=cfg.engine.device)

@@ -199,16 +199,17 @@ def _under(path: Path, folder: str) -> bool:
     return path == Path(folder) or Path(folder) in path.parents
 
 
-def _first_closed_folder(path: Path) -> Path | None:
-    """The outermost folder on the way to `path` that other users cannot enter (lacks o+x), if any."""
+def _closed_folders(path: Path) -> list[Path]:
+    """The folders on the way to `path` (itself included) that other users cannot enter (lack o+x), outermost first."""
+    closed = []
     for part in reversed((path.absolute(), *path.absolute().parents)):
         try:
             mode = part.stat().st_mode
         except OSError:
-            return None
+            break
         if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH:
-            return part
-    return None
+            closed.append(part)
+    return closed
 
 
 @dataclass
@@ -243,6 +244,7 @@ class LocalSandbox:
     _python: Path = field(init=False, repr=False, default=Path(sys.executable))
     _inside: Path = field(init=False, repr=False, default=Path(sys.executable))
     runtime_problem: str | None = field(init=False, default=None)
+    _runtime_checked: str | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "memory_mb", "max_processes", "max_file_mb", "max_output_bytes", "tmp_mb"):
@@ -298,6 +300,26 @@ class LocalSandbox:
         RUNTIME_MOUNT, whatever its folder on the host."""
         return self._inside
 
+    def check_runtime(self) -> str | None:
+        """For runs that need the runtime's libraries (training): why it cannot be used, or None. Besides
+        `runtime_problem`, a runtime that was picked must start inside and report its mounted prefix (the
+        first answer is kept)."""
+        if self.runtime_problem is not None or not self.sandboxed or self.python is not None:
+            return self.runtime_problem
+        if self._python != runtime_python():
+            return None  # no runtime asked for (none built, $SRT_SANDBOX_RUNTIME unset): the host's interpreter
+        if self._runtime_checked is None:
+            probe = self.run("import sys\nprint(sys.prefix)", timeout_s=max(self.timeout_s, 30.0))
+            if (probe.status, probe.stdout.strip()) == ("ok", RUNTIME_MOUNT):
+                self._runtime_checked = ""
+            else:
+                said = (probe.stderr.strip().splitlines() or [probe.status])[-1]
+                self._runtime_checked = (
+                    f"the sandbox runtime {runtime_dir()} does not start inside the sandbox ({said}): rebuild it "
+                    f"(bash scripts/install_sandbox_runtime.sh) or set {RUNTIME_ENV} to a working one"
+                )
+        return self._runtime_checked or None
+
     def _mounted_interpreter(self) -> Path:
         """The interpreter's path inside; SandboxUnavailable when a prefix it needs would be hidden by (or
         show up in) the working directory."""
@@ -334,7 +356,7 @@ class LocalSandbox:
         if runtime is not None:
             if not self._drops_root or _readable_by_others(runtime):
                 return runtime
-            closed = _first_closed_folder(folder)
+            closed = " ".join(map(str, _closed_folders(folder)))
             fix = f"open {closed} to other users (chmod o+rx {closed})" if closed else f"chmod -R o+rX {folder}"
             self.runtime_problem = (
                 f"the sandbox runtime {folder} cannot be read by the sandbox's unprivileged uid: {fix}, or build "
