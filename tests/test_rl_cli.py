@@ -116,3 +116,12 @@ def test_train_stops_before_training_when_the_runtime_cannot_be_used(tmp_path, m
     program.write_text("print(6 * 7)")
     plain = runner.invoke(app, ["sandbox", "run", str(program)])
     assert plain.exit_code == 0 and json.loads(plain.stdout[plain.stdout.index("{") :])["stdout"] == "42\n"
+
+
+def test_train_with_lora_and_no_peft_names_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "peft", None)  # a test double of a machine without peft
+    args = ["--out", str(tmp_path / "o"), "--set", "train.lora.rank=8", *TINY]
+    result = runner.invoke(app, ["train", str(ROOT / "envs" / "retool_train.yaml"), *args])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "error: train.lora.rank > 0 trains LoRA adapters through peft" in said, said
+    assert "pip install 'peft>=0.13'" in said and "Traceback" not in result.output

@@ -17,11 +17,12 @@ from rl_envs import tiny_env_file
 import srt_agent.rl.trainer as trainer_module
 from srt_agent.agent.controller import MultiTurnController
 from srt_agent.agent.toolconfig import load_tools
-from srt_agent.config import ConfigError, load_env_config
+from srt_agent.config import ConfigError, LoraConfig, load_env_config
 from srt_agent.models import load_tokenizer, tiny_random_model
 from srt_agent.rl.checkpoint import find_checkpoint, load_checkpoint
 from srt_agent.rl.coldstart import build_samples
 from srt_agent.rl.data import PromptSampler
+from srt_agent.rl.policy import PEFT_MISSING, Policy
 from srt_agent.rl.trainer import Trainer
 from srt_agent.tools import SandboxUnavailable
 
@@ -252,3 +253,16 @@ def test_a_runtime_the_sandbox_cannot_read_stops_the_run_before_training(tmp_pat
         tools = load_tools(ROOT / "tools" / "code_interpreter.yaml")
     with pytest.raises(SandboxUnavailable, match=f"open {closed}"):
         build_samples(load_env_config(ROOT / "envs" / "retool_train.yaml"), {"tools": tools}, tiny)
+
+
+def test_lora_without_peft_is_one_line_naming_what_to_install(tmp_path, tiny, monkeypatch):
+    """`sys.modules["peft"] = None` is a test double of a machine without peft: importing it fails as a
+    missing package does (ModuleNotFoundError named 'peft')."""
+    monkeypatch.setitem(sys.modules, "peft", None)
+    config = load_env_config(env_file(tmp_path), ["train.lora.rank=4"])
+    with pytest.raises(ConfigError) as missing:
+        Trainer(config, tmp_path / "run", loaded=tiny)
+    assert str(missing.value) == PEFT_MISSING and "pip install 'peft" in PEFT_MISSING and "\n" not in PEFT_MISSING
+    with pytest.raises(ConfigError, match="peft, which is not installed"):
+        Policy(tiny.model, lora=LoraConfig(rank=4))
+    Policy(tiny.model, lora=LoraConfig(rank=0))  # full fine-tuning never needs it

@@ -45,7 +45,7 @@ from .data import PromptSampler
 from .evaluate import HELD_OUT_FIGURES, ToolUseReport, held_out_tasks, tool_use_report
 from .interrupt import cooperative_interrupt, deferred_interrupt
 from .metrics import compare_metrics, merged_summary, rollout_metrics, run_ahead_metrics, speed_totals
-from .policy import Policy, build_policy
+from .policy import Policy, build_policy, require_peft
 from .progress import phase_bar
 from .report import step_table, step_warnings, story_lines, write_report
 from .rollouts import PolicyRollouts, RolloutRun, RolloutVariant, stats_delta
@@ -126,6 +126,7 @@ class Trainer:
             raise ConfigError("sampling.temperature: RL needs temperature > 0 (a greedy policy has no log-probs)")
         if self.config.sampling.seed is None:
             raise ConfigError("sampling.seed: RL runs need a seed (steps derive theirs from it; null is not allowed)")
+        require_peft(train.lora)  # before a model loads or a cold start runs
         self.out_dir = Path(out_dir)
         self.resume = Path(resume) if resume is not None else None
         self.model_spec = model

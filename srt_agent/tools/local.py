@@ -368,7 +368,7 @@ class LocalSandbox:
                 f"missing): build it there (bash scripts/install_sandbox_runtime.sh) or set {RUNTIME_ENV} to a built one"
             )
         if self.runtime_problem is not None:
-            warnings.warn(f"{self.runtime_problem}; programs run without its libraries", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"{self.runtime_problem}; programs run without its libraries", RuntimeWarning, stacklevel=4)
         host = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
         if not host.is_file():
             host = Path(sys.executable).resolve()
