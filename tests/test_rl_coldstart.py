@@ -89,7 +89,7 @@ def test_a_cold_start_with_no_usable_trace_says_what_went_wrong():
         ],
         correct=1.0,
     )
-    assert message.startswith("no cold-start trace came out right: of 5 traces, 2 never called the tool")
+    assert message.startswith("no cold-start trace came out right: of 5 traces, 2 answered without a tool call")
     assert "1 had tool calls that failed ({'sandbox_error': 1}; e.g. 'could not run the sandbox: bwrap" in message
     assert "is the sandbox working?" in message and "1 ended before answering ({'length': 1})" in message
     assert "1 ran their code but the boxed answer scored below reward.correct=1.0" in message

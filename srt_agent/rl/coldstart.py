@@ -172,7 +172,7 @@ def cold_start_failure(trajectories: list[Trajectory], correct: float) -> str:
             counts["wrong"] += 1
     parts = []
     if counts["no_call"]:
-        parts.append(f"{counts['no_call']} never called the tool (the env did not run the scripted <code> block)")
+        parts.append(f"{counts['no_call']} answered without a tool call (no <code> block of theirs was run)")
     if counts["failed"]:
         said = f"; e.g. {example[:200]!r}" if example else ""
         parts.append(f"{counts['failed']} had tool calls that failed ({dict(statuses)}{said}): is the sandbox working?")
