@@ -98,3 +98,30 @@ def test_train_without_bubblewrap_names_the_missing_sandbox(tmp_path, monkeypatc
         app, ["train", str(ROOT / "envs" / "retool_train.yaml"), "--out", str(tmp_path / "o"), *TINY]
     )
     assert result.exit_code == 2 and "bubblewrap" in result.output
+
+
+def test_train_stops_before_training_when_the_runtime_cannot_be_used(tmp_path, monkeypatch):
+    """A runtime asked for but unusable would have programs run without numpy and sympy, so model code
+    importing them scored wrong: training stops with one line naming what to set, before the model loads."""
+    missing = tmp_path / "no-runtime"
+    monkeypatch.setenv("SRT_SANDBOX_RUNTIME", str(missing))
+    out = tmp_path / "o"
+    result = runner.invoke(app, ["train", str(ROOT / "envs" / "retool_train.yaml"), "--out", str(out), *TINY])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert f"error: SRT_SANDBOX_RUNTIME={missing} holds no sandbox runtime" in said and "training stops here" in said
+    assert "Traceback" not in result.output and not (out / "report.json").exists()
+    # plain sandbox use keeps going with the host's interpreter, after a warning
+    program = tmp_path / "p.py"
+    program.write_text("print(6 * 7)")
+    plain = runner.invoke(app, ["sandbox", "run", str(program)])
+    assert plain.exit_code == 0 and json.loads(plain.stdout[plain.stdout.index("{") :])["stdout"] == "42\n"
+
+
+def test_train_with_lora_and_no_peft_names_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "peft", None)  # a test double of a machine without peft
+    args = ["--out", str(tmp_path / "o"), "--set", "train.lora.rank=8", *TINY]
+    result = runner.invoke(app, ["train", str(ROOT / "envs" / "retool_train.yaml"), *args])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "error: train.lora.rank > 0 trains LoRA adapters through peft" in said, said
+    assert "pip install 'peft>=0.13'" in said and "Traceback" not in result.output

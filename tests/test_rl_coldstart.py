@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 
 from srt_agent.agent import EnvConfig, ReToolEnv, arithmetic_tasks, load_tools
+from srt_agent.agent.env import ToolCallRecord
 from srt_agent.agent.retool import interpreter_block
+from srt_agent.agent.trajectory import Trajectory
 from srt_agent.config import InterpreterConfig
 from srt_agent.datasets import ARITHMETIC_KINDS
 from srt_agent.models import end_token_ids, load_tokenizer
+from srt_agent.rl.coldstart import cold_start_failure
 from srt_agent.rl.evaluate import tool_use_report
 from srt_agent.rl.traces import (
     load_message_traces,
@@ -58,6 +61,40 @@ def test_procedural_traces_run_their_code_and_answer_right(tokenizer, controller
         assert sample.trained_tokens == sum(traj.response_mask) > 0
     report = tool_use_report(trajectories)
     assert (report.tool_call_rate, report.code_ok_rate, report.accuracy) == (1.0, 1.0, 1.0)
+
+
+def test_procedural_traces_with_a_few_shot_prompt_run_their_own_code(tokenizer, controller_args):
+    """The few-shot example's own <interpreter> output is in the prompt: the scripted solution still runs
+    (it used to box the example's answer at once, without a tool call, so no trace came out right)."""
+    tasks = arithmetic_tasks(4, seed=7, few_shot=True)
+    end = turn_end_token(tokenizer, controller_args["eos_token_ids"])
+    trajectories = procedural_traces(controller_args, tasks, end, seed=7)
+    for task, traj in zip(tasks, trajectories):
+        (call,) = traj.tool_calls
+        assert (call.status, call.output.strip(), traj.reward) == ("ok", task.ground_truth, 1.0)
+
+
+def test_a_cold_start_with_no_usable_trace_says_what_went_wrong():
+    def traj(reward=0.0, calls=(), finish="done", error=None):
+        records = [ToolCallRecord("code_interpreter", {}, status, output, 0.1) for status, output in calls]
+        return Trajectory("r", 0, 0, [1], reward=reward, tool_calls=records, finish_reason=finish, error=error)
+
+    message = cold_start_failure(
+        [
+            traj(),
+            traj(),
+            traj(calls=[("sandbox_error", "could not run the sandbox: bwrap: No permissions")]),
+            traj(calls=[("ok", "41")]),
+            traj(finish="length"),
+        ],
+        correct=1.0,
+    )
+    assert message.startswith("no cold-start trace came out right: of 5 traces, 2 answered without a tool call")
+    assert "1 had tool calls that failed ({'sandbox_error': 1}; e.g. 'could not run the sandbox: bwrap" in message
+    assert "is the sandbox working?" in message and "1 ended before answering ({'length': 1})" in message
+    assert "1 ran their code but the boxed answer scored below reward.correct=1.0" in message
+    only_wrong = cold_start_failure([traj(calls=[("ok", "41")])], correct=1.0)
+    assert "sandbox" not in only_wrong and "1 ran their code" in only_wrong
 
 
 def test_tasks_without_a_solution_are_refused(tokenizer, controller_args):

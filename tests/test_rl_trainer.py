@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,11 +16,17 @@ from rl_envs import tiny_env_file
 
 import srt_agent.rl.trainer as trainer_module
 from srt_agent.agent.controller import MultiTurnController
-from srt_agent.config import ConfigError, load_env_config
+from srt_agent.agent.toolconfig import load_tools
+from srt_agent.config import ConfigError, LoraConfig, load_env_config
 from srt_agent.models import load_tokenizer, tiny_random_model
 from srt_agent.rl.checkpoint import find_checkpoint, load_checkpoint
+from srt_agent.rl.coldstart import build_samples
 from srt_agent.rl.data import PromptSampler
+from srt_agent.rl.policy import PEFT_MISSING, Policy
 from srt_agent.rl.trainer import Trainer
+from srt_agent.tools import SandboxUnavailable
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def env_file(tmp_path: Path, **train) -> Path:
@@ -219,3 +230,39 @@ def test_run_ahead_leaves_every_trajectory_and_training_figure_unchanged(tmp_pat
         assert not any(k.startswith("run_ahead/") for k in m_off)
     assert sum(m["run_ahead/tokens"] for m in on["steps"]) > 0
     assert all(0 <= m["run_ahead/row_share"] < 1 for m in on["steps"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="machine: only a sandbox started by root runs as another uid")
+def test_a_runtime_the_sandbox_cannot_read_stops_the_run_before_training(tmp_path, tiny, monkeypatch, request):
+    """The runtime under a `mktemp -d` folder (mode 0700) the per-run uid cannot enter: the Trainer and the
+    cold start stop with one line naming the folder to open, before any rollout or training."""
+    closed = Path(tempfile.mkdtemp(dir="/tmp"))  # 0700
+    request.addfinalizer(lambda: shutil.rmtree(closed, ignore_errors=True))
+    runtime = closed / "checkout" / ".sandbox-venv"
+    base = "/usr/bin/python3" if Path("/usr/bin/python3").is_file() else sys.executable
+    subprocess.run([base, "-m", "venv", "--without-pip", str(runtime)], check=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(runtime.parent)], check=True)
+    monkeypatch.setenv("SRT_SANDBOX_RUNTIME", str(runtime))
+    trainer = Trainer.from_env_file(env_file(tmp_path), tmp_path / "run", loaded=tiny)
+    with pytest.warns(RuntimeWarning), pytest.raises(SandboxUnavailable) as stopped:
+        trainer.run()
+    message = str(stopped.value)
+    assert f"open {closed} to other users (chmod o+rx {closed})" in message and "\n" not in message
+    assert "training stops here" in message and not (tmp_path / "run" / "report.json").exists()
+    with pytest.warns(RuntimeWarning):
+        tools = load_tools(ROOT / "tools" / "code_interpreter.yaml")
+    with pytest.raises(SandboxUnavailable, match=f"open {closed}"):
+        build_samples(load_env_config(ROOT / "envs" / "retool_train.yaml"), {"tools": tools}, tiny)
+
+
+def test_lora_without_peft_is_one_line_naming_what_to_install(tmp_path, tiny, monkeypatch):
+    """`sys.modules["peft"] = None` is a test double of a machine without peft: importing it fails as a
+    missing package does (ModuleNotFoundError named 'peft')."""
+    monkeypatch.setitem(sys.modules, "peft", None)
+    config = load_env_config(env_file(tmp_path), ["train.lora.rank=4"])
+    with pytest.raises(ConfigError) as missing:
+        Trainer(config, tmp_path / "run", loaded=tiny)
+    assert str(missing.value) == PEFT_MISSING and "pip install 'peft" in PEFT_MISSING and "\n" not in PEFT_MISSING
+    with pytest.raises(ConfigError, match="peft, which is not installed"):
+        Policy(tiny.model, lora=LoraConfig(rank=4))
+    Policy(tiny.model, lora=LoraConfig(rank=0))  # full fine-tuning never needs it

@@ -133,7 +133,7 @@ class TestLanguagesAndNames:
     def test_bash_runs_with_the_sandboxes_python_on_path(self, sandbox):
         code = 'read line\necho "got $line"\ncat given\npython -c "import sys; print(sys.executable)"\nexit 4'
         result = sandbox.run(code, language="bash", stdin="hi\n", files={"given": b"file\n"})
-        expected = f"got hi\nfile\n{sandbox.interpreter}\n"
+        expected = f"got hi\nfile\n{sandbox.interpreter_inside}\n"
         assert (result.status, result.exit_code, result.stdout) == ("error", 4, expected), result
 
     def test_unknown_language_is_refused(self, sandbox):

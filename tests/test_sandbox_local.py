@@ -145,7 +145,8 @@ class TestSandboxed:
             (folder / "helper_mod.py").write_text("ANSWER = 41 + 1\n")
             (folder / "helper_mod.py").chmod(0o644)
             sandbox = LocalSandbox(timeout_s=5, pythonpath=(str(folder),))
-            result = sandbox.run(f"import helper_mod\nprint(helper_mod.ANSWER)\nopen({str(folder / 'x')!r}, 'w')")
+            code = "import helper_mod, os\nprint(helper_mod.ANSWER)\nopen(os.path.dirname(helper_mod.__file__) + '/x', 'w')"
+            result = sandbox.run(code)
             assert result.stdout == "42\n" and "Read-only file system" in result.stderr
         finally:
             shutil.rmtree(folder)

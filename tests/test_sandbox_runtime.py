@@ -12,7 +12,7 @@ import pytest
 
 from srt_agent.tools import LocalSandbox, SandboxResult
 from srt_agent.tools.base import is_memory_error
-from srt_agent.tools.local import bwrap_path
+from srt_agent.tools.local import RUNTIME_MOUNT, bwrap_path
 from srt_agent.tools.runtime import DESCRIBE_PROGRAM, RUNTIME_ENV, runtime_dir, runtime_python, venv_of
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ def described(sandbox) -> dict:
 
 def test_the_runtime_is_the_default_interpreter(sandbox, described):
     assert sandbox.interpreter == runtime_python()
-    assert described["prefix"] == str(runtime_dir())
+    assert (described["prefix"], described["executable"]) == (RUNTIME_MOUNT, f"{RUNTIME_MOUNT}/bin/python")
 
 
 def test_rollouts_and_training_use_it(tmp_path):
@@ -73,7 +73,8 @@ def test_a_venv_folder_or_another_interpreter_can_be_chosen(monkeypatch):
     assert LocalSandbox(python=str(runtime_dir())).interpreter == runtime_dir() / "bin" / "python"
     monkeypatch.setenv(RUNTIME_ENV, "/nonexistent/runtime")
     assert runtime_python() is None
-    bare = LocalSandbox(timeout_s=10)
+    with pytest.warns(RuntimeWarning, match=f"{RUNTIME_ENV}=/nonexistent/runtime holds no sandbox runtime"):
+        bare = LocalSandbox(timeout_s=10)
     assert "ModuleNotFoundError" in bare.run("import sympy").stderr
 
 
@@ -95,8 +96,8 @@ def test_math_code_runs(sandbox):
 
 
 def test_the_trainers_environment_does_not_leak_in(sandbox, described):
-    """Neither the trainer's packages nor its environment's folders are visible inside; of the
-    repository, only the runtime itself (when it lives there)."""
+    """Neither the trainer's packages nor its environment's folders nor the repository are visible inside
+    (the runtime is mounted at a path of its own, even when it lives in the repository)."""
     code = (
         "import importlib.util, json, os, sys\n"
         "print(json.dumps({'importable': [m for m in ('srt_agent', 'torch', 'transformers', 'pytest') if importlib.util.find_spec(m)],\n"
@@ -106,8 +107,7 @@ def test_the_trainers_environment_does_not_leak_in(sandbox, described):
         "    'env': sorted(k for k in os.environ if k.startswith(('VIRTUAL_ENV', 'PYTHONHOME', 'CONDA')))}))\n"
     )
     result = sandbox.run(code)
-    repository = [runtime_dir().name] if runtime_dir().parent == REPOSITORY else []
-    expected = {"importable": [], "paths": [], "trainer_env": False, "repository": repository, "env": []}
+    expected = {"importable": [], "paths": [], "trainer_env": False, "repository": [], "env": []}
     assert json.loads(result.stdout) == expected, result
     assert sys.prefix != described["prefix"] and "torch" not in described["packages"]
 

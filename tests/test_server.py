@@ -26,7 +26,7 @@ from test_sandbox_security import (
 )
 
 from srt_agent.tools import LocalSandbox, SandboxFusionSandbox
-from srt_agent.tools.local import bwrap_path
+from srt_agent.tools.local import RUNTIME_MOUNT, bwrap_path
 from srt_agent.tools.runtime import runtime_python
 from srt_agent.tools.server import ServerConfig, running_server
 
@@ -326,7 +326,11 @@ class TestRawHttp:
         assert report["languages"] == ["bash", "python", "python3"] and report["sandboxed"] is True
         assert report["python"]["version"].count(".") == 2 and report["limits"]["max_timeout_s"] == MAX_TIMEOUT_S
         if runtime_python() is not None:
-            assert report["python"]["executable"] == str(runtime_python()) and "sympy" in report["python"]["packages"]
+            assert (
+                report["python"]["executable"] == f"{RUNTIME_MOUNT}/bin/python"
+                and "sympy" in report["python"]["packages"]
+            )
+            assert report["python"]["host_executable"] == str(runtime_python())
 
     @pytest.mark.skipif(not Path("/usr/bin/python3").is_file(), reason="machine: no /usr/bin/python3 to choose")
     def test_serve_python_picks_the_interpreter(self):

@@ -75,6 +75,21 @@ def build_code_interpreter(entry: ToolEntry, interpreter: InterpreterConfig | No
     return CodeInterpreterTool(CodeInterpreter.from_config(config), entry.tool_schema)
 
 
+def require_sandbox_runtime(tools: dict[str, Tool]) -> None:
+    """For training: a SandboxUnavailable, one line naming the folder to open or the variable to set, when a
+    tool's sandbox was asked for the sandbox runtime (built, or named by $SRT_SANDBOX_RUNTIME) but cannot
+    use it. Programs would run without numpy and sympy, and model code importing them be scored wrong."""
+    from srt_agent.tools import SandboxUnavailable
+
+    for tool in tools.values():
+        sandbox = getattr(getattr(tool, "interpreter", None), "sandbox", None)
+        problem = sandbox.check_runtime() if hasattr(sandbox, "check_runtime") else None
+        if problem:
+            raise SandboxUnavailable(
+                f"{problem} (training stops here: without it model code importing numpy or sympy is scored wrong)"
+            )
+
+
 TOOL_BUILDERS: dict[str, Callable[[ToolEntry, InterpreterConfig | None], Tool]] = {
     CODE_TOOL_NAME: build_code_interpreter,
 }

@@ -39,7 +39,9 @@ def sandbox_serve(
             allow_unsandboxed=allow_unsandboxed,
             python=python,
         )
-    console.print(f"sandbox python: {sandbox.interpreter}", highlight=False)
+    inside = sandbox.interpreter_inside
+    where = f" (inside: {inside})" if inside != sandbox.interpreter else ""
+    console.print(f"sandbox python: {sandbox.interpreter}{where}", highlight=False)
     config = ServerConfig(
         sandbox,
         workers=workers,

@@ -10,12 +10,14 @@ import dataclasses
 import hashlib
 import json
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from ..agent.toolconfig import require_sandbox_runtime
 from ..agent.trajectory import Trajectory
 from ..atomic import atomic_folder, write_atomic
 from ..config import EnvConfig
@@ -128,6 +130,7 @@ def build_samples(
     cs = config.cold_start
     if cs.source != "procedural":
         return load_message_traces(cs.source, loaded.tokenizer, end), []
+    require_sandbox_runtime(controller_args.get("tools") or {})  # the traces' solutions run in the sandbox
     rl_questions = {t.prompt[-1]["content"] for t in config.dataset.tasks()}
     tasks = [
         t
@@ -141,12 +144,43 @@ def build_samples(
         trajectories = procedural_traces(args, tasks, end, seed=cs.seed, on_done=lambda _: update(advance=1))
     good = [t for t in trajectories if t.finish_reason == "done" and t.reward >= config.reward.correct and t.tool_calls]
     if not good:
-        statuses = sorted({c.status for t in trajectories for c in t.tool_calls})
-        reasons = sorted({t.finish_reason for t in trajectories})
-        raise ColdStartError(
-            f"no cold-start trace came out right (tool statuses: {statuses}, endings: {reasons}); is the sandbox working?"
-        )
+        raise ColdStartError(cold_start_failure(trajectories, config.reward.correct))
     return [trajectory_sample(t) for t in good], good
+
+
+def cold_start_failure(trajectories: list[Trajectory], correct: float) -> str:
+    """One line on why none of the procedural traces can be trained on, with counts: the scripted
+    solution was never run as a tool call, the sandbox failed it, the episode ended early, or the
+    boxed answer was scored wrong."""
+    counts: Counter[str] = Counter()
+    statuses: Counter[str] = Counter()
+    endings: Counter[str] = Counter()
+    example = ""
+    for t in trajectories:
+        failed = [c for c in t.tool_calls if c.status != "ok"]
+        statuses.update(c.status for c in failed)
+        if t.finish_reason != "done":
+            counts["ended"] += 1
+            endings[t.finish_reason + (f" ({t.error})" if t.error else "")] += 1
+        elif not t.tool_calls:
+            counts["no_call"] += 1
+        elif failed:
+            counts["failed"] += 1
+            if not example and failed[0].output.strip():
+                example = failed[0].output.strip().splitlines()[-1]
+        else:
+            counts["wrong"] += 1
+    parts = []
+    if counts["no_call"]:
+        parts.append(f"{counts['no_call']} answered without a tool call (no <code> block of theirs was run)")
+    if counts["failed"]:
+        said = f"; e.g. {example[:200]!r}" if example else ""
+        parts.append(f"{counts['failed']} had tool calls that failed ({dict(statuses)}{said}): is the sandbox working?")
+    if counts["ended"]:
+        parts.append(f"{counts['ended']} ended before answering ({dict(endings)})")
+    if counts["wrong"]:
+        parts.append(f"{counts['wrong']} ran their code but the boxed answer scored below reward.correct={correct}")
+    return f"no cold-start trace came out right: of {len(trajectories)} traces, " + "; ".join(parts or ["none ran"])
 
 
 def run_cold_start(

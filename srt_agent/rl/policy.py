@@ -14,9 +14,24 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import EnvConfig, LoraConfig
+from ..config import ConfigError, EnvConfig, LoraConfig
 from .algorithms import entropy_from_logits
 from .batch import MicroBatch
+
+# pyproject.toml has no extra of its own for peft (the `test` extra pins it): the package is named.
+PEFT_MISSING = "train.lora.rank > 0 trains LoRA adapters through peft, which is not installed: pip install 'peft>=0.13'"
+
+
+def require_peft(lora: LoraConfig | None) -> None:
+    """A ConfigError, one line naming what to install, when `lora` asks for adapters and peft is missing."""
+    if lora is None or lora.rank <= 0:
+        return
+    try:
+        import peft  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name != "peft":  # peft is there but one of its own imports is missing: that error says which
+            raise
+        raise ConfigError(PEFT_MISSING) from None
 
 
 @dataclass
@@ -43,6 +58,7 @@ class Policy:
             raise ValueError("training needs a sampling temperature > 0 (log-probs of a greedy policy are undefined)")
         self.temperature = temperature
         self.lora = lora if lora is not None and lora.rank > 0 else None
+        require_peft(self.lora)
         base = copy.deepcopy(model).to(dtype)
         base.config.use_cache = False
         if self.lora is not None:

@@ -49,7 +49,9 @@ class ScriptedGenerator:
     """Stands in for the AsyncEngine: each call returns the next scripted turn of its trajectory.
 
     The script of a task is a code turn (its ``extra_info["solution"]``) and then an answer turn that
-    boxes the interpreter's last output, read back from the tokens the controller passes in.
+    boxes the interpreter's last output, read back from the tokens the controller passes in after the
+    prompt (a few-shot prompt holds a worked example's own ``<interpreter>`` output, which is not this
+    trace's).
     """
 
     def __init__(self, tokenizer, tasks_by_key: dict[Hashable, Task], end_token: int, seed: int = 0):
@@ -57,6 +59,7 @@ class ScriptedGenerator:
         self.tasks = tasks_by_key
         self.end_token = end_token
         self.seed = seed
+        self._prompt_lengths: dict[str, int] = {}  # request id -> its prompt's length (the first call's input)
 
     async def generate(
         self, request_id: str, prompt_ids: list[int], params: SamplingParams | None = None, prompt_key: Hashable = None
@@ -64,7 +67,8 @@ class ScriptedGenerator:
         task = self.tasks[prompt_key]
         rng = random.Random(f"{self.seed}/{request_id.rsplit('-', 1)[0]}")
         intro, outro = rng.choice(INTROS), rng.choice(OUTROS)
-        seen = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        start = self._prompt_lengths.setdefault(request_id, len(prompt_ids))
+        seen = self.tokenizer.decode(prompt_ids[start:], skip_special_tokens=False)
         outputs = _INTERPRETER.findall(seen)
         if not outputs:
             text = f"{intro}\n<code>\n```python\n{task.extra_info['solution']}\n```\n</code>"
@@ -76,7 +80,7 @@ class ScriptedGenerator:
         return RequestOutput(request_id, ids, [0.0] * len(ids), "eos", stop_reason=self.end_token, text=text)
 
     def release(self, request_id: str) -> None:
-        pass
+        self._prompt_lengths.pop(request_id, None)
 
     def idle_capacity(self) -> int:
         return 0

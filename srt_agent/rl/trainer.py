@@ -25,7 +25,7 @@ import torch
 from rich.console import Console
 
 from ..agent.rollout import write_jsonl
-from ..agent.toolconfig import load_tools
+from ..agent.toolconfig import load_tools, require_sandbox_runtime
 from ..agent.trajectory import Trajectory
 from ..backends.vllm_engine import VLLM_IDENTICAL_NOTE
 from ..cache import DRAFTERS, LENIENT_DRAFTERS, RolloutCache
@@ -45,7 +45,7 @@ from .data import PromptSampler
 from .evaluate import HELD_OUT_FIGURES, ToolUseReport, held_out_tasks, tool_use_report
 from .interrupt import cooperative_interrupt, deferred_interrupt
 from .metrics import compare_metrics, merged_summary, rollout_metrics, run_ahead_metrics, speed_totals
-from .policy import Policy, build_policy
+from .policy import Policy, build_policy, require_peft
 from .progress import phase_bar
 from .report import step_table, step_warnings, story_lines, write_report
 from .rollouts import PolicyRollouts, RolloutRun, RolloutVariant, stats_delta
@@ -126,6 +126,7 @@ class Trainer:
             raise ConfigError("sampling.temperature: RL needs temperature > 0 (a greedy policy has no log-probs)")
         if self.config.sampling.seed is None:
             raise ConfigError("sampling.seed: RL runs need a seed (steps derive theirs from it; null is not allowed)")
+        require_peft(train.lora)  # before a model loads or a cold start runs
         self.out_dir = Path(out_dir)
         self.resume = Path(resume) if resume is not None else None
         self.model_spec = model
@@ -165,6 +166,7 @@ class Trainer:
         claim_out_dir(self.out_dir, self.resume, self.replace_run)
         cfg, train = self.config, self.config.train
         tools = load_tools(cfg.tools, cfg.interpreter) if cfg.tools is not None else {}
+        require_sandbox_runtime(tools)  # before the model loads: one line, not a run that scores numpy as wrong
         if self.loaded is None:
             with self.console.status(f"loading {self.model_spec or cfg.model}"):
                 self.loaded = load_model(self.model_spec or cfg.model, device=cfg.engine.device)

@@ -21,7 +21,10 @@ others). Such a uid cannot read a root-only interpreter prefix (e.g. pyenv under
 interpreter is then `/usr/bin/python3` unless another world-readable one is given.
 
 The interpreter is the sandbox runtime (runtime.py: a virtual environment with numpy, sympy, scipy…)
-when it is built, else the host's. `localhost` resolves to the sandbox's own loopback. A run may be
+when it is built, else the host's. A virtual environment is mounted at /opt/srt-runtime and extra
+`pythonpath` folders under /opt/srt-pythonpath, so the working directory starts empty wherever they live
+on the host (a checkout under /tmp used to show its top folder there); `runtime_problem` names a runtime
+that was asked for but cannot be used. `localhost` resolves to the sandbox's own loopback. A run may be
 given files and have files fetched back (files.py); `bash` programs run like Python ones.
 """
 
@@ -58,7 +61,7 @@ from .files import (
     workdir_relative,
 )
 from .process import ProcessOutcome, run_capped
-from .runtime import runtime_python, venv_of
+from .runtime import RUNTIME_ENV, runtime_dir, runtime_python, venv_of
 from .seccomp import seccomp_program
 
 LANGUAGES = ("python", "bash")
@@ -78,6 +81,11 @@ _ETC_FILES = (
 )
 _LIB_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _SANDBOX_UID = 1000
+# Where a virtual environment's interpreter (the runtime) and the extra `pythonpath` folders are mounted
+# inside: fixed paths outside the working directory, so a program sees the same interpreter path and an
+# empty working directory wherever the runtime lives on the host (even under /tmp).
+RUNTIME_MOUNT = "/opt/srt-runtime"
+PYTHONPATH_MOUNT = "/opt/srt-pythonpath"
 _FIRST_HOST_UID = 1 << 30  # per-run host uids are drawn from [2^30, 2^31): far from any real account
 
 PRLIMIT = "/usr/bin/prlimit"  # util-linux; sets the limits without a second interpreter start
@@ -132,9 +140,12 @@ def _world_readable(path: Path) -> bool:
 
 
 def _readable_by_others(python: Path) -> bool:
-    """Whether an unrelated uid can run `python`: the interpreter and, for a venv, the venv itself."""
+    """Whether an unrelated uid can run `python`: the interpreter and, for a venv, the venv itself and
+    the base installation its pyvenv.cfg names."""
     venv = venv_of(python)
-    return _world_readable(python) and (venv is None or _world_readable(venv / "pyvenv.cfg"))
+    if not _world_readable(python) or (venv is not None and not _world_readable(venv / "pyvenv.cfg")):
+        return False
+    return all(_world_readable(prefix) for prefix in _base_prefixes(python))
 
 
 @functools.cache
@@ -164,6 +175,41 @@ def _check_bwrap_works(bwrap: str, drops_root: bool) -> None:
 def _interpreter_prefix(python: Path) -> Path:
     """The installation prefix that holds `python` (…/bin/python3 -> …)."""
     return python.resolve().parent.parent
+
+
+def _base_prefixes(python: Path) -> list[Path]:
+    """The installation prefixes `python` needs bound, besides its venv: the one its symlinks lead to and,
+    for a venv, the one its pyvenv.cfg's `home` names (a copied venv interpreter leads back to the venv)."""
+    venv = venv_of(python)
+    found = [_interpreter_prefix(python)]
+    if venv is not None:
+        for line in (venv / "pyvenv.cfg").read_text(errors="replace").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home" and value.strip():
+                found.append(Path(value.strip()).resolve().parent)
+    usr = Path("/usr")
+    return [
+        prefix
+        for prefix in dict.fromkeys(found)
+        if prefix != usr and usr not in prefix.parents and (venv is None or prefix != venv.resolve())
+    ]
+
+
+def _under(path: Path, folder: str) -> bool:
+    return path == Path(folder) or Path(folder) in path.parents
+
+
+def _closed_folders(path: Path) -> list[Path]:
+    """The folders on the way to `path` (itself included) that other users cannot enter (lack o+x), outermost first."""
+    closed = []
+    for part in reversed((path.absolute(), *path.absolute().parents)):
+        try:
+            mode = part.stat().st_mode
+        except OSError:
+            break
+        if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH:
+            closed.append(part)
+    return closed
 
 
 @dataclass
@@ -196,6 +242,9 @@ class LocalSandbox:
     _seccomp: bytes | None = field(init=False, repr=False, default=None)
     _bwrap: str | None = field(init=False, repr=False, default=None)
     _python: Path = field(init=False, repr=False, default=Path(sys.executable))
+    _inside: Path = field(init=False, repr=False, default=Path(sys.executable))
+    runtime_problem: str | None = field(init=False, default=None)
+    _runtime_checked: str | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "memory_mb", "max_processes", "max_file_mb", "max_output_bytes", "tmp_mb"):
@@ -220,7 +269,9 @@ class LocalSandbox:
                 stacklevel=2,
             )
         self._python = self._pick_python()
+        self._inside = self._python
         if self.sandboxed:
+            self._inside = self._mounted_interpreter()
             _check_bwrap_works(self._bwrap, self._drops_root)
         self._seccomp = seccomp_program() if self.sandboxed and self.seccomp else None
         if self.sandboxed and self.use_cgroups:
@@ -240,14 +291,56 @@ class LocalSandbox:
 
     @property
     def interpreter(self) -> Path:
-        """The Python interpreter programs run with."""
+        """The Python interpreter programs run with, as a path on the host."""
         return self._python
+
+    @property
+    def interpreter_inside(self) -> Path:
+        """The interpreter as programs see it (their `sys.executable`): a virtual environment is mounted at
+        RUNTIME_MOUNT, whatever its folder on the host."""
+        return self._inside
+
+    def check_runtime(self) -> str | None:
+        """For runs that need the runtime's libraries (training): why it cannot be used, or None. Besides
+        `runtime_problem`, a runtime that was picked must start inside and report its mounted prefix (the
+        first answer is kept)."""
+        if self.runtime_problem is not None or not self.sandboxed or self.python is not None:
+            return self.runtime_problem
+        if self._python != runtime_python():
+            return None  # no runtime asked for (none built, $SRT_SANDBOX_RUNTIME unset): the host's interpreter
+        if self._runtime_checked is None:
+            probe = self.run("import sys\nprint(sys.prefix)", timeout_s=max(self.timeout_s, 30.0))
+            if (probe.status, probe.stdout.strip()) == ("ok", RUNTIME_MOUNT):
+                self._runtime_checked = ""
+            else:
+                said = (probe.stderr.strip().splitlines() or [probe.status])[-1]
+                self._runtime_checked = (
+                    f"the sandbox runtime {runtime_dir()} does not start inside the sandbox ({said}): rebuild it "
+                    f"(bash scripts/install_sandbox_runtime.sh) or set {RUNTIME_ENV} to a working one"
+                )
+        return self._runtime_checked or None
+
+    def _mounted_interpreter(self) -> Path:
+        """The interpreter's path inside; SandboxUnavailable when a prefix it needs would be hidden by (or
+        show up in) the working directory."""
+        venv = venv_of(self._python)
+        for prefix in _base_prefixes(self._python):
+            if _under(prefix, WORKDIR):
+                raise SandboxUnavailable(
+                    f"the interpreter {self._python} lives in {prefix}, under {WORKDIR}, the sandbox's working "
+                    "directory: use an interpreter installed elsewhere (a virtual environment may live anywhere)"
+                )
+        if venv is None:
+            return self._python
+        return Path(RUNTIME_MOUNT) / Path(os.path.abspath(self._python)).relative_to(venv)
 
     @property
     def _drops_root(self) -> bool:
         return self.sandboxed and os.geteuid() == 0
 
     def _pick_python(self) -> Path:
+        """The interpreter (see the class docstring); sets `runtime_problem` when a runtime was asked for
+        (built, or named by $SRT_SANDBOX_RUNTIME) but cannot be used."""
         if self.python is not None:
             chosen = Path(self.python)
             if chosen.is_dir():
@@ -259,16 +352,23 @@ class LocalSandbox:
                     f"LocalSandbox(python={self.python!r}): the sandbox runs as an unprivileged uid that cannot read it"
                 )
             return chosen
-        runtime = runtime_python()
+        runtime, folder = runtime_python(), runtime_dir()
         if runtime is not None:
             if not self._drops_root or _readable_by_others(runtime):
                 return runtime
-            warnings.warn(
-                f"the sandbox runtime {runtime} is not readable by the sandbox's unprivileged uid (every folder "
-                "above it needs o+rx); programs run without its libraries",
-                RuntimeWarning,
-                stacklevel=3,
+            closed = " ".join(map(str, _closed_folders(folder)))
+            fix = f"open {closed} to other users (chmod o+rx {closed})" if closed else f"chmod -R o+rX {folder}"
+            self.runtime_problem = (
+                f"the sandbox runtime {folder} cannot be read by the sandbox's unprivileged uid: {fix}, or build "
+                f"it in a folder others can enter and set {RUNTIME_ENV} to it"
             )
+        elif os.environ.get(RUNTIME_ENV):
+            self.runtime_problem = (
+                f"{RUNTIME_ENV}={os.environ[RUNTIME_ENV]} holds no sandbox runtime ({folder / 'bin' / 'python'} is "
+                f"missing): build it there (bash scripts/install_sandbox_runtime.sh) or set {RUNTIME_ENV} to a built one"
+            )
+        if self.runtime_problem is not None:
+            warnings.warn(f"{self.runtime_problem}; programs run without its libraries", RuntimeWarning, stacklevel=4)
         host = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
         if not host.is_file():
             host = Path(sys.executable).resolve()
@@ -344,11 +444,11 @@ class LocalSandbox:
         for name in _ETC_FILES:
             argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         argv += ["--ro-bind-data", str(fds.hosts), "/etc/hosts"]
-        prefix = str(_interpreter_prefix(self._python))
-        if not prefix.startswith("/usr/") and prefix != "/usr":
+        for prefix in map(str, _base_prefixes(self._python)):  # a pyenv or /opt interpreter under a venv
             argv += ["--ro-bind", prefix, prefix]
+        pythonpath = [f"{PYTHONPATH_MOUNT}/{i}" for i in range(len(self.pythonpath))]
         env = {
-            "PATH": f"{self._python.parent}:/usr/local/bin:/usr/bin:/bin",
+            "PATH": f"{self._inside.parent}:/usr/local/bin:/usr/bin:/bin",
             "HOME": "/tmp",
             "TMPDIR": "/tmp",
             "LANG": "C.UTF-8",
@@ -359,7 +459,7 @@ class LocalSandbox:
             "OMP_NUM_THREADS": "1",
         }
         if self.pythonpath:
-            env["PYTHONPATH"] = ":".join(self.pythonpath)
+            env["PYTHONPATH"] = ":".join(pythonpath)
         argv += ["--clearenv"]
         for key, value in env.items():
             argv += ["--setenv", key, value]
@@ -374,8 +474,10 @@ class LocalSandbox:
         for name, fd in fds.inputs.items():
             argv += ["--file", str(fd), sandbox_path(name)]
         venv = venv_of(self._python)
-        for path in (*self.pythonpath, *([str(venv)] if venv else [])):  # after /tmp's tmpfs, which would hide them
-            argv += ["--ro-bind", path, path]
+        if venv is not None:  # at a fixed path outside the working directory, wherever it is on the host
+            argv += ["--ro-bind", str(venv), RUNTIME_MOUNT]
+        for path, inside in zip(self.pythonpath, pythonpath):
+            argv += ["--ro-bind", path, inside]
         argv += [
             "--remount-ro", "/",
             "--chdir", WORKDIR,
@@ -384,11 +486,11 @@ class LocalSandbox:
         ]  # fmt: skip
         if fds.seccomp is not None:
             argv += ["--seccomp", str(fds.seccomp)]
-        command = limited_argv(self._python, run.program, run.limits, runner=_RUNNERS[run.language])
+        command = limited_argv(self._inside, run.program, run.limits, runner=_RUNNERS[run.language])
         if run.fetch_files:
             names = json.dumps([[name, sandbox_path(name)] for name in run.fetch_files])
             command = [
-                str(self._python),
+                str(self._inside),
                 "-I",
                 "-S",
                 "-c",

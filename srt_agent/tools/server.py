@@ -170,9 +170,11 @@ def create_app(config: ServerConfig) -> FastAPI:
                 raise HTTPException(
                     503, f"the sandbox could not report its runtime ({result.status}): {result.stderr[-2000:]}"
                 )
+            python = json.loads(result.stdout)  # `executable` as programs see it; the host's folder beside it
+            python["host_executable"] = str(config.sandbox.interpreter)
             runtime.update(
                 languages=sorted(RUNNABLE),
-                python=json.loads(result.stdout),
+                python=python,
                 sandboxed=config.sandbox.sandboxed,
                 limits={
                     "default_timeout_s": config.sandbox.timeout_s, "max_timeout_s": config.max_timeout_s,
