@@ -39,6 +39,31 @@ def test_siblings_draft_from_each_other_within_a_step(backend):
     assert cache.sequences("p") == [prompt[-4:] + [1, 2, 3, 4, 5, 6, 7], prompt[-4:] + [1, 2, 9]]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tokens_dropped_from_a_running_request_leave_the_tree_as_if_never_added(backend):
+    """drop_last takes a running request's last tokens back out (a serving engine sampled them past a stop):
+    counts, drafts and saved sequences equal those of a cache that never saw them, and the request goes on."""
+    prompt = [100, 101, 102, 103]
+    dropped, kept = (
+        RolloutCache(max_depth=8, max_match=4, backend=backend),
+        RolloutCache(max_depth=8, max_match=4, backend=backend),
+    )
+    for cache in (dropped, kept):
+        cache.add_sequence("p", [100, 1, 2, 3])
+        cache.start_request("r", "p", prompt)
+        cache.add_tokens("r", [1, 2])
+    dropped.add_tokens("r", [7, 7, 8])
+    dropped.drop_last("r", 3)
+    for cache in (dropped, kept):
+        cache.add_tokens("r", [5, 6])
+        cache.stop_request("r")
+    assert dropped.sequences("p") == kept.sequences("p")
+    for path in ([7], [2, 7], [5, 6], [1, 2, 5], [2]):
+        assert dropped.count("p", path) == kept.count("p", path)
+    assert dropped.draft("p", prompt + [1], budget=4) == kept.draft("p", prompt + [1], budget=4)
+    assert dropped.stats().bytes == kept.stats().bytes
+
+
 def tree_bytes(cache: RolloutCache) -> int:
     """What the prompts' trees hold right now, each asked for its own allocated bytes."""
     return sum(entry.tree.nbytes for entry in cache._prompts.values())

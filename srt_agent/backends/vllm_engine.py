@@ -194,6 +194,7 @@ class VLLMEngine:
         except RuntimeError:
             self.close()
             raise
+        self._proposer = self.proposer()
         # vLLM's CPU attention checks at every step that the thread count is the one it started with;
         # another engine's start (or anyone's set_num_threads) in this process may have changed it.
         self.threads_at_start = torch.get_num_threads()
@@ -295,6 +296,8 @@ class VLLMEngine:
             if seq.finish_reason is not None:
                 if not out.finished:
                     self.llm.abort_request([out.request_id])
+                if self._proposer is not None:  # tokens sampled past our stop leave the trees
+                    self._proposer.end_turn(out.request_id, len(seq.tokens))
                 finished.append(self._finish(seq))
         return finished
 

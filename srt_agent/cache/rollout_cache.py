@@ -130,6 +130,16 @@ class RolloutCache:
             return
         self._extend(req.prompt_key, self._prompts[req.prompt_key], req.seq, token_ids)
 
+    def drop_last(self, request_id: Hashable, count: int) -> None:
+        """Take the last `count` tokens of a running request back out of its prompt's tree (tokens a serving
+        engine sampled past a stop that the caller drops); the tree is rebuilt as if they never went in."""
+        req = self._request(request_id)
+        if count <= 0 or req.detached:
+            return
+        entry = self._prompts[req.prompt_key]
+        length = len(entry.tree.sequence(req.seq))
+        self._rebuild_with(entry, set(entry.seqs), {req.seq: max(0, length - count)})
+
     def stop_request(self, request_id: Hashable) -> None:
         """Finish a request; its tokens stay in the tree."""
         req = self._requests.pop(request_id, None)
@@ -366,9 +376,9 @@ class RolloutCache:
                     total += 0 if seq in running else n
         self._rebuild_with(entry, kept)
 
-    def _rebuild_with(self, entry: _PromptTree, keep: set[int]) -> None:
-        """Replace the tree by one holding only the sequences `keep` (oldest first, as before); running
-        requests whose sequence is dropped are detached."""
+    def _rebuild_with(self, entry: _PromptTree, keep: set[int], lengths: dict[int, int] | None = None) -> None:
+        """Replace the tree by one holding only the sequences `keep` (oldest first, as before; `lengths`: how
+        many tokens of some to keep); running requests whose sequence is dropped are detached."""
         old = entry.tree
         running = {seq: rid for rid, seq in entry.active.items()}
         new = self._tree_cls(self.max_depth)
@@ -379,7 +389,8 @@ class RolloutCache:
                     self._requests[running[seq]].detached = True
                 continue
             sid = new.add_sequence()
-            new.extend(sid, old.sequence(seq))
+            tokens = old.sequence(seq)
+            new.extend(sid, tokens[: lengths[seq]] if lengths and seq in lengths else tokens)
             seqs.append(sid)
             if seq in entry.run_ahead:
                 run_ahead.add(sid)

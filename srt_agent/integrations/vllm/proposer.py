@@ -137,6 +137,7 @@ class SRTProposer:
             requests=0,
             continuations=0,
             rewound=0,  # continuations that left out tokens sampled past a stop (they stay in the tree)
+            dropped_past_stop=0,  # turns whose tokens past the caller's stop left the tree (end_turn)
             drafted=0,
             accepted=0,
             expected=0.0,
@@ -278,6 +279,24 @@ class SRTProposer:
     def _release(self, cache_ids: list[int]) -> None:
         for cache_id in cache_ids:
             self.cache.stop_request(self._held.pop(cache_id).cache_id)
+
+    def end_turn(self, request_id: str, length: int) -> None:
+        """The caller ended request `request_id`'s turn at `length` tokens (prompt included), by a stop rule vLLM
+        does not know: what the proposer stored past it (sampled inside the last accepted draft) leaves the
+        tree, so the trees hold what the trajectories hold, whatever was drafted. vLLM's own request id may
+        carry a suffix (``<id>-<suffix>``)."""
+        rid = request_id if request_id in self._active else self._internal_id(request_id)
+        req = self._active.get(rid) if rid is not None else None
+        if req is None or rid in self._broken or len(req.tokens) <= length:
+            return
+        self.cache.drop_last(req.cache_id, len(req.tokens) - length)
+        del req.tokens[length:]
+        self._stats["dropped_past_stop"] += 1
+
+    def _internal_id(self, request_id: str) -> str | None:
+        prefix = request_id + "-"
+        found = [rid for rid in self._active if rid.startswith(prefix) and "-" not in rid[len(prefix) :]]
+        return found[0] if len(found) == 1 else None
 
     def end_step(self) -> None:
         """The RL step's rollouts are over (call it when nothing runs): close every request's sequence and
