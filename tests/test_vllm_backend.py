@@ -373,7 +373,7 @@ def test_a_run_interrupted_and_resumed_on_vllm_equals_the_uninterrupted_one(tmp_
         f"tools: {ROOT / 'tools' / 'code_interpreter.yaml'}\n"
         "dataset: {n: 2, seed: 1}\nn_samples: 2\nmax_turns: 2\nmax_tokens_per_turn: 6\nmax_response_tokens: 60\n"
         "sampling: {temperature: 1.0, seed: 3}\n"
-        "engine: {backend: vllm, max_batch: 8, max_context: 256, vllm: {kv_cache_gib: 0.25}}\n"
+        "engine: {backend: vllm, max_batch: 8, max_context: 256, vllm: {kv_cache_gib: 1}}\n"
         "cold_start: {enabled: false, eval_tasks: 0}\n"
         "train: {steps: 2, prompts_per_step: 2, lr: 1.0e-3, micro_batch_tokens: 256, checkpoint_every: 1}\n"
     )
