@@ -15,6 +15,8 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import torch
+
 from ..backends.vllm import kv_cache_gib
 from ..config import ConfigError
 
@@ -46,11 +48,6 @@ def planned_backends(config, loaded, variants) -> list[str]:
     return out
 
 
-def tensor_bytes(module) -> int:
-    """Bytes of a module's parameters and buffers."""
-    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
-
-
 @dataclass
 class MemoryPlan:
     """Bytes per part of a run, on top of `now` (what the process holds when the plan is made)."""
@@ -76,9 +73,9 @@ def plan_memory(config, model, vllm_engines: int, policy_copies_model: bool, now
     `vllm_engines`: vLLM engines alive at once; `policy_copies_model`: the trainer's policy is a copy of
     `model` (our engine serves `model`), not `model` itself."""
     train, engine = config.train, config.engine
-    weights = tensor_bytes(model)
-    trained_dtype = 2 if train.dtype == "bfloat16" else 4
-    trained = weights // 4 * trained_dtype  # the model's float32 bytes in the training dtype
+    params = sum(p.numel() for p in model.parameters())
+    weights = 4 * params  # vLLM serves float32
+    trained = params * (2 if train.dtype == "bfloat16" else 4)
     parts: dict[str, int] = {}
     if vllm_engines:
         kv = int(kv_cache_gib(model.config, engine) * 2**30)
@@ -86,7 +83,7 @@ def plan_memory(config, model, vllm_engines: int, policy_copies_model: bool, now
         parts[f"vLLM weights ({vllm_engines} engine{'s' if vllm_engines > 1 else ''})"] = weights * vllm_engines
         parts[f"vLLM KV cache ({vllm_engines} × {kv / 2**30:.2f} GiB)"] = kv * vllm_engines
         parts["vLLM per-engine overhead"] = VLLM_ENGINE_OVERHEAD_BYTES * vllm_engines
-    if policy_copies_model or train.dtype != "float32":
+    if policy_copies_model or train.lora.rank > 0 or next(model.parameters()).dtype != getattr(torch, train.dtype):
         parts["policy (a copy of the model)"] = trained
     if train.kl_coef > 0 and train.lora.rank == 0:
         parts["reference policy"] = trained
@@ -98,13 +95,12 @@ def plan_memory(config, model, vllm_engines: int, policy_copies_model: bool, now
 
 
 def activation_bytes(hf_config, tokens: int) -> int:
-    """What one packed micro-batch of `tokens` keeps for its backward pass (float32): per layer its
-    hidden states, MLP and attention inputs and the attention weights; the logits and their gradient."""
+    """What one packed micro-batch of `tokens` keeps for its backward pass (float32, an estimate): per layer
+    its hidden states, attention and MLP inputs (SDPA's CPU kernel keeps no attention matrix); the logits
+    of the trained tokens and their gradient."""
     hidden, layers = hf_config.hidden_size, hf_config.num_hidden_layers
     inter = getattr(hf_config, "intermediate_size", 4 * hidden)
-    heads = hf_config.num_attention_heads
-    per_layer = tokens * (8 * hidden + 3 * inter) + heads * tokens * tokens
-    return 4 * (layers * per_layer + 3 * tokens * hf_config.vocab_size)
+    return 4 * tokens * (layers * (6 * hidden + 2 * inter) + 2 * hf_config.vocab_size)
 
 
 def available_bytes() -> int | None:
@@ -128,12 +124,12 @@ def available_bytes() -> int | None:
 def check_plan(plan: MemoryPlan, max_memory_gb: float | None, available: int | None = None) -> None:
     """A ConfigError (one line: the plan, the limit, what to change) when `plan` exceeds ``max_memory_gb``
     or the memory the machine has available beyond what this process already holds."""
-    limit, what = None, ""
-    if max_memory_gb is not None:
+    if max_memory_gb is not None:  # the user's word: it may say more than the machine has free right now
         limit, what = int(max_memory_gb * GB), f"train.max_memory_gb = {max_memory_gb:g} GB"
-    free = available_bytes() if available is None else available
-    if free is not None and (limit is None or free + plan.now < limit):
-        limit, what = free + plan.now, f"the {free / GB:.1f} GB this machine has available"
+    else:
+        free = available_bytes() if available is None else available
+        limit = None if free is None else free + plan.now
+        what = f"the {(free or 0) / GB:.1f} GB this machine has available"
     if limit is None or plan.total <= limit:
         return
     biggest = sorted(plan.parts.items(), key=lambda kv: -kv[1])[:3]
