@@ -21,7 +21,6 @@ class VLLMBackend(AsyncEngine):
 
     name = "vllm"
     run_ahead = None
-    model_dir: Path | None = None
 
     def __init__(self, engine: VLLMEngine):
         super().__init__(engine)
@@ -118,6 +117,4 @@ def vllm_backend(config, loaded, drafter: str | None = None) -> VLLMBackend:
         block_size=e.vllm.block_size,
         proposer_options=e.vllm.proposer,
     )
-    backend = VLLMBackend(engine)
-    backend.model_dir = model_dir  # an engine started later for the same run serves the same directory
-    return backend
+    return VLLMBackend(engine)

@@ -9,7 +9,6 @@ batch being rolled out and the prompts that come next.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,9 +24,6 @@ from ..config import EnvConfig
 from ..datasets import Task
 from ..engine.run_ahead import RunAheadOptions, WindowPrompt
 from ..models import LoadedModel
-
-#: drafters that keep nothing between runs: a compared vLLM engine of one starts for its run and closes after
-STATELESS_DRAFTERS = ("none", "ngram")
 
 
 @dataclass(frozen=True)
@@ -62,10 +58,7 @@ class RolloutRun:
 class PolicyRollouts:
     """Engines (one per variant, sharing `loaded`'s module) that generate a step's multi-turn rollouts.
 
-    `variants` are `RolloutVariant`s or drafter names (a drafter without run-ahead). With `on_demand`, a
-    compared (not the first) variant whose drafter keeps nothing between runs (``none``, ``ngram``) and
-    that runs in vLLM holds no engine between its runs: its weights and KV cache exist only while it
-    generates (it starts in a few seconds with the policy's current weights, from `loaded`'s module).
+    `variants` are `RolloutVariant`s or drafter names (a drafter without run-ahead).
     """
 
     def __init__(
@@ -75,7 +68,6 @@ class PolicyRollouts:
         tools: dict,
         variants: Sequence[str | RolloutVariant],
         log: Callable[[str], None] | None = None,
-        on_demand: bool = False,
     ):
         variants = [v if isinstance(v, RolloutVariant) else RolloutVariant(v, v) for v in variants]
         if not variants:
@@ -85,38 +77,30 @@ class PolicyRollouts:
             raise ValueError(f"drafters listed twice: {names}")
         self.loaded = loaded
         self.variants = {v.name: v for v in variants}
-        self.controllers: dict[str, MultiTurnController] = {}  # the variants whose engine runs now
-        self.parked: dict[str, LoadedModel] = {}  # on-demand variants between runs: what their engine starts from
-        self._config, self._tools = config, tools
+        self.controllers: dict[str, MultiTurnController] = {}
         try:
             for v in variants:
-                self.controllers[v.name] = self._build(v, loaded, log)
-                backend = self.controllers[v.name].engine
-                if on_demand and v.name != names[0] and v.drafter in STATELESS_DRAFTERS and backend.name == "vllm":
-                    # started once to say it can run; later starts serve the same directory, not a re-saved one
-                    self.parked[v.name] = dataclasses.replace(loaded, source=f"hf:{backend.model_dir}")
-                    self.controllers.pop(v.name).engine.close()
+                cfg = (
+                    config
+                    if v.backend is None
+                    else config.model_copy(update={"engine": config.engine.model_copy(update={"backend": v.backend})})
+                )
+                self.controllers[v.name] = build_controller(
+                    cfg, loaded=loaded, drafter=v.drafter, tools=tools, run_ahead=v.run_ahead, log=log
+                )
         except BaseException:
             self.close()
             raise
         self.main = names[0]
 
-    def _build(self, v: RolloutVariant, loaded: LoadedModel, log=None) -> MultiTurnController:
-        config = self._config
-        if v.backend is not None:
-            config = config.model_copy(update={"engine": config.engine.model_copy(update={"backend": v.backend})})
-        return build_controller(
-            config, loaded=loaded, drafter=v.drafter, tools=self._tools, run_ahead=v.run_ahead, log=log
-        )
+    @property
+    def drafters(self) -> list[str]:
+        return list(self.controllers)
 
     @property
     def serves_module(self) -> bool:
         """Whether one of the engines runs on `loaded`'s module (our engine does; vLLM loads its own copy)."""
         return any(self.backend(name).name != "vllm" for name in self.controllers)
-
-    @property
-    def drafters(self) -> list[str]:
-        return list(self.variants)
 
     def backend(self, drafter: str) -> RolloutBackend:
         """Variant `drafter`'s rollout backend."""
@@ -136,23 +120,14 @@ class PolicyRollouts:
         Given `upcoming` (and run-ahead options), the variant runs ahead meanwhile: its window holds
         `tasks` (while their groups run) and `upcoming`."""
         ahead = self.variants[drafter].run_ahead is not None and upcoming is not None
-        parked = drafter in self.parked
-        if parked:
-            self.controllers[drafter] = self._build(self.variants[drafter], self.parked[drafter])
+        cost, settings = self.backend(drafter).step_costs()
+        if ahead:
+            before = self.run_ahead_stats(drafter)
+            self.open_run_ahead(drafter, tasks, upcoming)
         try:
-            if parked:  # the policy's current weights (the module holds them whichever backend serves it)
-                self.backend(drafter).update_weights(self.loaded.model.state_dict())
-            cost, settings = self.backend(drafter).step_costs()
-            if ahead:
-                before = self.run_ahead_stats(drafter)
-                self.open_run_ahead(drafter, tasks, upcoming)
-            try:
-                trajectories, summary = run_rollouts(self.controllers[drafter], tasks, n_samples, on_done, seed)
-            finally:
-                written = self.close_run_ahead(drafter) if ahead else []
+            trajectories, summary = run_rollouts(self.controllers[drafter], tasks, n_samples, on_done, seed)
         finally:
-            if parked:
-                self.controllers.pop(drafter).engine.close()
+            written = self.close_run_ahead(drafter) if ahead else []
         run = RolloutRun(
             drafter, trajectories, summary, list(tasks), run_ahead_written=written, cost=cost, settings=settings
         )

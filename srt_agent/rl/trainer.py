@@ -186,12 +186,12 @@ class Trainer:
         plan = plan_memory(
             cfg,
             self.loaded.model,
-            vllm_engines=int(backends[0] == "vllm") + int(any(b == "vllm" for b in backends[1:])),
+            vllm_engines=backends.count("vllm"),
             policy_copies_model="engine" in backends,
         )
         check_plan(plan, train.max_memory_gb)
         meter.mark("model loaded")
-        rollouts = PolicyRollouts(cfg, self.loaded, tools, self.variants, log=self._log, on_demand=True)
+        rollouts = PolicyRollouts(cfg, self.loaded, tools, self.variants, log=self._log)
         meter.mark("engines started")
         self.backend = rollouts.backend(rollouts.main).name
         trackers: list[Tracker] = []
