@@ -358,6 +358,11 @@ class TrainConfig(_Strict):
     compare: list[str] = Field(default_factory=list, description="drafters that regenerate every step for timing")
     checkpoint_every: int = Field(1, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
+    max_memory_gb: float | None = Field(
+        None,
+        gt=0,
+        description="refuse to start when the run plans for more (GB, all its processes); null: what the machine has available",
+    )
     loggers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(default_factory=lambda: ["tensorboard"])
 
     @model_validator(mode="before")

@@ -70,6 +70,8 @@ def test_grpo_run_trains_and_compares(tmp_path, tiny, monkeypatch):
     report = Trainer.from_env_file(env_file(tmp_path, kl_coef=0.01), out, loaded=tiny, compare=["none"]).run()
     steps = report["steps"]
     assert [m["step"] for m in steps] == [1.0, 2.0]
+    assert report["memory"]["peak_gb"] >= report["memory"]["at"]["engines started"] > 0  # the run's peak, reported
+    assert json.loads((out / "report.json").read_text())["memory"] == report["memory"]
     for m in steps:
         # Exact drafters reproduce the training drafter's tokens (float64 model: no near-tie flips).
         assert m["compare/none/identical"] == 1.0

@@ -4,6 +4,7 @@ from an env config."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import torch
 
 from ..engine import AsyncEngine
 from .vllm_engine import VLLMEngine, check_vllm_drafter, vllm_version
+
+MiB = 2**20
 
 
 class VLLMBackend(AsyncEngine):
@@ -58,6 +61,37 @@ class VLLMBackend(AsyncEngine):
         self.engine.close()
 
 
+def kv_bytes_per_token(hf_config, dtype_bytes: int = 4) -> int:
+    """Bytes of K and V one token holds over all layers (float32 by default, as vLLM runs here)."""
+    heads = hf_config.num_attention_heads
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    return 2 * hf_config.num_hidden_layers * kv_heads * head_dim * dtype_bytes
+
+
+def job_kv_bytes(hf_config, max_batch: int, max_context: int, block_size: int | None = 32, dtype_bytes: int = 4) -> int:
+    """The KV cache a job needs: `max_batch` sequences of `max_context` tokens in whole blocks, rounded up
+    to 16 MiB (vLLM holds no more rows than ``max_batch``, none longer than ``max_context``)."""
+    block = block_size or 128  # vLLM's CPU default
+    tokens = max_batch * math.ceil(max_context / block) * block
+    return math.ceil(tokens * kv_bytes_per_token(hf_config, dtype_bytes) / (16 * MiB)) * 16 * MiB
+
+
+def job_kv_gib(hf_config, engine_config) -> float:
+    """``engine.vllm.kv_cache_gib`` sized from the job (`engine_config`: the env config's ``engine:``)."""
+    return (
+        job_kv_bytes(hf_config, engine_config.max_batch, engine_config.max_context, engine_config.vllm.block_size)
+        / 2**30
+    )
+
+
+def kv_cache_gib(hf_config, engine_config) -> float:
+    """The KV cache per vLLM engine: ``engine.vllm.kv_cache_gib`` where the config sets it, else sized from the job."""
+    if "kv_cache_gib" in engine_config.vllm.model_fields_set:
+        return engine_config.vllm.kv_cache_gib
+    return job_kv_gib(hf_config, engine_config)
+
+
 def vllm_backend(config, loaded, drafter: str | None = None) -> VLLMBackend:
     """vLLM for env config `config` (``engine:`` and ``engine.vllm:``) serving `loaded`'s model: the
     directory it was loaded from, else a directory saved from `loaded` itself."""
@@ -77,7 +111,7 @@ def vllm_backend(config, loaded, drafter: str | None = None) -> VLLMBackend:
         max_context=e.max_context,
         speculative_tokens=e.vllm.speculative_tokens,
         enforce_eager=e.vllm.enforce_eager,
-        kv_cache_gib=e.vllm.kv_cache_gib,
+        kv_cache_gib=kv_cache_gib(loaded.model.config, e),
         threads=e.vllm.threads,
         exact_sampling=e.vllm.exact_sampling,
         block_size=e.vllm.block_size,

@@ -147,7 +147,7 @@ class VLLMEngine:
         for key, value in cpu_env(threads, kv_cache_gib, in_process=True).items():
             if key == "VLLM_ENABLE_V1_MULTIPROCESSING":
                 os.environ[key] = value  # the live proposer and the weight reload need the worker here
-            else:
+            elif key != "VLLM_CPU_KVCACHE_SPACE":  # whole GiB only: kv_cache_memory_bytes below takes any size
                 os.environ.setdefault(key, value)
         # Only vLLM's V1 model runner calls custom proposers and the runner's _sample (V2, the GPU default, has
         # neither): chosen here, checked in the worker once it runs (check_runner).
@@ -182,6 +182,7 @@ class VLLMEngine:
             seed=0,
             async_scheduling=False if exact_sampling else None,
             block_size=block_size,
+            kv_cache_memory_bytes=int(kv_cache_gib * 2**30),  # VLLM_CPU_KVCACHE_SPACE, where set, overrides it
             use_tqdm_on_load=False,
         )
         try:

@@ -37,6 +37,11 @@ def train(
     backend: str | None = typer.Option(
         None, help="Rollout backend: engine (ours), vllm, or auto (default: the config's engine.backend)."
     ),
+    max_memory: float | None = typer.Option(
+        None,
+        help="GB the run may plan for (all its processes); it refuses to start above (default: the config's "
+        "train.max_memory_gb, else the machine's available memory).",
+    ),
 ):
     """RL training: ReTool cold start, then GRPO / DAPO / PPO with SRT rollouts (the main job)."""
     from ..config import load_env_config
@@ -48,6 +53,7 @@ def train(
         list(set_)
         + ([f"train.algorithm={algorithm}"] if algorithm else [])
         + ([f"engine.backend={backend}"] if backend else [])
+        + ([f"train.max_memory_gb={max_memory}"] if max_memory is not None else [])
     )
     try:
         with reported(ColdStartError, *bad_input()):

@@ -190,12 +190,14 @@ def run_cold_start(
     evaluate: Evaluator | None = None,
     phase: Phase = no_bar,
     log: Callable[[str], None] = print,
+    copy: bool = True,
 ) -> ColdStartResult:
     """Cold-start `loaded` (from the cache when this exact cold start ran before).
 
     `evaluate(label)` runs the held-out report with the engines' current weights; it is called before
     SFT, and after, once the caller has loaded the returned weights (see :func:`finish_report`). `phase`
-    shows the trace generation and the SFT steps as they go.
+    shows the trace generation and the SFT steps as they go. ``copy=False``: SFT trains `loaded`'s module
+    itself where it can (nothing runs on it: vLLM serves the rollouts), not a copy.
     """
     key = cold_start_key(config, loaded)
     folder = cold_start_dir(key)
@@ -210,7 +212,7 @@ def run_cold_start(
     tokens = sum(s.trained_tokens for s in samples)
     log(f"cold start: {len(samples)} traces, {tokens} trained tokens, {sum(len(s) for s in samples)} tokens in all")
     cs, train = config.cold_start, config.train
-    policy = Policy(loaded.model, config.sampling.temperature, train.lora, dtype=getattr(torch, train.dtype))
+    policy = Policy(loaded.model, config.sampling.temperature, train.lora, dtype=getattr(torch, train.dtype), copy=copy)
     with phase("cold start SFT", None, "loss {task.fields[loss]:.3f}", loss=float("nan")) as update:
         history = sft_epochs(
             policy,

@@ -8,8 +8,8 @@ estimate. :meth:`Policy.engine_weights` gives the plain model's weights (LoRA me
 
 from __future__ import annotations
 
-import copy
 from contextlib import nullcontext
+from copy import deepcopy
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +44,8 @@ class Scores:
 
 
 class Policy:
-    """A causal LM being trained (its own copy: the engine keeps a separate inference copy)."""
+    """A causal LM being trained: its own copy of `model`, or (``copy=False``, full fine-tuning in `model`'s
+    dtype) `model` itself, when nothing else runs on it (vLLM serves the rollouts from its own copy)."""
 
     def __init__(
         self,
@@ -53,13 +54,15 @@ class Policy:
         lora: LoraConfig | None = None,
         value_head: bool = False,
         dtype: torch.dtype = torch.float32,
+        copy: bool = True,
     ):
         if temperature <= 0:
             raise ValueError("training needs a sampling temperature > 0 (log-probs of a greedy policy are undefined)")
         self.temperature = temperature
         self.lora = lora if lora is not None and lora.rank > 0 else None
         require_peft(self.lora)
-        base = copy.deepcopy(model).to(dtype)
+        shared = not copy and self.lora is None and all(p.dtype == dtype for p in model.parameters())
+        base = model if shared else deepcopy(model).to(dtype)
         base.config.use_cache = False
         if self.lora is not None:
             from peft import LoraConfig as PeftLoraConfig, get_peft_model
@@ -168,20 +171,27 @@ class Policy:
             )
 
 
-def build_policy(config: EnvConfig, model: torch.nn.Module):
+def build_policy(config: EnvConfig, model: torch.nn.Module, copy: bool = True):
     """(policy, AdamW, warm-up scheduler, frozen reference or None) for an RL run of `config` on `model`; the
-    reference is the start policy when the config has a KL loss (with LoRA the adapters off serve as it)."""
+    reference is the start policy when the config has a KL loss (with LoRA the adapters off serve as it).
+    ``copy=False``: the policy trains `model` itself where it can (see :class:`Policy`)."""
     train = config.train
     dtype = getattr(torch, train.dtype)
-    policy = Policy(
-        model, config.sampling.temperature, train.lora, value_head=train.adv_estimator == "gae", dtype=dtype
-    )
     reference = None
-    if train.kl_coef > 0 and policy.lora is None:
+    if train.kl_coef > 0 and (train.lora is None or train.lora.rank == 0):  # copied before training changes it
         reference = Policy(model, config.sampling.temperature, dtype=dtype)
         for p in reference.parameters():
             p.requires_grad_(False)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+    policy = Policy(
+        model, config.sampling.temperature, train.lora, value_head=train.adv_estimator == "gae", dtype=dtype, copy=copy
+    )
+    optimizer = adamw(policy.parameters(), lr=train.lr, weight_decay=train.weight_decay)
     warmup = train.warmup_steps * train.mini_batches * train.ppo_epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup) if warmup else 1.0)
     return policy, optimizer, scheduler, reference
+
+
+def adamw(params, **options) -> torch.optim.AdamW:
+    """AdamW that updates one tensor at a time: the multi-tensor kernel's temporaries hold another copy of
+    every trained weight at once (the model's size again at the optimizer step), for no speed on CPU."""
+    return torch.optim.AdamW(params, foreach=False, **options)

@@ -97,6 +97,11 @@ class PolicyRollouts:
     def drafters(self) -> list[str]:
         return list(self.controllers)
 
+    @property
+    def serves_module(self) -> bool:
+        """Whether one of the engines runs on `loaded`'s module (our engine does; vLLM loads its own copy)."""
+        return any(self.backend(name).name != "vllm" for name in self.controllers)
+
     def backend(self, drafter: str) -> RolloutBackend:
         """Variant `drafter`'s rollout backend."""
         return self.controllers[drafter].engine

@@ -14,7 +14,7 @@ import torch
 
 from .algorithms import agg_loss
 from .batch import Sample, pack
-from .policy import Policy
+from .policy import Policy, adamw
 
 
 def sft_epochs(
@@ -34,7 +34,7 @@ def sft_epochs(
     """
     if not samples:
         raise ValueError("no cold-start samples to train on")
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
+    optimizer = adamw(policy.parameters(), lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
     total = epochs * math.ceil(len(samples) / batch_size)
     history: list[dict[str, float]] = []

