@@ -289,7 +289,10 @@ def reasoning_gym_tasks(
     for name, _, config in families:
         check_reasoning_gym_family(name, config)
     specs = [DatasetSpec(name=name, weight=float(weight), config=dict(config)) for name, weight, config in families]
-    composite = reasoning_gym.create_dataset("composite", size=max(n, 1), seed=seed, datasets=specs)
+    # reasoning-gym draws item i from seed + i, so seeds 1 and 2 would share all but one task: spread the
+    # seed over 31 bits first (a held-out seed then draws tasks the training seed never reaches).
+    spread = random.Random(f"srt_agent/reasoning_gym/{seed}").getrandbits(31)
+    composite = reasoning_gym.create_dataset("composite", size=max(n, 1), seed=spread, datasets=specs)
     configs = {name: dict(config) for name, _, config in families}
     tasks = []
     for i in range(n):
