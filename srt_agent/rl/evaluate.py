@@ -69,7 +69,9 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> list[float]:
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return [max(0.0, centre - half), min(1.0, centre + half)]
+    low, high = max(0.0, centre - half), min(1.0, centre + half)
+    # exact ends for a share of 0 or 1 (rounding leaves 0.9999999999999999, which excludes the share itself)
+    return [0.0 if successes == 0 else low, 1.0 if successes == n else high]
 
 
 def bootstrap_interval(values: Sequence[float], draws: int = 2000, level: float = 0.95, seed: int = 0) -> list[float]:
