@@ -146,7 +146,8 @@ class RewardConfig(_Strict):
     ``kind`` picks the scorer: ``boxed`` compares the last ``\\boxed{}`` with the ground truth (math-verify,
     then exact match); ``reasoning_gym`` scores the final answer (``\\boxed{}``, else ``<answer>…</answer>``)
     with the task family's own scorer, ``incorrect + (correct - incorrect) * score`` for its score in
-    [0, 1]; ``auto`` (default) is ``reasoning_gym`` for tasks that carry a reasoning-gym entry, else ``boxed``.
+    [0, 1], and tasks without a reasoning-gym entry (the cold start's arithmetic traces) as ``boxed`` does;
+    ``auto`` (default) does the same, and unlike ``reasoning_gym`` is allowed with any dataset.
     """
 
     kind: Literal["auto", "boxed", "reasoning_gym"] = "auto"

@@ -101,8 +101,12 @@ def test_unknown_family_bad_config_and_mismatched_sections_are_clear_errors(tmp_
     assert "source is not 'reasoning_gym'" in error("dataset: {reasoning_gym: [{name: gcd}]}\n")
     assert "weight" in error("dataset: {source: reasoning_gym, reasoning_gym: [{name: gcd, weight: 0}]}\n")
     assert "reward.kind reasoning_gym" in error("reward: {kind: reasoning_gym}\n")
+    # the cold start's arithmetic traces still score by \boxed{} under kind reasoning_gym
+    arith = arithmetic_tasks(1)[0]
+    right = f"\\boxed{{{arith.ground_truth}}}"
+    assert score_response(right, arith.ground_truth, 0, RewardConfig(kind="reasoning_gym"), arith) == 1.0
     with pytest.raises(ValueError, match="no reasoning-gym entry"):
-        score_response("\\boxed{1}", "1", 0, RewardConfig(kind="reasoning_gym"), arithmetic_tasks(1)[0])
+        reasoning_gym_score("1", arith)
 
 
 def test_held_out_tasks_come_from_the_mix_and_are_unseen():

@@ -58,17 +58,17 @@ def final_answer(response: str) -> str | None:
 
 
 def reward_kind(task: Task | None, config: RewardConfig) -> str:
-    """The scorer ``reward.kind`` resolves to for `task` (``auto``: reasoning_gym for reasoning-gym tasks)."""
-    if config.kind != "auto":
-        return config.kind
+    """The scorer ``reward.kind`` resolves to for `task`: ``boxed`` stays; ``auto`` and ``reasoning_gym`` score
+    a reasoning-gym task with its family's scorer and any other task (the cold start's arithmetic traces)
+    by ``\\boxed{}``."""
+    if config.kind == "boxed":
+        return "boxed"
     return "reasoning_gym" if task is not None and "reasoning_gym" in task.extra_info else "boxed"
 
 
 def answer_score(response: str, ground_truth: str, config: RewardConfig, task: Task | None = None) -> float:
     """How right a whole response's final answer is, in [0, 1] (1: right), by the scorer ``config.kind`` picks."""
-    if reward_kind(task, config) == "reasoning_gym":
-        if task is None:
-            raise ValueError("reward.kind reasoning_gym needs the task (its reasoning-gym entry) to score")
+    if task is not None and reward_kind(task, config) == "reasoning_gym":
         answer = final_answer(response)
         return min(max(reasoning_gym_score(answer, task), 0.0), 1.0) if answer is not None else 0.0
     answer = extract_boxed(response)
