@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeVar, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .datasets import Task, arithmetic_tasks, load_tasks
+from .datasets import Task, arithmetic_tasks, load_tasks, reasoning_gym_tasks
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -59,21 +59,68 @@ class _Strict(BaseModel):
 # ----- the rollout environment -----------------------------------------------------------------------
 
 
+class ReasoningGymFamily(_Strict):
+    """One task family of a reasoning-gym mix: its registered name, its share of the mix, its config."""
+
+    name: str = Field(..., description="a reasoning-gym task family, e.g. basic_arithmetic, leg_counting")
+    weight: float = Field(1.0, gt=0, description="relative share of the mix")
+    config: dict[str, Any] = Field(default_factory=dict, description="the family's config (min_terms, ...)")
+
+
+#: dataset sources that generate their tasks (any other source is a .jsonl/.parquet path)
+PROCEDURAL_SOURCES = ("arithmetic", "reasoning_gym")
+
+
 class DatasetConfig(_Strict):
-    """Where tasks come from: ``source: arithmetic`` (procedural, seeded) or a ``.jsonl``/``.parquet`` path."""
+    """Where tasks come from: ``source: arithmetic`` (procedural, seeded), ``source: reasoning_gym`` (a weighted
+    mix of reasoning-gym task families, seeded) or a ``.jsonl``/``.parquet`` path in verl's layout."""
 
     source: str = "arithmetic"
     n: int = Field(32, ge=1, description="number of procedural tasks")
     seed: int = 0
     few_shot: bool = Field(False, description="open procedural tasks with a worked ReTool example")
     limit: int | None = Field(None, ge=1, description="use at most this many tasks")
+    system_prompt: str | None = Field(
+        None, description="system prompt of procedural tasks (default: the source's ReTool-style prompt)"
+    )
+    reasoning_gym: list[ReasoningGymFamily] = Field(
+        default_factory=list, description="source reasoning_gym: the task families of the mix"
+    )
+
+    @model_validator(mode="after")
+    def _check_reasoning_gym(self) -> DatasetConfig:
+        if self.source != "reasoning_gym":
+            if self.reasoning_gym:
+                raise ValueError("reasoning_gym families are listed but source is not 'reasoning_gym'")
+            return self
+        if not self.reasoning_gym:
+            raise ValueError("source reasoning_gym needs a 'reasoning_gym:' list of task families")
+        names = [f.name for f in self.reasoning_gym]
+        if len(set(names)) != len(names):
+            raise ValueError(f"reasoning_gym: a task family is listed twice: {names}")
+        from .datasets import check_reasoning_gym_family, reasoning_gym_missing
+
+        missing = reasoning_gym_missing()
+        if missing:
+            raise ValueError(missing)
+        for family in self.reasoning_gym:
+            check_reasoning_gym_family(family.name, family.config)
+        return self
+
+    def procedural_tasks(self, n: int, seed: int) -> list[Task]:
+        """`n` tasks of this section's procedural source drawn with `seed` (held-out sets use another seed)."""
+        prompt = {"system_prompt": self.system_prompt} if self.system_prompt is not None else {}
+        if self.source == "reasoning_gym":
+            families = [(f.name, f.weight, f.config) for f in self.reasoning_gym]
+            return reasoning_gym_tasks(families, n, seed, few_shot=self.few_shot, **prompt)
+        return arithmetic_tasks(n, seed, few_shot=self.few_shot, **prompt)
 
     def tasks(self, limit: int | None = None) -> list[Task]:
         """The tasks this section names (at most `limit`, or the section's own limit)."""
         caps = [x for x in (limit, self.limit) if x is not None]
         limit = min(caps) if caps else None
-        if self.source == "arithmetic":
-            return arithmetic_tasks(self.n if limit is None else min(self.n, limit), self.seed, few_shot=self.few_shot)
+        if self.source in PROCEDURAL_SOURCES:
+            return self.procedural_tasks(self.n if limit is None else min(self.n, limit), self.seed)
         return load_tasks(self.source, limit)
 
 
@@ -95,8 +142,15 @@ class RewardConfig(_Strict):
     ``turn_penalty`` is subtracted per tool turn (ReTool-style pressure towards fewer, better calls);
     ``min_reward`` floors the result. ``turn_shaping`` applies verl's ReTool recipe to a wrong answer
     (:func:`srt_agent.agent.rewards.retool_turn_shaped_reward`; use it with ``incorrect: -1``).
+
+    ``kind`` picks the scorer: ``boxed`` compares the last ``\\boxed{}`` with the ground truth (math-verify,
+    then exact match); ``reasoning_gym`` scores the final answer (``\\boxed{}``, else ``<answer>…</answer>``)
+    with the task family's own scorer, ``incorrect + (correct - incorrect) * score`` for its score in
+    [0, 1], and tasks without a reasoning-gym entry (the cold start's arithmetic traces) as ``boxed`` does;
+    ``auto`` (default) does the same, and unlike ``reasoning_gym`` is allowed with any dataset.
     """
 
+    kind: Literal["auto", "boxed", "reasoning_gym"] = "auto"
     correct: float = 1.0
     incorrect: float = 0.0
     turn_penalty: float = 0.0
@@ -440,6 +494,15 @@ class EnvConfig(_Strict):
             raise ValueError(f"expected a dotted path like 'package.module.Class', got {value!r}")
         return value
 
+    @model_validator(mode="after")
+    def _reward_fits_tasks(self) -> EnvConfig:
+        if self.reward.kind == "reasoning_gym" and self.dataset.source == "arithmetic":
+            raise ValueError(
+                "reward.kind reasoning_gym scores reasoning-gym tasks: set dataset.source: reasoning_gym "
+                "(or reward.kind: boxed for arithmetic tasks)"
+            )
+        return self
+
     def env_class(self) -> type:
         """Import the Env class named by ``env``."""
         return import_dotted(self.env)
@@ -513,7 +576,7 @@ def load_env_config(path: str | Path, overrides: list[str] | None = None) -> Env
     base = path.resolve().parent
     if config.tools is not None and not config.tools.is_absolute():
         config.tools = (base / config.tools).resolve()
-    if config.dataset.source != "arithmetic":
+    if config.dataset.source not in PROCEDURAL_SOURCES:
         source = Path(config.dataset.source)
         config.dataset.source = str(source if source.is_absolute() else (base / source).resolve())
     traces = config.cold_start.source_path(base)

@@ -1,4 +1,5 @@
-"""Tasks: verl-layout rows from JSONL/parquet, and a seeded, verifiable arithmetic task set for offline use.
+"""Tasks: verl-layout rows from JSONL/parquet, a seeded, verifiable arithmetic task set for offline use, and
+weighted mixes of reasoning-gym's procedural task families (``pip install 'srt-agent[envs]'``).
 
 A row in verl's layout is ``{"data_source", "prompt": [chat messages], "reward_model": {"ground_truth"},
 "extra_info"}``; :class:`Task` is its typed form.
@@ -9,7 +10,8 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +22,13 @@ RETOOL_SYSTEM_PROMPT = (
     "any calculation. When you know the answer, give it as \\boxed{answer}."
 )
 ARITHMETIC_SOURCE = "srt_agent/arithmetic"
+REASONING_GYM_SOURCE = "reasoning_gym"  # a task's data_source is "reasoning_gym/<family>"
+REASONING_GYM_SYSTEM_PROMPT = (
+    "You are a careful problem solver with a Python interpreter. To run code, write it as\n"
+    "<code>\n```python\n# your code here, print() what you need\n```\n</code>\n"
+    "and stop; the output will come back inside <interpreter>...</interpreter>. When you know the answer, "
+    "give exactly the answer the question asks for as \\boxed{answer}."
+)
 # A worked exchange in ReTool's format; small models follow the format far more often after one.
 RETOOL_EXAMPLE = [
     {"role": "user", "content": "Compute 23 * 47 + 5."},
@@ -219,3 +228,114 @@ def arithmetic_tasks(
             )
         )
     return tasks
+
+
+def reasoning_gym_missing() -> str | None:
+    """Why reasoning-gym cannot be used here (one line), or None when it is installed."""
+    try:
+        import reasoning_gym  # noqa: F401
+    except ImportError as exc:
+        return f"reasoning-gym is not installed ({exc}): pip install 'srt-agent[envs]'"
+    return None
+
+
+def reasoning_gym_families() -> list[str]:
+    """The task families reasoning-gym registers (``basic_arithmetic``, ``leg_counting``, …)."""
+    from reasoning_gym.factory import DATASETS
+
+    return sorted(DATASETS)
+
+
+def check_reasoning_gym_family(name: str, config: dict) -> None:
+    """ValueError naming the family when it is unknown or `config` does not make a valid config for it."""
+    from reasoning_gym.factory import DATASETS
+
+    if name not in DATASETS:
+        close = [f for f in DATASETS if name.lower() in f or f in name.lower()][:5]
+        hint = f"; did you mean {', '.join(close)}?" if close else " (reasoning_gym.factory.DATASETS lists them)"
+        raise ValueError(f"unknown reasoning-gym task family {name!r}{hint}")
+    config_cls = DATASETS[name][1]
+    try:
+        cfg = config_cls(**config)
+        if hasattr(cfg, "validate"):
+            cfg.validate()
+    except (TypeError, ValueError, AssertionError) as exc:
+        raise ValueError(
+            f"reasoning-gym task family {name!r}: bad config {config}: {exc or type(exc).__name__}"
+        ) from None
+
+
+def reasoning_gym_tasks(
+    families: Sequence[tuple[str, float, dict]],
+    n: int,
+    seed: int = 0,
+    system_prompt: str = REASONING_GYM_SYSTEM_PROMPT,
+    few_shot: bool = False,
+) -> list[Task]:
+    """`n` tasks drawn from reasoning-gym's task `families` (``(name, weight, config)``), each family chosen
+    with probability proportional to its weight (reasoning-gym's composite dataset: the same seed gives the
+    same tasks).
+
+    A task's ``ground_truth`` is reasoning-gym's answer and ``extra_info["reasoning_gym"]`` holds the family,
+    its config and the whole entry, which :func:`reasoning_gym_score` scores with the family's own scorer.
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if not families:
+        raise ValueError("reasoning_gym: name at least one task family")
+    import reasoning_gym
+    from reasoning_gym.composite import DatasetSpec
+
+    for name, _, config in families:
+        check_reasoning_gym_family(name, config)
+    specs = [DatasetSpec(name=name, weight=float(weight), config=dict(config)) for name, weight, config in families]
+    # reasoning-gym draws item i from seed + i, so seeds 1 and 2 would share all but one task: spread the
+    # seed over 31 bits first (a held-out seed then draws tasks the training seed never reaches).
+    spread = random.Random(f"srt_agent/reasoning_gym/{seed}").getrandbits(31)
+    composite = reasoning_gym.create_dataset("composite", size=max(n, 1), seed=spread, datasets=specs)
+    configs = {name: dict(config) for name, _, config in families}
+    tasks = []
+    for i in range(n):
+        entry = composite[i]
+        family = entry["metadata"]["source_dataset"]
+        tasks.append(
+            Task(
+                prompt=[
+                    {"role": "system", "content": system_prompt},
+                    *(RETOOL_EXAMPLE if few_shot else []),
+                    {"role": "user", "content": str(entry["question"])},
+                ],
+                ground_truth=str(entry["answer"]),
+                data_source=f"{REASONING_GYM_SOURCE}/{family}",
+                extra_info={
+                    "index": i,
+                    "seed": seed,
+                    "reasoning_gym": {"family": family, "config": configs[family], "entry": entry},
+                },
+            )
+        )
+    return tasks
+
+
+_SCORERS: dict[str, Callable[[str | None, dict], float]] = {}
+_SCORERS_LOCK = threading.Lock()
+
+
+def reasoning_gym_score(answer: str | None, task: Task) -> float:
+    """reasoning-gym's score of `answer` for `task` (in [0, 1]: 1 right, partial credit in between), by the
+    scorer of the task's family built with the task's config (``dataset.score_answer(answer, entry)``)."""
+    info = task.extra_info.get("reasoning_gym")
+    if not isinstance(info, dict) or "entry" not in info:
+        raise ValueError(
+            f"task from {task.data_source or 'an unnamed source'} has no reasoning-gym entry "
+            "(extra_info.reasoning_gym): reward.kind reasoning_gym needs dataset.source reasoning_gym"
+        )
+    family, config = info["family"], dict(info.get("config") or {})
+    key = json.dumps([family, config], sort_keys=True, default=str)
+    with _SCORERS_LOCK:  # episodes score from worker threads
+        scorer = _SCORERS.get(key)
+        if scorer is None:
+            import reasoning_gym
+
+            scorer = _SCORERS[key] = reasoning_gym.create_dataset(family, **config).score_answer
+    return float(scorer(answer, info["entry"]))

@@ -47,7 +47,12 @@ def fresh_cache(tmp_path, monkeypatch) -> Path:
 
 
 def test_the_shipped_env_files_are_all_covered():
-    assert {p.name for p in ENV_FILES} >= {"retool_arith.yaml", "retool_train.yaml", "retool_long.yaml"}
+    assert {p.name for p in ENV_FILES} >= {
+        "retool_arith.yaml",
+        "retool_train.yaml",
+        "retool_long.yaml",
+        "reasoning_gym_mix.yaml",
+    }
 
 
 @pytest.mark.parametrize("path", ENV_FILES, ids=lambda p: p.stem)

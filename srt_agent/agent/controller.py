@@ -163,6 +163,7 @@ class MultiTurnController:
                 except Exception as exc:  # noqa: BLE001 - a failed release is recorded, not raised
                     traj.error = traj.error or f"release failed: {type(exc).__name__}: {exc}"
             if env is not None:
+                traj.correct = env.correct
                 traj.tool_calls = list(env.tool_calls)
                 traj.tool_time_s = sum(call.wall_s for call in env.tool_calls)
             traj.wall_s = time.perf_counter() - start

@@ -124,6 +124,9 @@ class Env(ABC):
     stop: tuple[str, ...] = ()
     #: Seconds a tool call may take before it becomes a "timeout" record (None: no limit).
     tool_timeout_s: float | None = 120.0
+    #: Whether the episode's final answer was right, once the env has scored it (None: not scored, or the
+    #: env does not say). Evaluations count it as accuracy; None falls back to the ``\\boxed{}`` check.
+    correct: bool | None = None
 
     def __init__(self, task: Task, tools: Mapping[str, Tool] | None = None):
         self.task = task

@@ -8,7 +8,7 @@ from ..config import RewardConfig
 from ..datasets import Task
 from .env import Env, StepResult, Tool
 from .parsing import CODE_TOOL_NAME, RETOOL_STOP, ParseError, parse_tool_call
-from .rewards import score_response
+from .rewards import answer_score, reward_of
 
 
 def interpreter_block(text: str) -> str:
@@ -29,8 +29,11 @@ class ReToolEnv(Env):
         self.model_text = ""
 
     def score(self) -> float:
+        """The episode's reward (``reward:`` section); sets :attr:`correct`."""
         tool_turns = len({call.turn for call in self.tool_calls})
-        return score_response(self.model_text, self.task.ground_truth, tool_turns, self.reward_config)
+        score = answer_score(self.model_text, self.task.ground_truth, self.reward_config, self.task)
+        self.correct = score >= 1.0
+        return reward_of(score, tool_turns, self.reward_config)
 
     async def step(self, response: str, final: bool) -> StepResult:
         self.model_text += response

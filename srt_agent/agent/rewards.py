@@ -1,4 +1,5 @@
-"""Rule rewards: ``\\boxed{}`` answers checked with math-verify (exact match as fallback), ReTool turn penalty."""
+"""Rule rewards: ``\\boxed{}`` answers checked with math-verify (exact match as fallback) or by reasoning-gym's
+scorers, ReTool turn penalty."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import re
 import threading
 
 from ..config import RewardConfig
+from ..datasets import Task, reasoning_gym_score
 from .parsing import extract_boxed
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 def normalize_answer(answer: str) -> str:
@@ -44,12 +48,46 @@ def answers_match(prediction: str, ground_truth: str, use_math_verify: bool = Tr
     return False
 
 
-def score_response(response: str, ground_truth: str, tool_turns: int, config: RewardConfig | None = None) -> float:
-    """The reward of a whole response: its last ``\\boxed{}`` against the ground truth, minus the turn penalty."""
-    config = config or RewardConfig()
+def final_answer(response: str) -> str | None:
+    """The model's final answer: its last ``\\boxed{}``, else its last ``<answer>…</answer>``; None when neither."""
+    boxed = extract_boxed(response)
+    if boxed is not None:
+        return boxed
+    tags = _ANSWER_TAG.findall(response)
+    return tags[-1].strip() if tags else None
+
+
+def reward_kind(task: Task | None, config: RewardConfig) -> str:
+    """The scorer ``reward.kind`` resolves to for `task`: ``boxed`` stays; ``auto`` and ``reasoning_gym`` score
+    a reasoning-gym task with its family's scorer and any other task (the cold start's arithmetic traces)
+    by ``\\boxed{}``."""
+    if config.kind == "boxed":
+        return "boxed"
+    return "reasoning_gym" if task is not None and "reasoning_gym" in task.extra_info else "boxed"
+
+
+def answer_score(response: str, ground_truth: str, config: RewardConfig, task: Task | None = None) -> float:
+    """How right a whole response's final answer is, in [0, 1] (1: right), by the scorer ``config.kind`` picks."""
+    if task is not None and reward_kind(task, config) == "reasoning_gym":
+        answer = final_answer(response)
+        return min(max(reasoning_gym_score(answer, task), 0.0), 1.0) if answer is not None else 0.0
     answer = extract_boxed(response)
-    correct = answer is not None and answers_match(answer, str(ground_truth), config.use_math_verify)
-    reward = (config.correct if correct else config.incorrect) - config.turn_penalty * tool_turns
+    return float(answer is not None and answers_match(answer, str(ground_truth), config.use_math_verify))
+
+
+def score_response(
+    response: str, ground_truth: str, tool_turns: int, config: RewardConfig | None = None, task: Task | None = None
+) -> float:
+    """The reward of a whole response: its final answer scored against `task` (the ground truth), minus the
+    turn penalty; a partial score (reasoning-gym) gives ``incorrect + (correct - incorrect) * score``."""
+    config = config or RewardConfig()
+    return reward_of(answer_score(response, ground_truth, config, task), tool_turns, config)
+
+
+def reward_of(score: float, tool_turns: int, config: RewardConfig) -> float:
+    """The reward of an answer scored `score` in [0, 1] after `tool_turns` tool turns (penalty, shaping, floor)."""
+    base = config.correct if score >= 1 else config.incorrect + (config.correct - config.incorrect) * max(score, 0.0)
+    reward = base - config.turn_penalty * tool_turns
     if config.turn_shaping:
         reward = retool_turn_shaped_reward(reward, 2 + 2 * tool_turns)  # verl's count: prompt, answer, 2 per call
     if config.min_reward is not None:

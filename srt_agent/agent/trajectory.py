@@ -38,6 +38,7 @@ class Trajectory:
     error: str | None = None
     ground_truth: str = ""
     data_source: str = ""
+    correct: bool | None = None  # the env's verdict on the final answer (None: it gave none)
     forwards: int = 0
     draft_proposed: int = 0
     draft_accepted: int = 0

@@ -1,19 +1,29 @@
 """How a policy uses the interpreter: tool-call rate, clean-run rate, accuracy and mean reward over
 trajectories, each with a 95% interval (Wilson for shares, bootstrap for the mean reward) so that a
-change between two evaluations can be told from noise."""
+change between two evaluations can be told from noise.
+
+:func:`evaluate_policy` is the one held-out evaluation: the trainer's "before RL" / "after RL" reports and
+``srt-agent eval`` both run it.
+"""
 
 from __future__ import annotations
 
 import math
 import random
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from ..agent.parsing import CODE_TOOL_NAME
 from ..agent.rewards import score_response
 from ..agent.trajectory import Trajectory
 from ..config import EnvConfig, RewardConfig
 from ..datasets import Task, arithmetic_tasks
+from .progress import Phase, no_bar
+
+if TYPE_CHECKING:
+    from .rollouts import PolicyRollouts, RolloutRun
 
 #: the figures a held-out evaluation reports (``val/<name>`` in the trackers)
 HELD_OUT_FIGURES = ("accuracy", "tool_call_rate", "code_ok_rate", "mean_reward")
@@ -59,7 +69,9 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> list[float]:
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return [max(0.0, centre - half), min(1.0, centre + half)]
+    low, high = max(0.0, centre - half), min(1.0, centre + half)
+    # exact ends for a share of 0 or 1 (rounding leaves 0.9999999999999999, which excludes the share itself)
+    return [0.0 if successes == 0 else low, 1.0 if successes == n else high]
 
 
 def bootstrap_interval(values: Sequence[float], draws: int = 2000, level: float = 0.95, seed: int = 0) -> list[float]:
@@ -78,7 +90,10 @@ def _assistant_text(traj: Trajectory) -> str:
 
 
 def is_correct(traj: Trajectory) -> bool:
-    """Whether the trajectory's last ``\\boxed{}`` equals its ground truth (no shaping, no penalties)."""
+    """The env's verdict on the final answer when it gave one (``Env.correct``: reasoning-gym's scorer for its
+    tasks), else whether the last ``\\boxed{}`` equals the ground truth (no shaping, no penalties)."""
+    if traj.correct is not None:
+        return traj.correct
     return score_response(_assistant_text(traj), traj.ground_truth, 0, RewardConfig()) == RewardConfig().correct
 
 
@@ -106,10 +121,42 @@ def tool_use_report(trajectories: Sequence[Trajectory]) -> ToolUseReport:
     )
 
 
-def held_out_tasks(config: EnvConfig) -> list[Task]:
-    """``cold_start.eval_tasks`` procedural tasks seen neither in the RL dataset nor in the cold start."""
-    cs = config.cold_start
-    seen = {t.prompt[-1]["content"] for t in config.dataset.tasks()}
-    seen |= {t.prompt[-1]["content"] for t in arithmetic_tasks(cs.n, cs.seed, few_shot=config.dataset.few_shot)}
-    candidates = arithmetic_tasks(cs.eval_tasks * 2, cs.eval_seed, few_shot=config.dataset.few_shot)
-    return [t for t in candidates if t.prompt[-1]["content"] not in seen][: cs.eval_tasks]
+def held_out_tasks(config: EnvConfig, n: int | None = None) -> list[Task]:
+    """`n` (default ``cold_start.eval_tasks``) procedural tasks seen neither in the RL dataset nor in the cold
+    start, drawn with ``cold_start.eval_seed``: from the dataset's own source when it generates tasks
+    (arithmetic, a reasoning-gym mix), else arithmetic ones."""
+    cs, dataset = config.cold_start, config.dataset
+    n = cs.eval_tasks if n is None else n
+    seen = {t.prompt[-1]["content"] for t in dataset.tasks()}
+    seen |= {t.prompt[-1]["content"] for t in arithmetic_tasks(cs.n, cs.seed, few_shot=dataset.few_shot)}
+    if dataset.source == "reasoning_gym":
+        candidates = dataset.procedural_tasks(n * 2, cs.eval_seed)
+    else:
+        candidates = arithmetic_tasks(n * 2, cs.eval_seed, few_shot=dataset.few_shot)
+    return [t for t in candidates if t.prompt[-1]["content"] not in seen][:n]
+
+
+def evaluate_policy(
+    rollouts: PolicyRollouts,
+    tasks: Sequence[Task],
+    seed: int,
+    *,
+    n_samples: int = 1,
+    drafter: str | None = None,
+    phase: Phase = no_bar,
+    label: str = "held-out tasks",
+) -> tuple[ToolUseReport, RolloutRun]:
+    """Roll out `tasks` (`n_samples` each, sampling seeded by `seed`) with the rollouts' current weights and
+    report tool use, accuracy and reward with 95% intervals; `phase` shows the progress (a bar per run)."""
+    drafter = drafter or rollouts.main
+    with phase(f"{label} ({drafter})", len(tasks) * n_samples) as update:
+        run = rollouts.run(drafter, tasks, n_samples, seed, on_done=lambda _: update(advance=1))
+    return tool_use_report(run.trajectories), run
+
+
+def reports_by_source(run: RolloutRun) -> dict[str, ToolUseReport]:
+    """The run's report per task source (``data_source``: a reasoning-gym mix gives one per family)."""
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
+    for traj in run.trajectories:
+        groups[traj.data_source or "(none)"].append(traj)
+    return {source: tool_use_report(trajs) for source, trajs in sorted(groups.items())}

@@ -42,7 +42,7 @@ from .checkpoint import (
 )
 from .coldstart import ColdStartResult, cold_start_line, finish_report, run_cold_start
 from .data import PromptSampler
-from .evaluate import HELD_OUT_FIGURES, ToolUseReport, held_out_tasks, tool_use_report
+from .evaluate import HELD_OUT_FIGURES, ToolUseReport, evaluate_policy, held_out_tasks
 from .interrupt import cooperative_interrupt, deferred_interrupt
 from .memory import MemoryMeter, check_plan, memory_line, plan_memory, planned_backends
 from .metrics import compare_metrics, merged_summary, rollout_metrics, run_ahead_metrics, speed_totals
@@ -450,8 +450,8 @@ class Trainer:
         tasks, seed = held_out_tasks(self.config), self.config.cold_start.eval_seed
 
         def evaluate(label: str) -> ToolUseReport:
-            run = self._run_with_progress(rollouts, rollouts.main, tasks, seed, f"held-out tasks, {label}", n=1)
-            return tool_use_report(run.trajectories)
+            self._check_interrupt()
+            return evaluate_policy(rollouts, tasks, seed, phase=self._phase, label=f"held-out tasks, {label}")[0]
 
         return evaluate
 
