@@ -116,6 +116,19 @@ def test_n_reaches_the_bench_config(monkeypatch, tmp_path):
     assert bench.bench_env(VLLMBenchConfig(env=str(_tiny_env(tmp_path)), samples=8), 16).n_samples == 8
 
 
+def test_stock_vllm_alone_samples_with_vllms_own_sampler(tmp_path):
+    from srt_agent.rl.rollouts import variant_config
+
+    config = bench.bench_env(VLLMBenchConfig(env=str(_tiny_env(tmp_path))), 4)
+    methods = bench.chosen_methods(["vllm:stock", "vllm:srt", "engine:srt"])
+    configs = {v.name: variant_config(config, v) for v in bench.bench_variants(methods)}
+    assert configs["vllm:stock"].engine.backend == "vllm" and not configs["vllm:stock"].engine.vllm.exact_sampling
+    for name in ("trainer", "vllm:none", "vllm:srt", "engine:srt"):
+        assert configs[name].engine.vllm.exact_sampling, name
+    assert config.engine.vllm.exact_sampling  # the env's own config is left alone
+    assert bench.inexact_methods(config, methods) == ["vllm:stock"]
+
+
 def _tiny_env(tmp_path: Path) -> Path:
     env = tmp_path / "tiny.yaml"
     env.write_text(

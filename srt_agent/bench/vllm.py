@@ -158,6 +158,15 @@ class StepLog:
         )
 
 
+def bench_variants(methods: Sequence[BenchMethod]) -> list[RolloutVariant]:
+    """The trainer's variant (vLLM without speculation, generating the training rollouts) and one per method;
+    a method that is not exact samples with vLLM's own sampler, the others as the env config says."""
+    variants = [RolloutVariant(TRAINER, "none", backend="vllm")]
+    return variants + [
+        RolloutVariant(m.name, m.drafter, backend=m.backend, exact_sampling=None if m.exact else False) for m in methods
+    ]
+
+
 def run_batch(cfg: VLLMBenchConfig, batch: int, methods: list[BenchMethod], loaded, log: Callable[[str], None]) -> dict:
     """One RL run at batch size `batch` with every method regenerating each step."""
     from rich.console import Console
@@ -165,10 +174,7 @@ def run_batch(cfg: VLLMBenchConfig, batch: int, methods: list[BenchMethod], load
     from ..rl.trainer import Trainer
 
     config = bench_env(cfg, batch)
-    variants = [RolloutVariant(TRAINER, "none", backend="vllm")]
-    variants += [
-        RolloutVariant(m.name, m.drafter, backend=m.backend, exact_sampling=None if m.exact else False) for m in methods
-    ]
+    variants = bench_variants(methods)
     recorder = StepLog([m.name for m in methods], log)
     log(
         f"batch {batch}: {cfg.steps} steps of {config.name}, {cfg.prompts_per_step} prompts × n = {cfg.samples}; "
