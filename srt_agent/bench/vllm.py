@@ -16,8 +16,9 @@ trajectories differ from the others' at T > 0 (its ``identical`` share says by h
 
 Each ratio comes with a 95% paired bootstrap interval over steps (`ratio_interval`): a draw resamples the
 steps with replacement and takes the ratio of the two methods' summed times over the drawn steps, the same
-statistic as the point estimate, so a step's noise (another process on the CPUs, a slow turn) moves both
-methods' times in that draw together. A difference is told apart from noise when its interval excludes 1.
+statistic as the point estimate. What makes a step long for every method (its prompts, its rollouts'
+lengths) cancels in the pairing; what is left is how the ratio varies from step to step, noise that hit one
+method's run (another process on the CPUs) included. A difference is told apart when its interval excludes 1.
 """
 
 from __future__ import annotations
@@ -210,18 +211,14 @@ def _sums(steps: Sequence[dict], name: str) -> tuple[list[float], list[float]]:
     return [s["methods"][name]["gen_s"] for s in steps], [s["methods"][name]["tokens"] for s in steps]
 
 
-def time_ratio(steps: Sequence[dict], num: str, den: str, per_token: bool = False) -> float | None:
-    """Method `num`'s generation time summed over `steps` over method `den`'s (per generated token when
-    `per_token`); None where `den` took no time."""
-    return ratio_interval(steps, num, den, per_token, draws=0)[0]
-
-
 def ratio_interval(
     steps: Sequence[dict], num: str, den: str, per_token: bool = False, draws: int = DRAWS, seed: int = 0
 ) -> tuple[float | None, list[float] | None]:
-    """`time_ratio` and its 95% paired bootstrap interval: each draw resamples the steps with replacement
-    and takes the ratio of the summed times over the drawn steps (both methods' times from the same
-    steps). Seeded: the same steps give the same interval. (None, None) without steps or time."""
+    """Method `num`'s generation time summed over `steps` over method `den`'s (per generated token when
+    `per_token`: each one's summed time over its summed tokens), and its 95% paired bootstrap interval:
+    each draw resamples the steps with replacement and takes the same ratio over the drawn steps (both
+    methods' times from the same steps). Seeded: the same steps give the same interval. (None, None)
+    without steps or time; (ratio, None) when `draws` is 0."""
     if not steps:
         return None, None
     num_s, num_tokens = _sums(steps, num)
