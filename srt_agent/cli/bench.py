@@ -406,11 +406,16 @@ def bench_vllm(
     method: list[str] = typer.Option(
         [],
         "--method",
-        help="Methods (default: all): vllm:none, vllm:ngram, vllm:suffix, vllm:srt, engine:none, engine:srt.",
+        help="Methods (default: all): vllm:none, vllm:stock (vLLM's own sampler), vllm:ngram, vllm:suffix, "
+        "vllm:srt, engine:none, engine:srt.",
     ),
-    steps: int = typer.Option(4, min=1, help="RL steps per run."),
+    steps: int = typer.Option(
+        8, min=1, help="RL steps per run (the units the 95% intervals resample: fewer steps, wider intervals)."
+    ),
     prompts: int = typer.Option(4, min=1, help="Prompts per step."),
-    samples: int = typer.Option(4, min=1, help="Samples per prompt (a GRPO group)."),
+    samples: int = typer.Option(
+        4, "--n", "--samples", min=1, help="Group size n: samples per prompt (a GRPO group; --samples: the same)."
+    ),
     dataset_n: int = typer.Option(8, min=1, help="Distinct prompts (fewer than steps × prompts: prompts come back)."),
     model: str | None = typer.Option(None, help="Override the config's model."),
     out: Path = typer.Option(Path("runs/bench-vllm"), help="Run folders, one per batch size."),
@@ -418,7 +423,8 @@ def bench_vllm(
     json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here (also after every run)."),
     plot: Path | None = typer.Option(None, "--plot", help="Write a PNG of generation time per step here."),
 ):
-    """vLLM (none, ngram, suffix, SRT as its proposer) and our engine (none, SRT) in the same RL steps."""
+    """vLLM (none, stock, ngram, suffix, SRT as its proposer) and our engine (none, SRT) in the same RL steps,
+    each ratio with a 95% paired bootstrap interval over the steps."""
     from ..bench.vllm import METHODS, VLLMBenchConfig, plot_vllm, run_vllm_bench, vllm_table
 
     preload_for_vllm()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -78,11 +78,21 @@ def bootstrap_interval(values: Sequence[float], draws: int = 2000, level: float 
     """A percentile bootstrap interval of the mean of `values` (seeded: the same values give the same interval)."""
     if not values:
         return [0.0, 0.0]
+    return bootstrap_statistic(len(values), lambda rows: sum(values[i] for i in rows) / len(rows), draws, level, seed)
+
+
+def bootstrap_statistic(
+    n: int, statistic: Callable[[list[int]], float], draws: int = 2000, level: float = 0.95, seed: int = 0
+) -> list[float]:
+    """A percentile bootstrap interval of `statistic` over `n` paired units: each draw resamples the unit
+    indices with replacement and hands them to `statistic` (so figures of one unit stay together: a paired
+    bootstrap). Seeded: the same units give the same interval; [0, 0] when n is 0."""
+    if n == 0:
+        return [0.0, 0.0]
     rng = random.Random(seed)
-    n = len(values)
-    means = sorted(sum(rng.choice(values) for _ in range(n)) / n for _ in range(draws))
+    values = sorted(statistic([rng.randrange(n) for _ in range(n)]) for _ in range(draws))
     tail = (1 - level) / 2
-    return [means[int(tail * (draws - 1))], means[int((1 - tail) * (draws - 1))]]
+    return [values[int(tail * (draws - 1))], values[int((1 - tail) * (draws - 1))]]
 
 
 def _assistant_text(traj: Trajectory) -> str:

@@ -28,13 +28,27 @@ from ..models import LoadedModel
 
 @dataclass(frozen=True)
 class RolloutVariant:
-    """An engine configuration that generates rollouts: a name, a drafter, run-ahead options or None, and
-    the rollout backend (None: the env config's ``engine.backend``)."""
+    """An engine configuration that generates rollouts: a name, a drafter, run-ahead options or None, the
+    rollout backend (None: the env config's ``engine.backend``) and, for vLLM, whether it samples exactly
+    (None: the env config's ``engine.vllm.exact_sampling``; False: vLLM's own sampler)."""
 
     name: str
     drafter: str
     run_ahead: RunAheadOptions | None = None
     backend: str | None = None
+    exact_sampling: bool | None = None
+
+
+def variant_config(config: EnvConfig, variant: RolloutVariant) -> EnvConfig:
+    """The env config with `variant`'s backend and exact-sampling choice where it makes one."""
+    engine = config.engine
+    if variant.backend is not None:
+        engine = engine.model_copy(update={"backend": variant.backend})
+    if variant.exact_sampling is not None:
+        engine = engine.model_copy(
+            update={"vllm": engine.vllm.model_copy(update={"exact_sampling": variant.exact_sampling})}
+        )
+    return config if engine is config.engine else config.model_copy(update={"engine": engine})
 
 
 @dataclass
@@ -80,11 +94,7 @@ class PolicyRollouts:
         self.controllers: dict[str, MultiTurnController] = {}
         try:
             for v in variants:
-                cfg = (
-                    config
-                    if v.backend is None
-                    else config.model_copy(update={"engine": config.engine.model_copy(update={"backend": v.backend})})
-                )
+                cfg = variant_config(config, v)
                 self.controllers[v.name] = build_controller(
                     cfg, loaded=loaded, drafter=v.drafter, tools=tools, run_ahead=v.run_ahead, log=log
                 )

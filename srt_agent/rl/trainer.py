@@ -403,7 +403,9 @@ class Trainer:
         for variant in self.variants[1:]:
             if variant.drafter in LENIENT_DRAFTERS:
                 why[variant.name] = "it accepts drafts leniently: not exactly on-policy"
-            elif self.backend == "vllm" and not self.config.engine.vllm.exact_sampling:
+            elif self.backend == "vllm" and not (
+                self.config.engine.vllm.exact_sampling if variant.exact_sampling is None else variant.exact_sampling
+            ):
                 why[variant.name] = VLLM_IDENTICAL_NOTE
             else:
                 why[variant.name] = "float32 near-ties can flip between batch shapes"
