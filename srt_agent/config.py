@@ -285,8 +285,11 @@ class VLLMOptions(_Strict):
 
     speculative_tokens: int = Field(8, ge=1, description="draft tokens per step (srt, ngram, suffix)")
     enforce_eager: bool = Field(True, description="skip torch.compile (start-up in seconds instead of minutes)")
-    kv_cache_gib: float = Field(
-        1.0, gt=0, description="KV cache per engine (VLLM_CPU_KVCACHE_SPACE) unless set in the environment"
+    kv_cache_gib: float | None = Field(
+        None,
+        gt=0,
+        description="KV cache per engine in GiB; null: sized from the job (max_batch sequences of max_context "
+        "tokens); VLLM_CPU_KVCACHE_SPACE in the environment (whole GiB) overrides both",
     )
     threads: int | None = Field(
         None,

@@ -87,7 +87,7 @@ def job_kv_gib(hf_config, engine_config) -> float:
 
 def kv_cache_gib(hf_config, engine_config) -> float:
     """The KV cache per vLLM engine: ``engine.vllm.kv_cache_gib`` where the config sets it, else sized from the job."""
-    if "kv_cache_gib" in engine_config.vllm.model_fields_set:
+    if engine_config.vllm.kv_cache_gib is not None:
         return engine_config.vllm.kv_cache_gib
     return job_kv_gib(hf_config, engine_config)
 

