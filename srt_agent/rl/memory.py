@@ -19,6 +19,7 @@ import torch
 
 from ..backends.vllm import kv_cache_gib
 from ..config import ConfigError
+from ..engine.packed_linear import available_memory_bytes
 
 GB = 1e9
 #: what importing and starting vLLM's engine core adds to a process beyond its weights and KV cache
@@ -103,31 +104,13 @@ def activation_bytes(hf_config, tokens: int) -> int:
     return 4 * tokens * (layers * (6 * hidden + 2 * inter) + 2 * hf_config.vocab_size)
 
 
-def available_bytes() -> int | None:
-    """The machine's available memory (``MemAvailable``), or None where it cannot be read."""
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except ImportError:
-        pass
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def check_plan(plan: MemoryPlan, max_memory_gb: float | None, available: int | None = None) -> None:
     """A ConfigError (one line: the plan, the limit, what to change) when `plan` exceeds ``max_memory_gb``
     or the memory the machine has available beyond what this process already holds."""
     if max_memory_gb is not None:  # the user's word: it may say more than the machine has free right now
         limit, what = int(max_memory_gb * GB), f"train.max_memory_gb = {max_memory_gb:g} GB"
     else:
-        free = available_bytes() if available is None else available
+        free = available_memory_bytes() if available is None else available
         limit = None if free is None else free + plan.now
         what = f"the {(free or 0) / GB:.1f} GB this machine has available"
     if limit is None or plan.total <= limit:
