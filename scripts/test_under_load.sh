@@ -20,7 +20,7 @@ for run in $(seq "$RUNS"); do
   start=$(date +%s)
   bash .ci/run >"$log" 2>&1
   rc=$?
-  echo "run $run/$RUNS: exit $rc in $(( $(date +%s) - start )) s ($(grep -E '^[0-9]+ (passed|failed)' "$log" | tr '\n' ';')) log: $log"
+  echo "run $run/$RUNS: exit $rc in $(( $(date +%s) - start )) s ($(grep -oE '[0-9]+ (passed|failed)[^=]*' "$log" | tr '\n' ';')) log: $log"
   [ "$rc" = 0 ] || failed=1
 done
 exit $failed
