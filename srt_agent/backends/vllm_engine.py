@@ -137,7 +137,7 @@ class VLLMEngine:
             raise VLLMUnavailable(missing)
         from ..integrations.vllm import check_runner, cpu_env, speculative_config
         from ..integrations.vllm.plugin import register
-        from ..integrations.vllm.seams import installed_problems
+        from ..integrations.vllm.seams import installed_summary
         from ..integrations.vllm.settings import EXACT_SAMPLING_ENV, V2_RUNNER_ENV
 
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up chatter would bury the run's own lines
@@ -155,10 +155,9 @@ class VLLMEngine:
         set_num_threads, exact_before = torch.set_num_threads, os.environ.get(EXACT_SAMPLING_ENV)
         os.environ[EXACT_SAMPLING_ENV] = "1" if exact_sampling else "0"  # read when this engine's runner is built
         register()  # the CPU temperature fix, exact sampling and the proposer's seam, in this process (the worker's)
-        problems = installed_problems()
-        if problems:
-            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise VLLMUnsupported(f"this vLLM ({vllm_version()}) moved what srt-agent hooks: {problems[0]}{more}")
+        moved = installed_summary()
+        if moved:
+            raise VLLMUnsupported(f"this vLLM ({vllm_version()}) moved what srt-agent hooks: {moved}")
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 

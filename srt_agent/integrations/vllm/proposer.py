@@ -88,12 +88,11 @@ def check_seam() -> None:
     input batch is not installed: a vLLM upgrade that moves the seam must fail loudly, not draft nothing."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from .seams import installed_problems
+    from .seams import installed_summary
 
-    problems = installed_problems()
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise RuntimeError(f"SRTProposer does not support this vLLM: {problems[0]}{more}")
+    moved = installed_summary()
+    if moved:
+        raise RuntimeError(f"SRTProposer does not support this vLLM: {moved}")
     if not getattr(getattr(GPUModelRunner, "propose_draft_token_ids", None), "srt_seam", False):
         raise RuntimeError(
             "srt_agent's vLLM plugin is not loaded (entry point vllm.general_plugins): "

@@ -425,3 +425,11 @@ def installed_problems() -> list[str]:
                 params = None
         problems += _check(seam, params, _source(seam, module, obj) if seam.contains else None)
     return problems
+
+
+def installed_summary() -> str | None:
+    """One line for :func:`installed_problems` (the first, and how many more), or None when every seam holds."""
+    problems = installed_problems()
+    if not problems:
+        return None
+    return problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
