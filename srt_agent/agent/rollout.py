@@ -103,6 +103,7 @@ def build_controller(
     tools: dict | None = None,
     run_ahead=None,
     log: Callable[[str], None] | None = None,
+    backend=None,
 ) -> MultiTurnController:
     """Load the model (`loaded`, else `model`, else the config's), start the rollout backend the config's
     ``engine.backend`` names (see :func:`srt_agent.backends.make_backend`), load the tools.
@@ -110,8 +111,9 @@ def build_controller(
     `env_class` overrides the config's ``env`` (for classes defined in a script), `drafter` the engine's
     drafter, `tools` the config's tool file (already built tools, shared between controllers),
     `run_ahead` gives the engine run-ahead options (`RunAheadOptions`; windows are opened by the
-    trainer), `log` gets a line on which backend runs and why. Close the backend with
-    ``controller.engine.close()`` when done.
+    trainer), `log` gets a line on which backend runs and why, `backend` is one already started (e.g. a
+    view of another controller's engine) to use instead. Close the backend with ``controller.engine.close()``
+    when done.
     """
     from srt_agent.backends import make_backend
     from srt_agent.models import load_model
@@ -120,7 +122,10 @@ def build_controller(
         tools = load_tools(config.tools, config.interpreter) if config.tools is not None else {}
     env_class = env_class or config.env_class()
     loaded = loaded or load_model(model or config.model, device=config.engine.device)
-    backend = make_backend(config, loaded, drafter, run_ahead, log)
+    if backend is None:
+        backend = make_backend(config, loaded, drafter, run_ahead, log)
+    elif log is not None:
+        log(f"backend for {drafter or config.engine.drafter}: {backend.describe()}")
     return MultiTurnController(
         engine=backend,
         tokenizer=loaded.tokenizer,

@@ -1,16 +1,18 @@
 """vLLM as a rollout backend: :class:`VLLMBackend` drives a :class:`~.vllm_engine.VLLMEngine` (vLLM V1 in
 this process) from the AsyncEngine's thread behind the RolloutBackend seam; :func:`vllm_backend` builds one
-from an env config."""
+from an env config. :class:`UndraftedView` runs requests without speculation on an SRT backend's engine, so a
+comparison without speculation needs no second engine (nor its weights and KV cache)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from pathlib import Path
 
 import torch
 
-from ..engine import AsyncEngine
+from ..engine import AsyncEngine, RequestOutput, SamplingParams
 from .vllm_engine import VLLMEngine, check_vllm_drafter, vllm_version
 
 MiB = 2**20
@@ -52,6 +54,21 @@ class VLLMBackend(AsyncEngine):
         e = self.engine
         return {}, {"engine": {"backend": "vllm", "max_batch": e.max_batch, "max_context": e.max_context}}
 
+    def undrafted(self) -> UndraftedView | None:
+        """This engine without speculation for the view's requests (None unless the drafter can leave
+        requests out: SRT's proposer skips ``UNDRAFTED_PREFIX`` ids; vLLM's own drafters do not)."""
+        return UndraftedView(self) if self.drafter_name == "srt" else None
+
+    def forget_prefixes(self) -> None:
+        """Empty vLLM's prefix cache (nothing may run): a run that follows another on a shared engine starts
+        as cold as on an engine of its own."""
+
+        def reset(engine: VLLMEngine) -> None:
+            if engine.calls or not engine.llm.reset_prefix_cache():
+                raise RuntimeError("vLLM's prefix cache cannot be emptied while requests run")
+
+        self.call(reset).result()
+
     def describe(self) -> str:
         e = self.engine
         return f"vLLM {vllm_version()} (float32, {e.device.type}, started in {e.startup_s:.0f} s)"
@@ -59,6 +76,67 @@ class VLLMBackend(AsyncEngine):
     def close(self) -> None:
         super().close()
         self.engine.close()
+
+
+class UndraftedView:
+    """The rollout backend of a run without speculation on `owner`'s engine: its requests get no drafts and
+    stay out of the trees (ids prefixed with ``UNDRAFTED_PREFIX``), with exact sampling the tokens are those
+    of an engine without a drafter. Weights, steps, trees and closing are the owner's: the view's own calls
+    for them do nothing."""
+
+    name = "vllm"
+    drafter_name = "none"
+    run_ahead = None
+
+    def __init__(self, owner: VLLMBackend):
+        from ..integrations.vllm.settings import UNDRAFTED_PREFIX
+
+        self.owner = owner
+        self.engine = owner.engine
+        self.prefix = UNDRAFTED_PREFIX
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        prompt_key: Hashable | None = None,
+    ) -> RequestOutput:
+        out = await self.owner.generate(self.prefix + request_id, prompt_ids, params, prompt_key)
+        return dataclasses.replace(out, request_id=request_id)
+
+    def release(self, request_id: str) -> None:
+        self.owner.release(self.prefix + request_id)
+
+    def idle_capacity(self) -> int:
+        return self.owner.idle_capacity()
+
+    def update_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """The owner loads them."""
+
+    def end_step(self) -> None:
+        """The owner ends the step."""
+
+    def stats(self) -> dict:
+        return {**self.owner.stats(), "shared_with": self.owner.drafter_name}
+
+    def trees(self) -> None:
+        return None
+
+    def restore_trees(self, cache) -> None:
+        raise ValueError("drafter 'none' keeps no rollout cache")
+
+    def step_costs(self) -> tuple[dict, dict]:
+        return self.owner.step_costs()
+
+    def forget_prefixes(self) -> None:
+        self.owner.forget_prefixes()
+
+    def describe(self) -> str:
+        return f"{self.owner.describe()}, shared with {self.owner.drafter_name}: no drafts for this run"
+
+    def close(self) -> None:
+        """The owner closes the engine."""
 
 
 def kv_bytes_per_token(hf_config, dtype_bytes: int = 4) -> int:

@@ -160,11 +160,13 @@ class StepLog:
 
 
 def bench_variants(methods: Sequence[BenchMethod]) -> list[RolloutVariant]:
-    """The trainer's variant (vLLM without speculation, generating the training rollouts) and one per method;
-    a method that is not exact samples with vLLM's own sampler, the others as the env config says."""
+    """The trainer's variant (vLLM without speculation, generating the training rollouts) and one per method,
+    each on an engine of its own; a method that is not exact samples with vLLM's own sampler, the others as
+    the env config says."""
     variants = [RolloutVariant(TRAINER, "none", backend="vllm")]
     return variants + [
-        RolloutVariant(m.name, m.drafter, backend=m.backend, exact_sampling=None if m.exact else False) for m in methods
+        RolloutVariant(m.name, m.drafter, backend=m.backend, exact_sampling=None if m.exact else False, own_engine=True)
+        for m in methods
     ]
 
 

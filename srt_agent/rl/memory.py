@@ -30,8 +30,10 @@ VLLM_ENGINE_OVERHEAD_BYTES = int(0.05 * GB)
 
 
 def planned_backends(config, loaded, variants) -> list[str]:
-    """The backend each variant's engine will run on ("engine" or "vllm"), as make_backend will choose it."""
+    """The backend each variant's engine will run on ("engine" or "vllm"), as make_backend will choose it;
+    "shared" for a variant that will run on an earlier variant's vLLM engine (see ``rollouts.undrafted_owner``)."""
     from ..backends import choose_backend, vllm_missing
+    from .rollouts import undrafted_owner
 
     problem = None
     if not vllm_missing():
@@ -46,6 +48,10 @@ def planned_backends(config, loaded, variants) -> list[str]:
             )
         except ValueError:  # the engine's start says why, in its own words
             out.append("vllm")
+    for i in range(len(variants)):
+        owner = undrafted_owner(config, variants, i)
+        if owner is not None and out[i] == out[owner] == "vllm":
+            out[i] = "shared"
     return out
 
 

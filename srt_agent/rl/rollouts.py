@@ -2,7 +2,9 @@
 
 A variant is a drafter with or without run-ahead. The first variant's rollouts feed training; the
 others (``--compare``, the ablation's stages) regenerate the same step from the same weights and seeds
-for timing. Every engine keeps its drafter's trees across steps and weight updates: that memory of
+for timing. A variant without speculation runs on an earlier SRT variant's vLLM engine where their engine
+settings agree (:func:`undrafted_owner`): its requests get no drafts and leave the trees alone, and each
+run on the shared engine starts with an empty prefix cache, as it would on an engine of its own. Every engine keeps its drafter's trees across steps and weight updates: that memory of
 earlier policy versions is what SRT drafts from. A variant with run-ahead gets a window per run: the
 batch being rolled out and the prompts that come next.
 """
@@ -30,13 +32,15 @@ from ..models import LoadedModel
 class RolloutVariant:
     """An engine configuration that generates rollouts: a name, a drafter, run-ahead options or None, the
     rollout backend (None: the env config's ``engine.backend``) and, for vLLM, whether it samples exactly
-    (None: the env config's ``engine.vllm.exact_sampling``; False: vLLM's own sampler)."""
+    (None: the env config's ``engine.vllm.exact_sampling``; False: vLLM's own sampler); `own_engine`: never
+    run on another variant's engine (benchmarks that time vLLM without speculation as users run it)."""
 
     name: str
     drafter: str
     run_ahead: RunAheadOptions | None = None
     backend: str | None = None
     exact_sampling: bool | None = None
+    own_engine: bool = False
 
 
 def variant_config(config: EnvConfig, variant: RolloutVariant) -> EnvConfig:
@@ -49,6 +53,19 @@ def variant_config(config: EnvConfig, variant: RolloutVariant) -> EnvConfig:
             update={"vllm": engine.vllm.model_copy(update={"exact_sampling": variant.exact_sampling})}
         )
     return config if engine is config.engine else config.model_copy(update={"engine": engine})
+
+
+def undrafted_owner(config: EnvConfig, variants: Sequence[RolloutVariant], index: int) -> int | None:
+    """The earlier variant whose engine variant `index` can run on without speculation: it drafts nothing
+    (``none``, no run-ahead) and an SRT variant before it has the same engine settings. None otherwise."""
+    variant = variants[index]
+    if variant.drafter != "none" or variant.run_ahead is not None or variant.own_engine:
+        return None
+    engine = variant_config(config, variant).engine
+    for j, other in enumerate(variants[:index]):
+        if other.drafter == "srt" and variant_config(config, other).engine == engine:
+            return j
+    return None
 
 
 @dataclass
@@ -92,11 +109,24 @@ class PolicyRollouts:
         self.loaded = loaded
         self.variants = {v.name: v for v in variants}
         self.controllers: dict[str, MultiTurnController] = {}
+        self.shared: set[str] = set()  # variants whose engine another variant runs on too
         try:
-            for v in variants:
-                cfg = variant_config(config, v)
+            for i, v in enumerate(variants):
+                owner = undrafted_owner(config, variants, i)
+                view = None
+                if owner is not None:
+                    lend = getattr(self.backend(names[owner]), "undrafted", None)
+                    view = lend() if lend is not None else None
+                if view is not None:
+                    self.shared |= {v.name, names[owner]}
                 self.controllers[v.name] = build_controller(
-                    cfg, loaded=loaded, drafter=v.drafter, tools=tools, run_ahead=v.run_ahead, log=log
+                    variant_config(config, v),
+                    loaded=loaded,
+                    drafter=v.drafter,
+                    tools=tools,
+                    run_ahead=v.run_ahead,
+                    log=log,
+                    backend=view,
                 )
         except BaseException:
             self.close()
@@ -130,6 +160,8 @@ class PolicyRollouts:
         Given `upcoming` (and run-ahead options), the variant runs ahead meanwhile: its window holds
         `tasks` (while their groups run) and `upcoming`."""
         ahead = self.variants[drafter].run_ahead is not None and upcoming is not None
+        if drafter in self.shared:
+            self.backend(drafter).forget_prefixes()
         cost, settings = self.backend(drafter).step_costs()
         if ahead:
             before = self.run_ahead_stats(drafter)

