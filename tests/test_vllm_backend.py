@@ -159,6 +159,7 @@ def test_exact_sampling_emits_our_engines_tokens_whatever_was_drafted(backend, p
             assert a.token_ids == b.token_ids == c.token_ids
             assert max(abs(x - y) for x, y in zip(a.logprobs, c.logprobs)) < 1e-4
 
+
 def test_a_run_without_drafts_on_the_srt_engine_is_vllm_without_speculation(backend, plain):
     """The undrafted view of the SRT engine (what a `--compare none` run uses instead of a second engine):
     seeded requests emit vLLM-without-speculation's tokens, get no drafts, and leave the trees as they were."""
@@ -179,7 +180,6 @@ def test_a_run_without_drafts_on_the_srt_engine_is_vllm_without_speculation(back
     view.update_weights({})  # the owner's job: nothing happens
     assert view.trees() is None and view.stats()["shared_with"] == "srt"
     assert plain.undrafted() is None  # an engine without SRT's proposer has nothing to lend
-
 
 
 def test_forced_tokens_of_a_second_turn_are_context(backend, tiny):

@@ -25,7 +25,10 @@ from ...config import ProposerOptions
 __all__ = [
     "UNDRAFTED_PREFIX",
     "ProposerOptions",
-    "exact_sampling_requested", "set_proposer_options", "temperature_fix_wanted"]
+    "exact_sampling_requested",
+    "set_proposer_options",
+    "temperature_fix_wanted",
+]
 
 PROPOSER_ENV = "SRT_VLLM_PROPOSER"
 EXACT_SAMPLING_ENV = "SRT_VLLM_EXACT_SAMPLING"
