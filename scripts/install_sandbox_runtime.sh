@@ -4,9 +4,20 @@
 # Where: $SRT_SANDBOX_RUNTIME, else .sandbox-venv in the repository (git-ignored). It is built on
 # /usr/bin/python3 when present: a sandbox started by root runs as an unprivileged uid that must be
 # able to read the interpreter, which a pyenv or home-directory Python is not.
+# Run by root in a checkout other users cannot enter (e.g. under /root), it builds the runtime under
+# /var/lib/srt-agent instead and makes .sandbox-venv a link to it: those programs run as unprivileged uids.
 set -euo pipefail
 RUNTIME=$(realpath -m "${SRT_SANDBOX_RUNTIME:-$(dirname "$0")/../.sandbox-venv}")  # relative: to where it is run from
 cd "$(dirname "$0")/.."
+others_reach() { setpriv --reuid=65534 --regid=65534 --clear-groups test -x "$1" 2>/dev/null; }
+if [ -z "${SRT_SANDBOX_RUNTIME:-}" ] && [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null 2>&1 \
+  && [ ! -d .sandbox-venv ] && ! others_reach "$PWD"; then
+  OPEN="/var/lib/srt-agent/sandbox-runtime-$(printf %s "$PWD" | sha1sum | cut -c1-12)"
+  mkdir -p "$OPEN" && chmod a+rx /var/lib/srt-agent
+  ln -sfn "$OPEN" .sandbox-venv
+  echo "note: other users cannot enter $PWD, so the sandbox runtime lives in $OPEN (.sandbox-venv links to it)" >&2
+  RUNTIME=$OPEN
+fi
 REQUIREMENTS=srt_agent/tools/sandbox_runtime.txt
 BASE=${SANDBOX_BASE_PYTHON:-$(command -v /usr/bin/python3 || command -v python3)}
 STAMP="$RUNTIME/srt-requirements.txt"

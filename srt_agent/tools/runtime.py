@@ -1,7 +1,9 @@
 """The sandbox runtime: a Python virtual environment of its own for model-written code.
 
 `scripts/install_sandbox_runtime.sh` builds it (from `sandbox_runtime.txt`'s pins: numpy, scipy, sympy,
-mpmath, networkx, pandas, requests) at `$SRT_SANDBOX_RUNTIME`, else `.sandbox-venv` in the repository.
+mpmath, networkx, pandas, requests) at `$SRT_SANDBOX_RUNTIME`, else `.sandbox-venv` in the repository (run
+by root in a checkout other users cannot enter, e.g. under /root, it builds it under /var/lib/srt-agent and
+makes `.sandbox-venv` a link to it: sandboxes started by root run programs as an unprivileged uid).
 LocalSandbox runs programs with it when it exists and no other interpreter is given; it holds none of
 the trainer's packages, and the trainer's own environment is never bound into the sandbox.
 """
@@ -30,8 +32,10 @@ def runtime_dir() -> Path:
 
 
 def runtime_python() -> Path | None:
-    """The runtime's interpreter, or None when the runtime has not been built."""
-    python = runtime_dir() / "bin" / "python"
+    """The runtime's interpreter, or None when the runtime has not been built. A runtime folder that is a
+    symbolic link (the install script's answer to a checkout others cannot enter) is followed: the sandbox
+    mounts the folder it names."""
+    python = runtime_dir().resolve() / "bin" / "python"
     return python if python.is_file() else None
 
 
