@@ -14,20 +14,18 @@ import dataclasses
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .datasets import Task, arithmetic_tasks, load_tasks, reasoning_gym_tasks
 
+if TYPE_CHECKING:
+    from .rl.registry import AdvantageEstimator
+
 M = TypeVar("M", bound=BaseModel)
 
-# Names `srt_agent.rl.algorithms` implements, listed here so that checking a config needs no torch.
-AdvEstimator = Literal["grpo", "gae"]  # its registered advantage estimators
-PolicyLossMode = Literal["vanilla"]  # its registered policy losses
-ADV_ESTIMATORS = get_args(AdvEstimator)
-POLICY_LOSSES = get_args(PolicyLossMode)
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean")
 KL_PENALTIES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
 
@@ -385,9 +383,9 @@ class TrainConfig(_Strict):
     dtype: Literal["float32", "bfloat16"] = "float32"
     lora: LoraConfig = Field(default_factory=LoraConfig)
     # policy loss
-    adv_estimator: AdvEstimator | None = None
+    adv_estimator: str | None = Field(None, description="a registered advantage estimator (srt_agent.rl.registry)")
     norm_adv_by_std: bool = True
-    loss_mode: PolicyLossMode = Field("vanilla", description="the policy loss, as verl's loss_mode")
+    loss_mode: str = Field("vanilla", description="a registered policy loss, as verl's loss_mode")
     loss_agg_mode: str | None = None
     clip_ratio_low: float | None = Field(None, gt=0)
     clip_ratio_high: float | None = Field(None, gt=0)
@@ -431,6 +429,36 @@ class TrainConfig(_Strict):
                 raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {list(ALGORITHMS)}")
             data = {**PRESETS[algorithm], **{k: v for k, v in data.items() if v is not None}}
         return data
+
+    @field_validator("adv_estimator")
+    @classmethod
+    def _registered_estimator(cls, value: str | None) -> str | None:
+        from .rl.registry import get_adv_estimator
+
+        if value is not None:
+            get_adv_estimator(value)  # ValueError naming the registered ones
+        return value
+
+    @field_validator("loss_mode")
+    @classmethod
+    def _registered_loss(cls, value: str) -> str:
+        from .rl.registry import get_policy_loss
+
+        get_policy_loss(value)
+        return value
+
+    @property
+    def estimator(self) -> AdvantageEstimator:
+        """The registered advantage estimator `adv_estimator` names, with what it needs."""
+        from .rl.registry import get_adv_estimator
+
+        return get_adv_estimator(self.adv_estimator)
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the run scores tokens with the reference (starting) policy: for a KL loss, or for an
+        estimator that reads its log-probs."""
+        return self.kl_coef > 0 or self.estimator.needs_ref_logprobs
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:

@@ -360,11 +360,14 @@ def test_dynamic_sampling_keeps_the_groups_verl_s_dapo_keeps(verl_group_filter):
 
 def test_registries_hold_what_the_config_accepts():
     """The env YAML names an advantage estimator and a policy loss; each name is a registered function."""
-    from srt_agent.config import ADV_ESTIMATORS, POLICY_LOSSES
+    from srt_agent.config import TrainConfig
 
-    assert sorted(A.ADV_ESTIMATOR_REGISTRY) == sorted(ADV_ESTIMATORS)
-    assert sorted(A.POLICY_LOSS_REGISTRY) == sorted(POLICY_LOSSES)
-    assert A.get_adv_estimator_fn("grpo") is A.grpo_advantages and A.get_adv_estimator_fn("gae") is A.gae_advantages
+    for name in A.ADV_ESTIMATOR_REGISTRY:
+        assert TrainConfig(adv_estimator=name).adv_estimator == name
+    for name in A.POLICY_LOSS_REGISTRY:
+        assert TrainConfig(loss_mode=name).loss_mode == name
+    assert sorted(A.ADV_ESTIMATOR_REGISTRY) == ["gae", "grpo"] and sorted(A.POLICY_LOSS_REGISTRY) == ["vanilla"]
+    assert A.get_adv_estimator_fn("grpo") is A.grpo_estimator and A.get_adv_estimator_fn("gae") is A.gae_estimator
     with pytest.raises(ValueError, match="unknown adv_estimator 'reinforce'; choose one of"):
         A.get_adv_estimator_fn("reinforce")
     with pytest.raises(ValueError, match="unknown loss_mode 'gspo'"):

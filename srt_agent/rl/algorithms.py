@@ -2,69 +2,53 @@
 
 They follow verl's ``core_algos`` (same formulas, same metric names) so results carry over, and are
 tested against it on the same tensors. As there, advantage estimators and policy losses sit in
-registries: ``@register_adv_est("name")`` and ``@register_policy_loss("name")`` add one, and
-:func:`get_adv_estimator_fn` / :func:`get_policy_loss_fn` find it by the name the env YAML gives
-(``train.adv_estimator``, ``train.loss_mode``; the config lists the names so that reading it needs no
-torch, and a test keeps both lists equal). Per-token tensors are flat (the packed tokens of a
-micro-batch) or padded ``[batch, length]``; aggregation takes an optional per-token sequence index for
-the ``seq-mean-*`` modes and global normalizers, so micro-batched gradient accumulation gives the loss of
-the whole mini-batch.
+registries (:mod:`srt_agent.rl.registry`, re-exported here), found by the name the env YAML gives
+(``train.adv_estimator``, ``train.loss_mode``). Every estimator has one signature,
+``fn(batch: AdvantageInputs, train: TrainConfig) -> (advantages, returns or None)``, and declares what it
+needs when registered: ``@register_adv_est("name", needs_values=True)`` is all it takes to add one.
+Per-token tensors are flat (the packed tokens of a micro-batch) or padded ``[batch, length]``; aggregation
+takes an optional per-token sequence index for the ``seq-mean-*`` modes and global normalizers, so
+micro-batched gradient accumulation gives the loss of the whole mini-batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..config import KL_PENALTIES, LOSS_AGG_MODES
+from .registry import (
+    ADV_ESTIMATOR_REGISTRY,
+    POLICY_LOSS_REGISTRY,
+    AdvantageEstimator,
+    PolicyLoss,
+    get_adv_estimator,
+    get_adv_estimator_fn,
+    get_policy_loss,
+    get_policy_loss_fn,
+    register_adv_est,
+    register_policy_loss,
+)
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
 
-F = TypeVar("F", bound=Callable)
-ADV_ESTIMATOR_REGISTRY: dict[str, Callable] = {}
-POLICY_LOSS_REGISTRY: dict[str, Callable] = {}
-
-
-def _register(registry: dict[str, Callable], kind: str, name: str) -> Callable[[F], F]:
-    def decorate(fn: F) -> F:
-        if registry.get(name, fn) is not fn:
-            raise ValueError(f"{kind} {name!r} is already registered ({registry[name].__name__})")
-        registry[name] = fn
-        return fn
-
-    return decorate
-
-
-def _lookup(registry: dict[str, Callable], kind: str, name: str) -> Callable:
-    try:
-        return registry[name]
-    except KeyError:
-        raise ValueError(f"unknown {kind} {name!r}; choose one of {sorted(registry)}") from None
-
-
-def register_adv_est(name: str) -> Callable[[F], F]:
-    """Register an advantage estimator under `name` (``train.adv_estimator``)."""
-    return _register(ADV_ESTIMATOR_REGISTRY, "adv_estimator", name)
-
-
-def get_adv_estimator_fn(name: str) -> Callable:
-    """The advantage estimator registered as `name`; ValueError naming the known ones otherwise."""
-    return _lookup(ADV_ESTIMATOR_REGISTRY, "adv_estimator", name)
-
-
-def register_policy_loss(name: str) -> Callable[[F], F]:
-    """Register a policy loss under `name` (``train.loss_mode``). It is called as
-    ``fn(old_logprobs, logprobs, advantages, mask, config, weights)`` with the run's `TrainConfig` and
-    returns the per-token loss (aggregated by :func:`agg_loss`) and its metrics."""
-    return _register(POLICY_LOSS_REGISTRY, "loss_mode", name)
-
-
-def get_policy_loss_fn(name: str) -> Callable:
-    """The policy loss registered as `name`; ValueError naming the known ones otherwise."""
-    return _lookup(POLICY_LOSS_REGISTRY, "loss_mode", name)
+__all__ = [
+    "ADV_ESTIMATOR_REGISTRY",
+    "POLICY_LOSS_REGISTRY",
+    "AdvantageEstimator",
+    "AdvantageInputs",
+    "PolicyLoss",
+    "get_adv_estimator",
+    "get_adv_estimator_fn",
+    "get_policy_loss",
+    "get_policy_loss_fn",
+    "register_adv_est",
+    "register_policy_loss",
+]
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -84,7 +68,31 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 # ----- advantages -----------------------------------------------------------------------------------
 
 
-@register_adv_est("grpo")
+@dataclass
+class AdvantageInputs:
+    """What an advantage estimator reads: B responses, per-token tensors padded to the longest (T tokens).
+
+    ``values``, ``old_logprobs`` and ``ref_logprobs`` are there when the estimator was registered as
+    needing them (``needs_values``, …), None otherwise; they are 0 at untrained positions and padding.
+    """
+
+    scores: torch.Tensor  # [B] float64: each response's (shaped) reward
+    groups: list[Hashable]  # [B] each response's prompt group (GRPO's siblings share one)
+    mask: torch.Tensor  # [B, T] float32: 1 = trained token, 0 = tool output or padding
+    values: torch.Tensor | None = None  # [B, T] float32: the value head's, before the update
+    old_logprobs: torch.Tensor | None = None  # [B, T] float32: the policy's, before the update
+    ref_logprobs: torch.Tensor | None = None  # [B, T] float32: the reference (starting) policy's
+
+    def outcome_rewards(self) -> torch.Tensor:
+        """``[B, T]`` float32: each score on its response's last trained token, 0 elsewhere."""
+        rewards = torch.zeros(self.mask.shape)
+        for i, row in enumerate(self.mask):
+            trained = row.nonzero()
+            if len(trained):
+                rewards[i, int(trained[-1])] = float(self.scores[i])
+        return rewards
+
+
 def grpo_advantages(
     scores: torch.Tensor, groups: Sequence[Hashable], norm_by_std: bool = True, eps: float = 1e-6
 ) -> torch.Tensor:
@@ -105,7 +113,6 @@ def grpo_advantages(
     return out
 
 
-@register_adv_est("gae")
 def gae_advantages(
     rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,6 +135,21 @@ def gae_advantages(
         advantages = torch.stack(out[::-1], dim=1)
         returns = advantages + values
         return masked_whiten(advantages, mask), returns
+
+
+def grpo_estimator(batch: AdvantageInputs, train: TrainConfig) -> tuple[torch.Tensor, None]:
+    """``adv_estimator: grpo``: :func:`grpo_advantages` of the scores on every trained token (no returns)."""
+    adv = grpo_advantages(batch.scores, batch.groups, train.norm_adv_by_std)
+    return torch.where(batch.mask.bool(), adv.unsqueeze(-1), 0.0), None
+
+
+def gae_estimator(batch: AdvantageInputs, train: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """``adv_estimator: gae`` (needs values): :func:`gae_advantages` of the outcome reward on the last
+    trained token, with the run's ``gamma`` and ``lam``."""
+    return gae_advantages(batch.outcome_rewards(), batch.values, batch.mask, train.gamma, train.lam)
+
+
+# The functions above are registered by reference in srt_agent.rl.registry (which needs no torch).
 
 
 def overlong_penalty(response_length: int, max_length: int, buffer: int, factor: float = 1.0) -> float:
@@ -226,7 +248,6 @@ def policy_loss(
     return loss, metrics
 
 
-@register_policy_loss("vanilla")
 def vanilla_policy_loss(
     old_logprobs: torch.Tensor,
     logprobs: torch.Tensor,
@@ -235,7 +256,8 @@ def vanilla_policy_loss(
     config: TrainConfig,
     weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """verl's ``vanilla`` loss: :func:`policy_loss` with the config's clip ratios."""
+    """verl's ``vanilla`` loss (``loss_mode: vanilla``, registered by reference in srt_agent.rl.registry):
+    :func:`policy_loss` with the config's clip ratios."""
     return policy_loss(
         old_logprobs,
         logprobs,

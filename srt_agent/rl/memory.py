@@ -92,7 +92,7 @@ def plan_memory(config, model, vllm_engines: int, policy_copies_model: bool, now
         parts["vLLM per-engine overhead"] = VLLM_ENGINE_OVERHEAD_BYTES * vllm_engines
     if policy_copies_model or train.lora.rank > 0 or next(model.parameters()).dtype != getattr(torch, train.dtype):
         parts["policy (a copy of the model)"] = trained
-    if train.kl_coef > 0 and train.lora.rank == 0:
+    if train.needs_reference and train.lora.rank == 0:
         parts["reference policy"] = trained
     if train.lora.rank == 0:  # LoRA's adapters are small: their gradients and moments are left out
         parts["gradients"] = trained

@@ -173,17 +173,18 @@ class Policy:
 
 def build_policy(config: EnvConfig, model: torch.nn.Module, copy: bool = True):
     """(policy, AdamW, warm-up scheduler, frozen reference or None) for an RL run of `config` on `model`; the
-    reference is the start policy when the config has a KL loss (with LoRA the adapters off serve as it).
+    reference is the start policy when the config has a KL loss or its estimator reads reference log-probs
+    (with LoRA the adapters off serve as it); a value head when its estimator needs values.
     ``copy=False``: the policy trains `model` itself where it can (see :class:`Policy`)."""
     train = config.train
     dtype = getattr(torch, train.dtype)
     reference = None
-    if train.kl_coef > 0 and (train.lora is None or train.lora.rank == 0):  # copied before training changes it
+    if train.needs_reference and (train.lora is None or train.lora.rank == 0):  # copied before training changes it
         reference = Policy(model, config.sampling.temperature, dtype=dtype)
         for p in reference.parameters():
             p.requires_grad_(False)
     policy = Policy(
-        model, config.sampling.temperature, train.lora, value_head=train.adv_estimator == "gae", dtype=dtype, copy=copy
+        model, config.sampling.temperature, train.lora, value_head=train.estimator.needs_values, dtype=dtype, copy=copy
     )
     optimizer = adamw(policy.parameters(), lr=train.lr, weight_decay=train.weight_decay)
     warmup = train.warmup_steps * train.mini_batches * train.ppo_epochs

@@ -484,7 +484,8 @@ class Trainer:
         if parts.reference is not None:
             if state.get("reference") is None:
                 raise ConfigError(
-                    "the checkpoint has no reference policy; it was saved without a KL loss (train.kl_coef)"
+                    "the checkpoint has no reference policy; it was saved by a run that used none (no KL loss, train.kl_coef, "
+                    "nor an estimator that reads reference log-probs)"
                 )
             parts.reference.load_state_dict(state["reference"])
         parts.optimizer.load_state_dict(state["optimizer"])

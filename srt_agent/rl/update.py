@@ -14,11 +14,11 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..config import TrainConfig
-from . import algorithms
-from .algorithms import agg_loss, get_policy_loss_fn, kl_penalty, value_loss
+from .algorithms import AdvantageInputs, agg_loss, get_policy_loss_fn, kl_penalty, value_loss
 from .batch import Sample, pack
 from .metrics import sample_metrics
 from .policy import Policy
+from .registry import AdvantageEstimator
 
 
 class MetricSums:
@@ -229,14 +229,15 @@ def update_step(
     them, advantages, then :func:`update_policy`; verl-named metrics and timings."""
     out: dict[str, float] = {}
     t0 = time.perf_counter()
-    if needs_old_pass(cfg) or cfg.adv_estimator == "gae":
+    estimator = cfg.estimator
+    if needs_old_pass(cfg) or estimator.needs_values or estimator.needs_old_logprobs:
         logprobs, values = score_samples(policy, samples, cfg.micro_batch_tokens)
         for s, lp in zip(samples, logprobs):
             s.old_logprobs = lp
         if values is not None:
             for s, v in zip(samples, values):
                 s.values = v
-    if cfg.kl_coef > 0:
+    if cfg.needs_reference:
         ref_logprobs, _ = score_samples(
             reference or policy, samples, cfg.micro_batch_tokens, reference=reference is None
         )
@@ -256,25 +257,48 @@ def update_step(
 
 
 def compute_advantages(samples: Sequence[Sample], train: TrainConfig) -> None:
-    """Fill every sample's per-token ``advantages`` (and ``returns`` for GAE) from its reward."""
-    if train.adv_estimator == "grpo":
-        scores = torch.tensor([s.reward for s in samples], dtype=torch.float64)
-        adv = algorithms.grpo_advantages(scores, [s.group for s in samples], train.norm_adv_by_std)
-        for s, a in zip(samples, adv.tolist()):
-            s.advantages = [a if m else 0.0 for m in s.response_mask]
-        return
-    length = max(len(s.response_ids) for s in samples)
-    mask = torch.zeros(len(samples), length)
-    rewards = torch.zeros(len(samples), length)
-    values = torch.zeros(len(samples), length)
-    for i, s in enumerate(samples):
-        mask[i, : len(s.response_mask)] = torch.tensor(s.response_mask, dtype=torch.float32)
-        values[i, : len(s.values)] = torch.tensor(s.values)
-        last = max((j for j, m in enumerate(s.response_mask) if m), default=None)
-        if last is not None:
-            rewards[i, last] = s.reward
-    adv, returns = algorithms.gae_advantages(rewards, values, mask, train.gamma, train.lam)
+    """Fill every sample's per-token ``advantages`` (and ``returns`` where the estimator gives them) with
+    the registered estimator ``train.adv_estimator`` names."""
+    estimator = train.estimator
+    batch = advantage_inputs(samples, estimator)
+    advantages, returns = estimator.fn(batch, train)
+    for name, out in (("advantages", advantages), ("returns", returns)):
+        if out is not None and tuple(out.shape) != tuple(batch.mask.shape):
+            raise ValueError(
+                f"adv_estimator {estimator.name!r} returned {name} of shape {tuple(out.shape)}, "
+                f"expected {tuple(batch.mask.shape)} (responses x longest response)"
+            )
+    if estimator.needs_values and returns is None:
+        raise ValueError(f"adv_estimator {estimator.name!r} needs values but returned no returns to train them on")
     for i, s in enumerate(samples):
         n = len(s.response_ids)
-        s.advantages = adv[i, :n].tolist()
-        s.returns = returns[i, :n].tolist()
+        s.advantages = advantages[i, :n].tolist()
+        if returns is not None:
+            s.returns = returns[i, :n].tolist()
+
+
+def advantage_inputs(samples: Sequence[Sample], estimator: AdvantageEstimator) -> AdvantageInputs:
+    """The samples as an estimator reads them: scores, groups, padded masks and the per-token inputs it
+    declared it needs (which the samples must carry)."""
+    length = max((len(s.response_ids) for s in samples), default=0)
+    mask = torch.zeros(len(samples), length)
+    for i, s in enumerate(samples):
+        mask[i, : len(s.response_mask)] = torch.tensor(s.response_mask, dtype=torch.float32)
+
+    def padded(name: str) -> torch.Tensor:
+        out = torch.zeros(len(samples), length)
+        for i, s in enumerate(samples):
+            values = getattr(s, name)
+            if values is None:
+                raise ValueError(f"adv_estimator {estimator.name!r} needs {name}, which sample {i} lacks")
+            out[i, : len(values)] = torch.tensor(values)
+        return out
+
+    return AdvantageInputs(
+        scores=torch.tensor([s.reward for s in samples], dtype=torch.float64),
+        groups=[s.group for s in samples],
+        mask=mask,
+        values=padded("values") if estimator.needs_values else None,
+        old_logprobs=padded("old_logprobs") if estimator.needs_old_logprobs else None,
+        ref_logprobs=padded("ref_logprobs") if estimator.needs_ref_logprobs else None,
+    )
