@@ -320,3 +320,43 @@ def test_a_failing_agent_gets_an_error_trajectory_and_the_others_run_on(server):
 def test_serve_command_refuses_a_missing_env_file(tmp_path):
     result = CliRunner().invoke(app, ["serve", str(tmp_path / "missing.yaml")])
     assert result.exit_code == 2 and "no such file" in result.output
+
+
+async def parity_agent(base_url: str, task: Task) -> float:
+    """Two turns through the openai client; reward 1 when the replies' characters sum to an even number
+    (random text varies on that, so GRPO groups carry a signal)."""
+    c = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    model = (await c.models.list()).data[0].id
+    messages = [dict(m) for m in task.prompt]
+    first = (await c.chat.completions.create(model=model, messages=messages, max_tokens=6)).choices[0].message.content
+    messages += [{"role": "assistant", "content": first}, {"role": "user", "content": "Once more."}]
+    second = (await c.chat.completions.create(model=model, messages=messages, max_tokens=6)).choices[0].message.content
+    await c.close()
+    return float(sum(map(ord, first + second)) % 2 == 0)
+
+
+def test_train_runs_an_openai_client_agent_named_by_the_env_config(tmp_path):
+    from srt_agent.models import load_tokenizer, tiny_random_model
+    from srt_agent.rl.trainer import Trainer
+
+    env = tmp_path / "agent.yaml"
+    env.write_text(
+        "name: agent\nagent: test_serve:parity_agent\nmodel: tiny-llama\n"
+        "dataset: {n: 4, seed: 1}\nn_samples: 3\nmax_tokens_per_turn: 6\nmax_response_tokens: 80\n"
+        "sampling: {temperature: 1.0, seed: 3}\nengine: {max_batch: 8, max_context: 512, calibrate: false}\n"
+        "cold_start: {enabled: false, eval_tasks: 0}\n"
+        "train: {steps: 1, prompts_per_step: 2, lr: 0.001, micro_batch_tokens: 256}\n"
+    )
+    tiny = tiny_random_model("llama", seed=0, tokenizer=load_tokenizer("smollm2"))
+    report = Trainer.from_env_file(env, tmp_path / "run", loaded=tiny).run()
+    (step,) = report["steps"]
+    print({k: v for k, v in step.items() if k.startswith(("training/", "critic/score", "srt/"))})
+    assert step["srt/forced_tokens"] > 0 and step["srt/model_tokens"] > 0
+    # the trainer recomputes the log-probs of the tokens the server recorded: the same tokens, exactly on-policy
+    assert step["training/rollout_logprob_diff_mean"] < 1e-4
+    rows = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step-000001.jsonl").read_text().splitlines()]
+    assert len(rows) == 6
+    for row in rows:
+        assert row["error"] is None and row["num_turns"] == 2 and row["observations"] == 1
+        assert row["response_mask"][0] == 1 and 0 in row["response_mask"]
+        assert row["reward"] in (0.0, 1.0)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..agent.controller import ToolWaitStats
+from ..agent.controller import ToolWaitStats, trajectory_seed
 from ..agent.rollout import RolloutSummary, summarize
 from ..agent.trajectory import Trajectory
 from ..config import import_dotted
@@ -55,10 +55,15 @@ async def run_agents_async(
     max_concurrent: int | None = None,
     on_done: Callable[[Trajectory], None] | None = None,
     timeout_s: float | None = None,
+    seed: int | None = None,
 ) -> AgentRun:
     """Run `agent` `n_samples` times per task against `server` (serving at `url`), all at once up to
     `max_concurrent`. An agent that raises (or runs past `timeout_s`) gets reward 0 and finish_reason
-    "error" with the reason; the others run on."""
+    "error" with the reason; the others run on.
+
+    Each session's tree key is its task's key (GRPO siblings share their trees, as the controller's
+    episodes do); with `seed`, requests that give no seed of their own sample with a seed derived from it
+    and the (task, sample) indices, as the controller's episodes do."""
     start = time.perf_counter()
     limit = asyncio.Semaphore(max_concurrent or len(tasks) * n_samples or 1)
     branches: dict[int, list[Trajectory]] = {}
@@ -67,7 +72,7 @@ async def run_agents_async(
         task = tasks[task_index]
         async with limit:
             began = time.perf_counter()
-            sid = server.open_session(prompt_key=task.key)
+            sid = server.open_session(prompt_key=task.key, seed=trajectory_seed(seed, task_index, sample_index))
             reward, error = 0.0, None
             try:
                 reward = float(await asyncio.wait_for(agent(f"{url}/sessions/{sid}/v1", task), timeout_s))
@@ -109,6 +114,7 @@ def run_agents(
     on_done: Callable[[Trajectory], None] | None = None,
     timeout_s: float | None = None,
     host: str = "127.0.0.1",
+    seed: int | None = None,
 ) -> AgentRun:
     """Blocking: serve `server` (else one built from env config `config`, closed afterwards) on a free port
     and run `agent` (a function or ``module:function``) on every task `n_samples` times (default: the
@@ -125,8 +131,48 @@ def run_agents(
     try:
         with server.running(host) as url:
             return asyncio.run(
-                run_agents_async(server, url, agent, tasks, n_samples, max_concurrent, on_done, timeout_s)
+                run_agents_async(server, url, agent, tasks, n_samples, max_concurrent, on_done, timeout_s, seed)
             )
     finally:
         if own:
             server.close()
+
+
+def agent_rollouts(
+    backend,
+    loaded,
+    config,
+    tasks: Sequence[Task],
+    n_samples: int,
+    seed: int | None = None,
+    on_done: Callable[[Trajectory], None] | None = None,
+    agent: AgentFunction | None = None,
+) -> tuple[list[Trajectory], RolloutSummary]:
+    """The trainer's rollout source for an env config with ``agent: module:function``: the agent runs
+    against a server over `backend` (an already started backend, left open) with the config's turn and
+    response limits, seeded by `seed` per (task, sample); returns what `run_rollouts` returns."""
+    agent = agent or load_agent(config.agent)
+    vocab = getattr(getattr(loaded.model, "config", None), "vocab_size", None)
+    server = RolloutServer(
+        backend,
+        loaded.tokenizer,
+        model_name=config.model,
+        max_context=config.engine.max_context,
+        eos_token_ids=list(loaded.eos_token_ids),
+        vocab_size=vocab,
+        max_tokens_per_turn=config.max_tokens_per_turn,
+        max_response_tokens=config.max_response_tokens,
+    )
+    try:
+        run = run_agents(
+            agent,
+            tasks,
+            server=server,
+            n_samples=n_samples,
+            max_concurrent=config.max_concurrent,
+            on_done=on_done,
+            seed=seed,
+        )
+    finally:
+        server.close()
+    return run.trajectories, run.summary

@@ -101,8 +101,10 @@ class RolloutServer:
     """The server over one backend: the FastAPI `app`, its sessions, and what a trainer calls between steps
     (`update_weights`, `end_step`, `end_session`). `running()` serves it from a background thread.
 
-    `max_context` bounds prompt and reply (a prompt that leaves no room gets a 400); `max_sessions` caps the
-    sessions kept (the least recently used idle one is forgotten beyond it); `owns_backend`: `close()` closes it.
+    `max_context` bounds prompt and reply (a prompt that leaves no room gets a 400); `max_tokens_per_turn`
+    caps a reply's tokens and `max_response_tokens` a session's branch's response (sampled and inserted
+    tokens, as the env config's limits do; a request past it gets a 400); `max_sessions` caps the sessions
+    kept (the least recently used idle one is forgotten beyond it); `owns_backend`: `close()` closes it.
     """
 
     def __init__(
@@ -114,6 +116,8 @@ class RolloutServer:
         max_context: int,
         eos_token_ids: list[int] = (),
         vocab_size: int | None = None,
+        max_tokens_per_turn: int | None = None,
+        max_response_tokens: int | None = None,
         max_sessions: int = 100_000,
         max_request_bytes: int = 32 << 20,
         owns_backend: bool = False,
@@ -124,6 +128,8 @@ class RolloutServer:
         self.max_context = max_context
         self.eos_token_ids = list(eos_token_ids)
         self.vocab_size = vocab_size or len(tokenizer)
+        self.max_tokens_per_turn = max_tokens_per_turn
+        self.max_response_tokens = max_response_tokens
         self.owns_backend = owns_backend
         self.max_request_bytes = max_request_bytes
         self.sessions = Sessions(max_sessions, self._forget)
@@ -154,13 +160,14 @@ class RolloutServer:
 
     # ----- what a trainer calls -------------------------------------------------------------------
 
-    def open_session(self, sid: str | None = None, prompt_key=None) -> str:
+    def open_session(self, sid: str | None = None, prompt_key=None, seed: int | None = None) -> str:
         """A new session (id `sid`, else a fresh one); `prompt_key` is the backend's tree key for it
-        (default: a hash of its first prompt's tokens). Its base URL is ``{url}/sessions/{sid}/v1``."""
+        (default: a hash of its first prompt's tokens), `seed` the sampling seed of its requests that give
+        none. Its base URL is ``{url}/sessions/{sid}/v1``."""
         sid = sid or uuid.uuid4().hex
         if self.sessions.get(sid, create=False) is not None:
             raise ValueError(f"session {sid!r} exists")
-        self.sessions.get(sid, prompt_key=prompt_key)
+        self.sessions.get(sid, prompt_key=prompt_key, seed=seed)
         return sid
 
     def session(self, sid: str) -> Session | None:
@@ -315,21 +322,32 @@ class RolloutServer:
         if req.repetition_penalty not in (None, 1, 1.0):
             raise RequestError("repetition_penalty is not supported", param="repetition_penalty")
 
-    def _params(self, req: _Sampling, max_tokens: int | None, prompt_len: int) -> SamplingParams:
+    def _params(self, req: _Sampling, max_tokens: int | None, session: Session, turn: Turn) -> SamplingParams:
+        prompt_len = len(turn.prompt_ids)
         room = self.max_context - prompt_len
         if room < 1:
             raise RequestError(
                 f"context too long: the prompt has {prompt_len} tokens and this server's context is {self.max_context}",
                 param="messages",
             )
+        caps = [room] + ([self.max_tokens_per_turn] if self.max_tokens_per_turn else [])
+        if self.max_response_tokens:
+            used = 0 if turn.new_branch else len(session.current.response_ids)
+            left = self.max_response_tokens - used - len(turn.forced_ids)
+            if left < 1:
+                raise RequestError(
+                    f"the session's response budget of {self.max_response_tokens} tokens is spent", param="messages"
+                )
+            caps.append(left)
+        cap = min(caps)
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         try:
             return SamplingParams(
                 temperature=1.0 if req.temperature is None else req.temperature,
                 top_p=1.0 if req.top_p is None else req.top_p,
                 top_k=req.top_k or 0,
-                max_tokens=room if max_tokens is None else max_tokens,
-                seed=req.seed,
+                max_tokens=cap if max_tokens is None else min(max_tokens, cap),
+                seed=req.seed if req.seed is not None else session.seed,
                 stop=stop,
                 stop_token_ids=([] if req.ignore_eos else self.eos_token_ids) + list(req.stop_token_ids or []),
                 include_stop_str_in_output=True,  # the tokens keep it; the text shown is cut here
@@ -461,7 +479,7 @@ class RolloutServer:
         tools = req.tools or None
         async with self._using(sid) as session:
             turn = session.plan_chat(self.tokenizer, messages, tools, self._encode)
-            params = self._params(req, req.max_completion_tokens or req.max_tokens, len(turn.prompt_ids))
+            params = self._params(req, req.max_completion_tokens or req.max_tokens, session, turn)
             out = await self._generate(session, turn, params)
             content = self._shown(out, params, req, skip_special=True)
             session.kind, session.tools = "chat", tools
@@ -534,7 +552,7 @@ class RolloutServer:
             raise RequestError("empty prompt", param="prompt")
         async with self._using(sid) as session:
             turn = session.plan_completion(prompt, self._encode)
-            params = self._params(req, req.max_tokens, len(turn.prompt_ids))
+            params = self._params(req, req.max_tokens, session, turn)
             out = await self._generate(session, turn, params)
             text = self._shown(out, params, req, skip_special=False)
             if turn.new_branch:

@@ -101,6 +101,7 @@ class Session:
 
     sid: str
     prompt_key: object = None  # the backend's tree key: given, else set from the first prompt
+    seed: int | None = None  # the sampling seed of requests that give none (None: a fresh one per request)
     branches: list[Trajectory] = field(default_factory=list)
     kind: str | None = None  # "chat" or "completion"
     messages: list[dict] = field(default_factory=list)  # chat: the messages the tokens render
@@ -188,14 +189,14 @@ class Sessions:
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, sid: str, create: bool = True, prompt_key=None) -> Session | None:
+    def get(self, sid: str, create: bool = True, prompt_key=None, seed: int | None = None) -> Session | None:
         if not SESSION_ID.match(sid):
             raise RequestError(f"session id {sid!r}: use 1 to 128 letters, digits, '_', '.', ':' or '-'")
         forgotten = []
         with self._lock:
             session = self._sessions.get(sid)
             if session is None and create:
-                session = self._sessions[sid] = Session(sid, prompt_key)
+                session = self._sessions[sid] = Session(sid, prompt_key, seed)
                 while len(self._sessions) > self.max_sessions:
                     idle = next((s for s in self._sessions.values() if not s.busy and s is not session), None)
                     if idle is None:
