@@ -16,6 +16,7 @@ in OpenAI's error shape, a failed generation a 500 for that request only.
 
 from __future__ import annotations
 
+import copy
 import json
 import socket
 import threading
@@ -174,10 +175,16 @@ class RolloutServer:
         return self.sessions.get(sid, create=False)
 
     def end_session(self, sid: str) -> list[Trajectory]:
-        """Close session `sid`: release its backend request; returns its branches (the last is current)."""
+        """Close session `sid`: release its backend request; returns its branches (the last is current).
+
+        A session whose request still runs (its agent gave up on it) is released when that request ends;
+        what it returns is the branches as they stand now."""
         session = self.sessions.pop(sid)
         if session is None:
             return []
+        if session.busy:
+            session.ended = True
+            return copy.deepcopy(session.branches)
         self._forget(session)
         return session.branches
 
@@ -376,7 +383,7 @@ class RolloutServer:
             yield session
         finally:
             session.busy = False
-            if sid is None:
+            if sid is None or session.ended:
                 self._forget(session)
 
     async def _generate(self, session: Session, turn: Turn, params: SamplingParams) -> RequestOutput:

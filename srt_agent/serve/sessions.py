@@ -110,6 +110,7 @@ class Session:
     closed_by_eos: str | None = None  # text of the end-of-turn token that ended the last reply, if one did
     broken: str | None = None  # why the current branch cannot be extended (a failed turn)
     busy: bool = False
+    ended: bool = False  # ended while a request ran: released when it finishes
     last_used: float = field(default_factory=time.monotonic)
 
     @property
