@@ -502,6 +502,11 @@ class EnvConfig(_Strict):
     name: str = "env"
     env: str = Field("srt_agent.agent.retool.ReToolEnv", description="dotted path of the Env class")
     env_options: dict[str, Any] = Field(default_factory=dict, description="extra keyword arguments for the Env")
+    agent: str | None = Field(
+        None,
+        description="module:function of an `async def agent(base_url, task) -> float` written against the openai "
+        "client: rollouts run it against srt-agent's OpenAI-compatible server instead of the Env (docs/serving.md)",
+    )
     model: str = "smollm2"
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     tools: Path | None = Field(None, description="tool config (verl's format)")
@@ -524,6 +529,19 @@ class EnvConfig(_Strict):
         if "." not in value:
             raise ValueError(f"expected a dotted path like 'package.module.Class', got {value!r}")
         return value
+
+    @field_validator("agent")
+    @classmethod
+    def _agent_path(cls, value: str | None) -> str | None:
+        if value is not None and "." not in value.replace(":", "."):
+            raise ValueError(f"expected 'package.module:function', got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _agent_without_run_ahead(self) -> EnvConfig:
+        if self.agent is not None and self.engine.run_ahead.enabled:
+            raise ValueError("engine.run_ahead drafts from the Env's prompts: turn it off for an agent: env")
+        return self
 
     @model_validator(mode="after")
     def _reward_fits_tasks(self) -> EnvConfig:

@@ -167,7 +167,15 @@ class PolicyRollouts:
             before = self.run_ahead_stats(drafter)
             self.open_run_ahead(drafter, tasks, upcoming)
         try:
-            trajectories, summary = run_rollouts(self.controllers[drafter], tasks, n_samples, on_done, seed)
+            controller = self.controllers[drafter]
+            if controller.config.agent is not None:  # an OpenAI-client agent: it runs against our server
+                from ..serve.agents import agent_rollouts
+
+                trajectories, summary = agent_rollouts(
+                    controller.engine, self.loaded, controller.config, tasks, n_samples, seed, on_done
+                )
+            else:
+                trajectories, summary = run_rollouts(controller, tasks, n_samples, on_done, seed)
         finally:
             written = self.close_run_ahead(drafter) if ahead else []
         run = RolloutRun(

@@ -1,0 +1,222 @@
+"""Sessions of the OpenAI-compatible server: one conversation's exact token history, and its trajectory.
+
+A session holds the token list the backend has seen so far (prompt, sampled tokens, tokens the server
+inserted from later messages) as a :class:`~srt_agent.agent.trajectory.Trajectory`, and the chat messages
+(or completion text) that token list stands for, as the client was shown them. A request *extends* the
+session when its messages are the session's messages (the assistant replies exactly as returned) plus new
+ones: only the new messages' tokens are appended (the chat template's suffix for added turns, see
+:func:`srt_agent.agent.chat.added_turns_text`) and the same backend request continues with the full token
+list, so no earlier token is ever re-tokenized. Any other request starts a new *branch*: a fresh render of
+its messages under a new backend request id, recorded as a new trajectory, and the response says so.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..agent.chat import added_turns_text, render_prompt
+from ..agent.trajectory import Trajectory
+
+SESSION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class RequestError(ValueError):
+    """A request the server refuses; `status` is its HTTP status (400 unless said otherwise)."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None):
+        super().__init__(message)
+        self.status, self.param = status, param
+
+
+def message_text(content, where: str) -> str:
+    """A message's content as text: a string, null, or a list of text parts (other parts are refused)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise RequestError(f"{where}: only text content parts are supported, got {kind!r}", param="messages")
+        return "".join(texts)
+    raise RequestError(f"{where}: content must be a string or a list of text parts", param="messages")
+
+
+def normalize_messages(messages: list) -> list[dict]:
+    """Messages as the chat template gets them: role, text content, and name / tool_call_id / tool_calls where set."""
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise RequestError(f"{where} must be an object", param="messages")
+        role = m.get("role")
+        if role not in ROLES:
+            raise RequestError(f"{where}: role must be one of {', '.join(ROLES)}, got {role!r}", param="messages")
+        msg = {"role": role, "content": message_text(m.get("content"), where)}
+        for key in ("name", "tool_call_id"):
+            if m.get(key) is not None:
+                msg[key] = str(m[key])
+        if role == "assistant" and m.get("tool_calls"):
+            msg["tool_calls"] = m["tool_calls"]
+        out.append(msg)
+    if out[-1]["role"] == "assistant":
+        raise RequestError("the last message is the assistant's: continuing a partial reply is not supported")
+    return out
+
+
+def _same(sent: dict, kept: dict) -> bool:
+    """Whether a message the client sent again is the one the session holds (assistant replies by their text)."""
+    if kept["role"] == "assistant":
+        return sent["role"] == "assistant" and sent["content"] == kept["content"]
+    return sent == kept
+
+
+@dataclass
+class Turn:
+    """What a request will run: the backend request id, the full token list, the tokens it appends, and
+    whether it starts a new branch (and why)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    forced_ids: list[int]
+    new_branch: bool
+    reason: str | None = None
+
+
+@dataclass
+class Session:
+    """One conversation: its branches (the last is current) and what the current one's tokens stand for."""
+
+    sid: str
+    prompt_key: object = None  # the backend's tree key: given, else set from the first prompt
+    seed: int | None = None  # the sampling seed of requests that give none (None: a fresh one per request)
+    branches: list[Trajectory] = field(default_factory=list)
+    kind: str | None = None  # "chat" or "completion"
+    messages: list[dict] = field(default_factory=list)  # chat: the messages the tokens render
+    tools: list | None = None
+    text: str = ""  # completions: the text the client was shown so far
+    closed_by_eos: str | None = None  # text of the end-of-turn token that ended the last reply, if one did
+    broken: str | None = None  # why the current branch cannot be extended (a failed turn)
+    busy: bool = False
+    ended: bool = False  # ended while a request ran: released when it finishes
+    last_used: float = field(default_factory=time.monotonic)
+
+    @property
+    def current(self) -> Trajectory | None:
+        return self.branches[-1] if self.branches else None
+
+    @property
+    def tokens(self) -> list[int]:
+        t = self.current
+        return t.prompt_ids + t.response_ids if t is not None else []
+
+    def _request_id(self) -> str:
+        return f"srt-session-{self.sid}-b{len(self.branches)}"
+
+    def _why_new(self, kind: str) -> str | None:
+        """Why the next request cannot extend the current branch, or None when it may."""
+        if self.current is None:
+            return "first request of the session"
+        if self.broken:
+            return self.broken
+        if self.kind != kind:
+            return f"the session switched from {self.kind} to {kind} requests"
+        return None
+
+    def plan_chat(self, tokenizer, messages: list[dict], tools: list | None, encode: Callable) -> Turn:
+        """The turn for a chat request with `messages` (normalized); see the module docstring."""
+        reason = self._why_new("chat")
+        if reason is None:
+            n = len(self.messages)
+            if (tools or None) != self.tools:
+                reason = "the tools differ from the session's"
+            elif len(messages) <= n or not all(_same(s, k) for s, k in zip(messages[:n], self.messages)):
+                reason = "the messages do not extend the session's conversation (its messages and replies as returned)"
+            elif any(m["role"] == "assistant" for m in messages[n:]):
+                reason = "the added messages hold an assistant message the server did not write"
+            else:
+                try:
+                    suffix = added_turns_text(tokenizer, messages[n:], self.closed_by_eos, tools)
+                except ValueError as exc:
+                    reason = str(exc)
+                else:
+                    forced = encode(suffix)
+                    return Turn(self.current.request_id, self.tokens + forced, forced, False)
+        prompt = encode(render_prompt(tokenizer, messages, tools))
+        return Turn(self._request_id(), prompt, [], True, reason)
+
+    def plan_completion(self, prompt: str | list[int], encode: Callable) -> Turn:
+        """The turn for a completion request: `prompt` extends the session when it starts with the session's
+        token list (ids) or the text the client was shown (text)."""
+        reason = self._why_new("completion")
+        if reason is None:
+            tokens = self.tokens
+            if isinstance(prompt, list):
+                if prompt[: len(tokens)] == tokens:
+                    forced = prompt[len(tokens) :]
+                    return Turn(self.current.request_id, list(prompt), forced, False)
+                reason = "the prompt's token ids do not start with the session's token list"
+            elif prompt.startswith(self.text):
+                rest = prompt[len(self.text) :]
+                forced = encode(rest) if rest else []
+                return Turn(self.current.request_id, tokens + forced, forced, False)
+            else:
+                reason = "the prompt does not start with the session's text so far"
+        ids = list(prompt) if isinstance(prompt, list) else encode(prompt, special=True)
+        return Turn(self._request_id(), ids, [], True, reason)
+
+
+class Sessions:
+    """The server's sessions by id (thread-safe: the server's loop and a trainer's thread both reach them).
+
+    At most `max_sessions` are kept; opening one more forgets the least recently used idle session,
+    calling `on_forget` with it (the server releases its backend request)."""
+
+    def __init__(self, max_sessions: int, on_forget: Callable[[Session], None]):
+        self.max_sessions = max_sessions
+        self.on_forget = on_forget
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, sid: str, create: bool = True, prompt_key=None, seed: int | None = None) -> Session | None:
+        if not SESSION_ID.match(sid):
+            raise RequestError(f"session id {sid!r}: use 1 to 128 letters, digits, '_', '.', ':' or '-'")
+        forgotten = []
+        with self._lock:
+            session = self._sessions.get(sid)
+            if session is None and create:
+                session = self._sessions[sid] = Session(sid, prompt_key, seed)
+                while len(self._sessions) > self.max_sessions:
+                    idle = next((s for s in self._sessions.values() if not s.busy and s is not session), None)
+                    if idle is None:
+                        break
+                    forgotten.append(self._sessions.pop(idle.sid))
+            if session is not None:
+                self._sessions.move_to_end(sid)
+                session.last_used = time.monotonic()
+        for old in forgotten:
+            self.on_forget(old)
+        return session
+
+    def pop(self, sid: str) -> Session | None:
+        with self._lock:
+            return self._sessions.pop(sid, None)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def ids(self) -> list[str]:
+        with self._lock:
+            return list(self._sessions)
