@@ -305,3 +305,26 @@ def test_async_engine_serves_many_coroutines(tiny_llama):
     assert all(len(r[1].token_ids) == 3 for r in results)
     assert bad.finish_reason == "error" and "empty prompt" in bad.error
     assert front.engine.sequences.keys() <= {"bad"} and not front.engine.has_unfinished()
+
+
+def test_releasing_a_running_request_answers_its_caller(tiny_llama):
+    """A request released while it runs is cancelled, and whoever awaits it gets an "error" output (not a wait
+    forever); the engine serves the next request as usual."""
+    front = AsyncEngine(Engine(tiny_llama, drafter="srt", max_batch=4, max_context=64))
+
+    async def main():
+        running = asyncio.ensure_future(front.generate("long", PROMPT, SamplingParams(max_tokens=50, seed=1)))
+        await asyncio.sleep(0)  # submitted
+        front.release("long")
+        released = await asyncio.wait_for(running, 60)
+        after = await front.generate("next", PROMPT, SamplingParams(max_tokens=4, seed=1))
+        return released, after
+
+    try:
+        released, after = asyncio.run(main())
+    finally:
+        front.close()
+    assert released.finish_reason in ("error", "length")  # released mid-run, or (on a fast machine) already done
+    if released.finish_reason == "error":
+        assert "released" in released.error
+    assert after.finish_reason == "length" and len(after.token_ids) == 4

@@ -90,9 +90,15 @@ class AsyncEngine:
         return await submission.future
 
     def release(self, request_id: str) -> None:
-        """Forget a finished request (frees its held KV and ends it in the drafter); nothing once closed."""
+        """Forget a request (frees its held KV and ends it in the drafter); one still running is aborted and its
+        caller gets an "error" output. Nothing once closed."""
+
+        def release() -> None:
+            self.engine.release(request_id)
+            self._resolve(request_id, _error_output(request_id, "released while it ran"))
+
         try:
-            self._put(_Command(lambda: self.engine.release(request_id)))
+            self._put(_Command(release))
         except RuntimeError:
             pass
 
