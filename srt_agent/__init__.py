@@ -1,15 +1,16 @@
 """srt-agent: fast, exactly on-policy multi-turn RL rollouts with Speculative Rollout over a Tree-structured cache.
 
-Where things live, from the top down: each part imports only parts listed below it, except that
-``agent.build_controller`` starts a backend; nothing in the product imports the benchmarks or the CLI.
+Where things live, from the top down: each part imports only parts listed below it; nothing in the product
+imports the benchmarks or the CLI.
 
 - ``cli/``: the ``srt-agent`` command, one module per command group.
 - ``bench/``: every benchmark: workloads, side-by-side runs, rollout traces and their replay, plots.
 - ``rl/``: the trainer: cold start, algorithms (registries of advantage estimators and policy losses),
   the step loop, policy updates, checkpoints, reports.
-- ``backends/``: the rollout-backend seam and its two implementations, our engine and vLLM.
-- ``integrations/``: verl, TRL, and SRT as vLLM's speculative proposer.
+- ``integrations/``: verl and TRL (an outer layer: nothing below imports it).
 - ``agent/``: the Env API, the multi-turn ReTool controller, parsing, rewards, rollouts.
+- ``backends/``: the rollout-backend seam, its registry and its two implementations, our engine and vLLM
+  (``backends/vllm/``: everything vLLM, SRT as vLLM's speculative proposer included).
 - ``engine/``: our engine: sequences, scheduler, drafting, verification, model runner, sampler, cost
   model, run-ahead.
 - ``config.py``: the env/run config (the YAML schema); reading it needs no torch.

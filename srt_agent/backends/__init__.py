@@ -1,57 +1,62 @@
-"""Rollout backends: one seam (:class:`RolloutBackend`), two implementations: our engine (the exact
-reference) and vLLM. :func:`make_backend` picks one from the env config's ``engine.backend``."""
+"""Rollout backends: one seam (:class:`RolloutBackend`, with declared :class:`Capabilities`) and a registry
+of its implementations by name: our engine (the exact reference) and vLLM.
+
+:func:`make_backend` starts the one the env config's ``engine.backend`` names; ``auto`` takes the first
+registered backend that can serve the run (:func:`choose_backend`). Adding a backend is registering it in
+:data:`REGISTRY` (see docs/architecture.md, "How to add a backend").
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from .base import RolloutBackend, RunAheadControl
-from .engine import EngineBackend, engine_backend
-from .vllm_engine import VLLM_DRAFTERS, VLLMUnavailable, check_vllm_drafter, vllm_missing
+from .base import Capabilities, Refusal, Registered, RolloutBackend, RunAheadControl
+from .engine import REGISTERED as ENGINE, EngineBackend
+from .vllm import DRAFTERS as VLLM_DRAFTERS, VLLMUnavailable, vllm_missing
+from .vllm.backend import REGISTERED as VLLM
+from .vllm.exact_sampling import VLLM_IDENTICAL_NOTE
 
-BACKENDS = ("engine", "vllm", "auto")
+#: name → registered backend; ``auto`` tries them in this order (our engine, last, serves every run)
+REGISTRY: dict[str, Registered] = {"vllm": VLLM, "engine": ENGINE}
+BACKENDS = (*REGISTRY, "auto")  # what ``engine.backend`` may name (the config's schema lists the same)
 
 __all__ = [
     "BACKENDS",
+    "REGISTRY",
     "VLLM_DRAFTERS",
+    "VLLM_IDENTICAL_NOTE",
+    "Capabilities",
     "EngineBackend",
+    "Refusal",
+    "Registered",
     "RolloutBackend",
     "RunAheadControl",
     "VLLMUnavailable",
     "choose_backend",
     "make_backend",
+    "vllm_missing",
 ]
 
 
-def choose_backend(
-    requested: str, drafter: str, run_ahead: bool = False, model_problem: str | None = None
-) -> tuple[str, str]:
-    """(backend, why) for ``engine.backend: requested``: ``vllm`` fails with one line when vLLM is missing
-    or cannot run the drafter or the model (`model_problem`: why vLLM cannot serve it); ``auto`` takes vLLM
-    where it can, else our engine, and says why."""
+def choose_backend(requested: str, drafter: str, run_ahead: bool = False, loaded=None) -> tuple[str, str]:
+    """(backend, why) for ``engine.backend: requested`` serving `drafter` (with run-ahead if `run_ahead`) on
+    `loaded`'s model (None: the model is not checked). A named backend that cannot serve the run fails with
+    one line (vLLM: missing, no counterpart of the drafter, run-ahead, a model it cannot serve); ``auto``
+    takes the first registered backend that can, and says why."""
     if requested not in BACKENDS:
         raise ValueError(f"unknown backend {requested!r}; choose one of {', '.join(BACKENDS)}")
-    if requested == "engine":
-        return "engine", "engine.backend: engine"
-    missing = vllm_missing()
-    if requested == "vllm":
-        if missing:
-            raise VLLMUnavailable(missing)
-        check_vllm_drafter(drafter)
-        if run_ahead:
-            raise ValueError("run-ahead runs in our engine only; turn engine.run_ahead off for the vLLM backend")
-        if model_problem:
-            raise ValueError(model_problem)
-        return "vllm", "engine.backend: vllm"
-    if missing:
-        return "engine", f"engine.backend: auto, and {missing}"
-    if drafter not in VLLM_DRAFTERS:
-        return "engine", f"engine.backend: auto, and vLLM has no counterpart of drafter {drafter!r}"
-    if run_ahead:
-        return "engine", "engine.backend: auto, and run-ahead runs in our engine only"
-    if model_problem:
-        return "engine", f"engine.backend: auto, and {model_problem}"
-    return "vllm", "engine.backend: auto, and vLLM is installed"
+    if requested != "auto":
+        refused = REGISTRY[requested].refusal(drafter, run_ahead, loaded)
+        if refused is not None:
+            raise refused.error
+        return requested, f"engine.backend: {requested}"
+    passed_over = []
+    for name, registered in REGISTRY.items():
+        refused = registered.refusal(drafter, run_ahead, loaded)
+        if refused is None:
+            return name, "engine.backend: auto, and " + ("; ".join(passed_over) or registered.chosen)
+        passed_over.append(refused.reason)
+    raise ValueError("engine.backend: auto, and no backend can serve this run: " + "; ".join(passed_over))
 
 
 def make_backend(
@@ -60,18 +65,8 @@ def make_backend(
     """The backend the env config asks for, serving `loaded` with `drafter` (default: the config's);
     `log` gets one line saying which backend runs and why."""
     drafter = drafter or config.engine.drafter
-    problem = None
-    if config.engine.backend != "engine" and not vllm_missing():
-        from ..integrations.vllm.models import unservable
-
-        problem = unservable(loaded)
-    backend, why = choose_backend(config.engine.backend, drafter, run_ahead is not None, problem)
-    if backend == "engine":
-        made = engine_backend(config, loaded, drafter, run_ahead)
-    else:
-        from .vllm import vllm_backend
-
-        made = vllm_backend(config, loaded, drafter)
+    name, why = choose_backend(config.engine.backend, drafter, run_ahead is not None, loaded)
+    made = REGISTRY[name].factory(config, loaded, drafter, run_ahead)
     if log is not None:
         log(f"backend for {drafter}: {made.describe()} ({why})")
     return made

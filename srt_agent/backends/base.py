@@ -4,14 +4,19 @@ Token ids go in; token ids, each sampled token's log-probability and why the tur
 (:class:`~srt_agent.engine.RequestOutput`). A later turn of the same request passes the whole token list
 so far, tool output included, as ids (forced tokens, never re-tokenized text). Between RL steps the
 trainer loads new weights in place (`update_weights`) and closes the step (`end_step`); the drafter's
-trees survive both and can be saved and restored. Features only some backends have (run-ahead, the
-forward-cost table) are `None` / empty where absent.
+trees survive both and can be saved and restored. What a backend can do is declared (:class:`Capabilities`),
+so callers ask it rather than what the backend is; features only some backends have (run-ahead, the
+forward-cost table, the prefix block pool, a view without speculation) are `None` / empty where absent.
+
+Backends are registered by name in ``srt_agent.backends`` (a :class:`Registered` each: how to start one and
+why it cannot serve a run, a :class:`Refusal`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -19,6 +24,44 @@ if TYPE_CHECKING:
     from ..cache import RolloutCache
     from ..engine import RequestOutput, SamplingParams
     from ..engine.run_ahead import WindowPrompt
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a started backend does, declared so that callers need not know which backend it is."""
+
+    device: str  # where it runs ("cpu", "cuda:0")
+    exact_sampling: bool  # a seeded request's tokens do not depend on the drafts (else: in distribution at T > 0)
+    trees: bool  # its drafter keeps per-prompt trees (`trees()`, saved with checkpoints)
+    run_ahead: bool  # it fills idle capacity with run-ahead windows (`run_ahead` is not None)
+    serves_module: bool  # it runs on the loaded torch module itself (our engine), not on a copy of its own (vLLM)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a registered backend cannot serve a run: `error` is raised where the config names the backend,
+    `reason` completes "engine.backend: auto, and …" where ``auto`` passes it over."""
+
+    reason: str
+    error: Exception
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A backend in the registry (``srt_agent.backends.REGISTRY``).
+
+    `factory(config, loaded, drafter, run_ahead)` starts one for the env config on `loaded`'s model (run-ahead
+    options or None); `refusal(drafter, run_ahead, loaded)` says why it cannot serve that run (`loaded` None:
+    the model is not checked), None when it can; `chosen` completes "engine.backend: auto, and …" where ``auto``
+    takes it. `serves_module` and `lends_undrafted` are known before one starts (for the memory plan): whether
+    it runs on the loaded module itself, and whether a run without speculation can share an SRT engine of it
+    (`undrafted()`)."""
+
+    factory: Callable[[Any, Any, str, Any], RolloutBackend]
+    refusal: Callable[[str, bool, Any], Refusal | None]
+    chosen: str
+    serves_module: bool
+    lends_undrafted: bool = False
 
 
 class RunAheadControl(Protocol):
@@ -36,8 +79,9 @@ class RunAheadControl(Protocol):
 class RolloutBackend(Protocol):
     """A generation backend for rollouts and training (see the module docstring)."""
 
-    name: str  # "engine" or "vllm"
+    name: str  # its name in the registry ("engine", "vllm"): for logs and reports, never to branch on
     drafter_name: str
+    capabilities: Capabilities
     run_ahead: RunAheadControl | None
 
     async def generate(
@@ -72,6 +116,17 @@ class RolloutBackend(Protocol):
 
     def step_costs(self) -> tuple[dict, dict]:
         """The forward-cost table and the batch/draft settings a replay needs ({} where the backend has none)."""
+
+    def prefix_blocks_in_use(self) -> int | None:
+        """Blocks in our engine's prefix block pool now; None where the backend keeps no such pool."""
+
+    def undrafted(self) -> RolloutBackend | None:
+        """A backend that runs requests without speculation on this one's engine (no drafts, no trace in the
+        trees; weights, steps and trees stay this one's), or None where the backend lends none."""
+
+    def forget_prefixes(self) -> None:
+        """Empty the prefix cache (nothing may run): a run that follows another on a shared engine starts as
+        cold as on an engine of its own."""
 
     def describe(self) -> str:
         """One line: what runs where (for logs)."""

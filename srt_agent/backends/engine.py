@@ -11,6 +11,7 @@ from ..cache import RolloutCache, capabilities
 from ..engine import AsyncEngine, Engine
 from ..engine.run_ahead import WindowPrompt
 from ..engine.stats import cost_table, engine_settings
+from .base import Capabilities, Refusal, Registered
 
 
 class EngineRunAhead:
@@ -33,7 +34,7 @@ class EngineRunAhead:
         return self.front.call(lambda engine: engine.run_ahead.stats.as_dict()).result()
 
 
-class EngineBackend(AsyncEngine):
+class EngineBackend(AsyncEngine[Engine]):
     """:class:`~srt_agent.engine.AsyncEngine` over our :class:`~srt_agent.engine.Engine`, with the
     backend calls (`update_weights`, `end_step`, trees, stats) besides `generate`; `call` and `engine`
     stay available for whatever reaches the engine itself."""
@@ -44,6 +45,13 @@ class EngineBackend(AsyncEngine):
         super().__init__(engine)
         self.drafter_name = engine.drafter.name if engine.drafter is not None else "none"
         self.run_ahead = EngineRunAhead(self) if engine.run_ahead is not None else None
+        self.capabilities = Capabilities(
+            device=str(engine.device),
+            exact_sampling=True,
+            trees=capabilities(engine.drafter).trees,
+            run_ahead=self.run_ahead is not None,
+            serves_module=True,
+        )
 
     def update_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         self.call(lambda engine: engine.update_weights(dict(weights))).result()
@@ -55,7 +63,7 @@ class EngineBackend(AsyncEngine):
         return self.call(lambda engine: engine.stats()).result()
 
     def trees(self) -> RolloutCache | None:
-        return self.engine.drafter.cache if capabilities(self.engine.drafter).trees else None
+        return self.engine.drafter.cache if self.capabilities.trees else None
 
     def restore_trees(self, cache: RolloutCache) -> None:
         if self.trees() is None:
@@ -64,6 +72,16 @@ class EngineBackend(AsyncEngine):
 
     def step_costs(self) -> tuple[dict, dict]:
         return self.call(lambda engine: (cost_table(engine.cost_model), engine_settings(engine))).result()
+
+    def prefix_blocks_in_use(self) -> int | None:
+        return self.call(lambda engine: engine.stats().get("prefix_blocks_in_use", 0)).result(60)
+
+    def undrafted(self) -> None:
+        """None: a run without speculation starts an engine of its own."""
+        return None
+
+    def forget_prefixes(self) -> None:
+        self.call(lambda engine: engine.forget_prefixes()).result()
 
     def describe(self) -> str:
         return f"our engine on {self.engine.device}"
@@ -84,3 +102,13 @@ def engine_backend(config, loaded, drafter: str | None = None, run_ahead=None) -
         prefix_cache_tokens=e.prefix_cache_tokens,
     )
     return EngineBackend(engine)
+
+
+def refusal(drafter: str, run_ahead: bool = False, loaded=None) -> Refusal | None:
+    """None: our engine serves every drafter, with or without run-ahead, on every model it loads."""
+    return None
+
+
+REGISTERED = Registered(
+    factory=engine_backend, refusal=refusal, chosen="our engine serves everything", serves_module=True
+)

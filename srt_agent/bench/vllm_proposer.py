@@ -19,7 +19,7 @@ import os
 import time
 from typing import Any
 
-from ..integrations.vllm import cpu_env, speculative_config, vllm_model_dir
+from ..backends.vllm import cpu_env, speculative_config, vllm_model_dir
 
 FORCED_CLASS = "srt_agent.bench.vllm_proposer.ForcedDraftProposer"
 QUESTIONS = [
@@ -95,7 +95,7 @@ def verification_cost(
 ) -> list[dict]:
     """Per batch size and k: milliseconds per decode step (best of `repeats`) with k forced draft tokens per
     sequence, and the extra milliseconds per drafted token over k = 0."""
-    from ..integrations.vllm import _drafter
+    from ..backends.vllm.workers import _drafter
 
     llm = _engine(
         model, {"method": "custom_class", "model": FORCED_CLASS, "num_speculative_tokens": max(ks)}, max(batches), 512
@@ -149,7 +149,7 @@ class DraftCounter:
 
 
 def _counter(llm, method: str) -> DraftCounter | None:
-    from ..integrations.vllm import _drafter
+    from ..backends.vllm.workers import _drafter
 
     return None if method == "none" else DraftCounter(llm.collective_rpc(_drafter)[0])
 

@@ -26,8 +26,7 @@ def preload_for_vllm() -> None:
     vLLM will run; in-process callers, e.g. tests, are left alone)."""
     import os
 
-    from ..backends import vllm_missing
-    from ..integrations.vllm import preload_env
+    from ..backends.vllm import preload_env, vllm_missing
 
     if Path(sys.argv[0]).name != "srt-agent" or vllm_missing():
         return

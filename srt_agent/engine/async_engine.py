@@ -1,4 +1,7 @@
-"""AsyncEngine: the engine's step loop in a background thread, awaited by many coroutines at once."""
+"""AsyncEngine: an engine's step loop in a background thread, awaited by many coroutines at once.
+
+It drives anything with the stepping interface (:class:`SteppingEngine`): our :class:`~.engine.Engine`, or
+an adapter over another engine (``srt_agent.backends.vllm.engine.VLLMEngine``)."""
 
 from __future__ import annotations
 
@@ -7,13 +10,41 @@ import concurrent.futures
 import logging
 import queue
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
-from .engine import Engine
 from .params import RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
+
+
+class SteppingEngine(Protocol):
+    """What AsyncEngine calls on its thread: requests in, one step at a time, finished turns out."""
+
+    def add_request(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        prompt_key: Hashable | None = None,
+    ) -> str:
+        """Start one turn (a later turn of a request passes the whole token list so far); ValueError on bad input."""
+
+    def step(self) -> list[RequestOutput]:
+        """One step; the turns it finished."""
+
+    def release(self, request_id: str) -> None:
+        """Forget a request (aborts its turn if one is running)."""
+
+    def has_work(self) -> bool:
+        """Whether a step would do anything now."""
+
+    def idle_capacity(self) -> int:
+        """Batch slots no running or queued request needs now."""
+
+
+E = TypeVar("E", bound=SteppingEngine)
 
 
 @dataclass
@@ -45,8 +76,8 @@ class _Command:
     fail: Callable[[str], None] = lambda reason: None
 
 
-class AsyncEngine:
-    """Thread-safe front of an Engine: `await generate(...)` from any number of coroutines.
+class AsyncEngine(Generic[E]):
+    """Thread-safe front of a stepping engine: `await generate(...)` from any number of coroutines.
 
     All engine calls run on one background thread; submissions and releases reach it through a queue,
     results come back to each caller's event loop. Follows verl's server API: every turn passes the
@@ -58,7 +89,7 @@ class AsyncEngine:
     `closed` (with the cause in `error`), and later calls raise instead of waiting.
     """
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: E):
         self.engine = engine
         self._commands: queue.Queue[_Command | _Submission] = queue.Queue()
         self._waiters: dict[str, _Submission] = {}
@@ -102,7 +133,7 @@ class AsyncEngine:
         except RuntimeError:
             pass
 
-    def call(self, fn: Callable[[Engine], object]) -> concurrent.futures.Future:
+    def call(self, fn: Callable[[E], object]) -> concurrent.futures.Future:
         """Run `fn(engine)` on the engine thread between steps (e.g. update_weights, end_step).
 
         Returns a future with its result or exception; a raise reaches that future only.

@@ -30,7 +30,7 @@ from ..models import LoadedModel, resolve_device
 from .cost_model import ForwardCostModel
 from .drafting import Drafting, resolve_drafter
 from .model_runner import Chunk, ModelRunner
-from .params import RequestOutput, SamplingParams
+from .params import RequestOutput, SamplingParams, check_prompt
 from .prefix_cache import PrefixCache
 from .prefix_sharing import PrefixSharing
 from .run_ahead import RunAhead, RunAheadOptions
@@ -196,15 +196,7 @@ class Engine:
         return request_id
 
     def _check_prompt(self, prompt_ids: Seq[int], params: SamplingParams) -> list[int]:
-        prompt = list(prompt_ids)
-        vocab = self.runner.vocab_size
-        if not prompt:
-            raise ValueError("empty prompt: give at least one token id")
-        bad = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
-        if len(prompt) >= self.max_context:
-            raise ValueError(f"prompt of {len(prompt)} tokens leaves no room in the context of {self.max_context}")
+        prompt = check_prompt(prompt_ids, self.runner.vocab_size, self.max_context)
         if params.stop and self.stops.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model has none")
         return prompt
@@ -236,6 +228,15 @@ class Engine:
     def idle_capacity(self) -> int:
         """Batch slots not needed by running or queued requests."""
         return self.scheduler.idle_capacity()
+
+    def forget_prefixes(self) -> None:
+        """Empty the prefix block pool (nothing may run): the next run reuses no KV an earlier run stored."""
+        if self.has_unfinished():
+            raise RuntimeError("the prefix cache cannot be emptied while requests run")
+        if self.prefix is not None:
+            self.prefix.clear()
+        for seq in self.sequences.values():
+            seq.stored_blocks = 0
 
     # ----- policy ---------------------------------------------------------------------------------
 

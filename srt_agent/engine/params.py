@@ -1,8 +1,9 @@
-"""What a caller asks for (SamplingParams) and what it gets back (RequestOutput)."""
+"""What a caller asks for (SamplingParams, a prompt every engine accepts) and what it gets back (RequestOutput)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 FINISH_REASONS = ("eos", "stop", "length", "context", "error")
@@ -102,3 +103,17 @@ class RequestOutput:
     error: str | None = None
     text: str | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+
+
+def check_prompt(prompt_ids: Sequence[int], vocab_size: int, max_context: int) -> list[int]:
+    """`prompt_ids` as a list, or ValueError (one line) when it is empty, holds an id outside the vocabulary
+    (or one that is no int) or leaves no room for a token in the context: what every engine refuses."""
+    prompt = list(prompt_ids)
+    if not prompt:
+        raise ValueError("empty prompt: give at least one token id")
+    bad = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+    if len(prompt) >= max_context:
+        raise ValueError(f"prompt of {len(prompt)} tokens leaves no room in the context of {max_context}")
+    return prompt

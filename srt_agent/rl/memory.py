@@ -14,12 +14,16 @@ import resource
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
-from ..backends.vllm import kv_cache_gib
+from ..backends.vllm.kv_cache import kv_cache_gib
 from ..config import ConfigError
 from ..engine.packed_linear import available_memory_bytes
+
+if TYPE_CHECKING:
+    from ..backends import Registered
 
 GB = 1e9
 #: what importing and starting vLLM's engine core adds to a process beyond its weights and KV cache
@@ -29,30 +33,32 @@ VLLM_RUNTIME_BYTES = int(0.8 * GB)
 VLLM_ENGINE_OVERHEAD_BYTES = int(0.05 * GB)
 
 
-def planned_backends(config, loaded, variants) -> list[str]:
-    """The backend each variant's engine will run on ("engine" or "vllm"), as make_backend will choose it;
-    "shared" for a variant that will run on an earlier variant's vLLM engine (see ``rollouts.undrafted_owner``)."""
-    from ..backends import choose_backend, vllm_missing
+def planned_backends(config, loaded, variants) -> list[Registered | None]:
+    """The registered backend each variant will start, as make_backend will choose it; None for a variant that
+    will run on an earlier variant's engine (see ``rollouts.undrafted_owner``)."""
+    from ..backends import REGISTRY, choose_backend
     from .rollouts import undrafted_owner
 
-    problem = None
-    if not vllm_missing():
-        from ..integrations.vllm.models import unservable
-
-        problem = unservable(loaded)
-    out = []
+    names = []
     for v in variants:
+        requested = v.backend or config.engine.backend
         try:
-            out.append(
-                choose_backend(v.backend or config.engine.backend, v.drafter, v.run_ahead is not None, problem)[0]
-            )
-        except ValueError:  # the engine's start says why, in its own words
-            out.append("vllm")
+            names.append(choose_backend(requested, v.drafter, v.run_ahead is not None, loaded)[0])
+        except ValueError:  # the backend's start says why, in its own words
+            names.append(requested)
+    out: list[Registered | None] = [REGISTRY[name] for name in names]
     for i in range(len(variants)):
         owner = undrafted_owner(config, variants, i)
-        if owner is not None and out[i] == out[owner] == "vllm":
-            out[i] = "shared"
+        if owner is not None and names[i] == names[owner] and REGISTRY[names[i]].lends_undrafted:
+            out[i] = None
     return out
+
+
+def planned_engines(config, loaded, variants) -> tuple[int, bool]:
+    """(engines that load their own copy of the weights, whether one runs on `loaded`'s module itself) for
+    `variants`: what :func:`plan_memory` needs."""
+    started = [b for b in planned_backends(config, loaded, variants) if b is not None]
+    return sum(not b.serves_module for b in started), any(b.serves_module for b in started)
 
 
 @dataclass

@@ -115,8 +115,7 @@ class PolicyRollouts:
                 owner = undrafted_owner(config, variants, i)
                 view = None
                 if owner is not None:
-                    lend = getattr(self.backend(names[owner]), "undrafted", None)
-                    view = lend() if lend is not None else None
+                    view = self.backend(names[owner]).undrafted()
                 if view is not None:
                     self.shared |= {v.name, names[owner]}
                 self.controllers[v.name] = build_controller(
@@ -139,8 +138,8 @@ class PolicyRollouts:
 
     @property
     def serves_module(self) -> bool:
-        """Whether one of the engines runs on `loaded`'s module (our engine does; vLLM loads its own copy)."""
-        return any(self.backend(name).name != "vllm" for name in self.controllers)
+        """Whether one of the backends runs on `loaded`'s module (our engine does; vLLM loads its own copy)."""
+        return any(self.backend(name).capabilities.serves_module for name in self.controllers)
 
     def backend(self, drafter: str) -> RolloutBackend:
         """Variant `drafter`'s rollout backend."""
@@ -219,7 +218,7 @@ class PolicyRollouts:
         start = time.perf_counter()
         for name in self.controllers:
             self.backend(name).update_weights(weights)
-        if all(self.backend(name).name != "engine" for name in self.controllers):
+        if not self.serves_module:
             with torch.no_grad():
                 self.loaded.model.load_state_dict(weights, strict=True)
         return time.perf_counter() - start

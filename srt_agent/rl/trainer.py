@@ -27,7 +27,7 @@ from rich.console import Console
 from ..agent.rollout import write_jsonl
 from ..agent.toolconfig import load_tools, require_sandbox_runtime
 from ..agent.trajectory import Trajectory
-from ..backends.vllm_engine import VLLM_IDENTICAL_NOTE
+from ..backends import VLLM_IDENTICAL_NOTE
 from ..cache import DRAFTERS, LENIENT_DRAFTERS, RolloutCache
 from ..config import ConfigError, EnvConfig, load_env_config
 from ..models import LoadedModel, load_model
@@ -44,7 +44,7 @@ from .coldstart import ColdStartResult, cold_start_line, finish_report, run_cold
 from .data import PromptSampler
 from .evaluate import HELD_OUT_FIGURES, ToolUseReport, evaluate_policy, held_out_tasks
 from .interrupt import cooperative_interrupt, deferred_interrupt
-from .memory import MemoryMeter, check_plan, memory_line, plan_memory, planned_backends
+from .memory import MemoryMeter, check_plan, memory_line, plan_memory, planned_engines
 from .metrics import compare_metrics, merged_summary, rollout_metrics, run_ahead_metrics, speed_totals
 from .policy import Policy, build_policy, require_peft
 from .progress import phase_bar
@@ -145,6 +145,7 @@ class Trainer:
         self.backend = self.config.engine.backend  # the one that runs, once the run starts
         self._step_runs: dict[str, list[RolloutRun]] = {}
         self.memory: dict = {}  # peak and plan (GB), once the run has ended
+        self.exact: dict[str, bool] = {}  # per variant: whether its backend samples exactly (once the run starts)
 
     @property
     def compared(self) -> list[str]:
@@ -182,23 +183,20 @@ class Trainer:
         tasks = cfg.dataset.tasks()
         if not tasks:
             raise ConfigError("dataset: no tasks")
-        backends = planned_backends(cfg, self.loaded, self.variants)
-        plan = plan_memory(
-            cfg,
-            self.loaded.model,
-            vllm_engines=backends.count("vllm"),
-            policy_copies_model="engine" in backends,
-        )
+        own_copies, serves_module = planned_engines(cfg, self.loaded, self.variants)
+        plan = plan_memory(cfg, self.loaded.model, vllm_engines=own_copies, policy_copies_model=serves_module)
         check_plan(plan, train.max_memory_gb)
         meter.mark("model loaded")
         rollouts = PolicyRollouts(cfg, self.loaded, tools, self.variants, log=self._log)
         meter.mark("engines started")
-        self.backend = rollouts.backend(rollouts.main).name
+        main = rollouts.backend(rollouts.main)
+        self.backend = main.name
+        self.exact = {name: rollouts.backend(name).capabilities.exact_sampling for name in rollouts.drafters}
         trackers: list[Tracker] = []
         try:
             others = rollouts.drafters[1:]
             self._log(
-                f"[bold]{self.loaded.name}[/bold] on {rollouts.controllers[rollouts.main].engine.engine.device}: "
+                f"[bold]{self.loaded.name}[/bold] on {main.capabilities.device}: "
                 f"{train.algorithm.upper()}, {train.steps} steps × {train.prompts_per_step} prompts × "
                 f"{cfg.n_samples} samples, rollouts with [bold]{rollouts.main}[/bold]"
                 + (" and run-ahead" if self.variants[0].run_ahead is not None else "")
@@ -403,9 +401,7 @@ class Trainer:
         for variant in self.variants[1:]:
             if variant.drafter in LENIENT_DRAFTERS:
                 why[variant.name] = "it accepts drafts leniently: not exactly on-policy"
-            elif self.backend == "vllm" and not (
-                self.config.engine.vllm.exact_sampling if variant.exact_sampling is None else variant.exact_sampling
-            ):
+            elif not self.exact.get(variant.name, True):
                 why[variant.name] = VLLM_IDENTICAL_NOTE
             else:
                 why[variant.name] = "float32 near-ties can flip between batch shapes"
@@ -506,7 +502,7 @@ class Trainer:
     def report(self) -> dict:
         cfg, train = self.config, self.config.train
         totals = speed_totals(self.history, self.compared)
-        if self.backend == "vllm" and not cfg.engine.vllm.exact_sampling:
+        if not self.exact.get(self.variants[0].name, True):
             totals.update({f"identical_vs_{name}_note": VLLM_IDENTICAL_NOTE for name in self.compared})
         return {
             "name": cfg.name,

