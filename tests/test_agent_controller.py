@@ -157,7 +157,7 @@ def test_model_and_forced_tokens_enter_the_prompts_tree(tiny, tools):
     ctrl = controller(tiny, PrefilledReTool, tools, n_samples=1)
     task = arithmetic_tasks(1, seed=4)[0]
     (traj,) = run(ctrl, [task])
-    (stored,) = ctrl.engine.engine.drafter.cache.sequences(task.key)
+    (stored,) = ctrl.engine.engine.drafter.cache.sequences(traj.prompt_key)
     full = traj.prompt_ids + traj.response_ids
     assert full[-len(stored) :] == stored and len(stored) > len(traj.response_ids)
 

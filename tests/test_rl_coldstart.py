@@ -14,13 +14,13 @@ from srt_agent.agent.trajectory import Trajectory
 from srt_agent.config import InterpreterConfig
 from srt_agent.datasets import ARITHMETIC_KINDS
 from srt_agent.models import end_token_ids, load_tokenizer
+from srt_agent.rl.batch import trajectory_sample
 from srt_agent.rl.coldstart import cold_start_failure
 from srt_agent.rl.evaluate import tool_use_report
 from srt_agent.rl.traces import (
     load_message_traces,
     messages_sample,
     procedural_traces,
-    trajectory_sample,
     turn_end_token,
 )
 

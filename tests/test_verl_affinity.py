@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 pytest.importorskip("verl.workers.rollout.router", reason="verl is an optional extra: pip install 'srt-agent[verl]'")
 
 from srt_agent.bench.affinity import AffinityBenchSpec, run_affinity_bench  # noqa: E402
-from srt_agent.engine.engine import default_prompt_key  # noqa: E402
+from srt_agent.cache.keys import prompt_key  # noqa: E402
 from srt_agent.integrations.verl.affinity import ConsistentHashRing, PromptAffinityRouter  # noqa: E402
 
 KEYS = [f"prompt-{i}" for i in range(2000)]
@@ -69,7 +69,7 @@ def first_turn(prompt: int) -> list[int]:
 
 def key_of(prompt: int):
     """The prompt's key: odd prompts send one (as srt_retool does), even ones are keyed by their first turn."""
-    return f"task-{prompt}" if prompt % 2 else default_prompt_key(first_turn(prompt))
+    return f"task-{prompt}" if prompt % 2 else prompt_key(first_turn(prompt))
 
 
 def acquire(router, rid: str, prompt: int, turn: int = 0) -> str:

@@ -29,11 +29,10 @@ from verl.workers.rollout.replica import get_rollout_replica_class  # noqa: E402
 from srt_agent.agent import Env, StepResult  # noqa: E402
 from srt_agent.agent.retool import interpreter_block  # noqa: E402
 from srt_agent.cache import RolloutCache  # noqa: E402
-from srt_agent.datasets import Task  # noqa: E402
+from srt_agent.cache.keys import prompt_key  # noqa: E402
 from srt_agent.engine import Engine  # noqa: E402
 from srt_agent.integrations.verl.adapter import SRTServerAdapter  # noqa: E402
 from srt_agent.integrations.verl.affinity import ConsistentHashRing, PromptAffinityRouter  # noqa: E402
-from srt_agent.integrations.verl.agent_loop import prompt_digest  # noqa: E402
 from srt_agent.integrations.verl.replica import SRTReplica  # noqa: E402
 from srt_agent.integrations.verl.wire import from_verl_sampling  # noqa: E402
 from srt_agent.models import tiny_random_model  # noqa: E402
@@ -211,7 +210,8 @@ def test_agent_loop_through_verls_worker_masks_tool_tokens_and_survives_a_crashi
         assert out.non_tensor_batch["srt_forwards"][i] >= 3
     # verl's client sends a fresh request id every turn; the server still continued each trajectory's one
     # sequence (KV reused, tool output forced into the tree): the prompt's tree holds 2 sequences, not 6.
-    key = prompt_digest(Task([{"role": "user", "content": "What is 6 times 7?"}], "").key)
+    first_turn = out.batch["prompts"][0][out.batch["attention_mask"][0, :prompt_len].bool()].tolist()
+    key = prompt_key(first_turn)  # the one key every tree holder files a prompt under
     (address,) = [a for a, h in cluster.servers.items() if key in ray.get(h.prompt_keys.remote())]
     local = RolloutCache()
     sequences = local.sequences(local.import_prompt(ray.get(cluster.servers[address].export_prompt.remote(key))))

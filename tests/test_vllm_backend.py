@@ -434,3 +434,37 @@ def test_a_run_interrupted_and_resumed_on_vllm_equals_the_uninterrupted_one(tmp_
         cache = RolloutCache.load(load_checkpoint(out)[1]["srt"])
         trees.append({repr(k): sorted(map(tuple, cache.sequences(k))) for k in cache.prompt_keys()})
     assert trees[0] == trees[1] and sum(map(len, trees[0].values())) > 0
+
+
+def test_trees_saved_on_our_engine_are_found_by_vllms_proposer(tmp_path, model_dir):
+    """One prompt key for every tree holder (``cache.keys``): a step on our engine, then the run resumed on
+    vLLM. vLLM's proposer keys prompts by their tokens alone; it finds the saved trees, so step 2's rollouts of
+    the same prompts grow them (no second tree per prompt) and draft from them."""
+    from srt_agent.cache import RolloutCache
+
+    def write(backend: str, steps: int):
+        path = tmp_path / f"{backend}.yaml"
+        path.write_text(
+            f"name: tiny\nenv: rl_envs.ParityToolEnv\nmodel: {model_dir}\n"
+            f"tools: {ROOT / 'tools' / 'code_interpreter.yaml'}\n"
+            "dataset: {n: 2, seed: 1}\nn_samples: 2\nmax_turns: 2\nmax_tokens_per_turn: 6\nmax_response_tokens: 60\n"
+            "sampling: {temperature: 0.1, seed: 3}\n"
+            f"engine: {{backend: {backend}, max_batch: 8, max_context: 256, calibrate: false,"
+            " vllm: {kv_cache_gib: 1, proposer: {policy: always}}}\n"
+            "cold_start: {enabled: false, eval_tasks: 0}\n"
+            f"train: {{steps: {steps}, prompts_per_step: 2, lr: 1.0e-9, micro_batch_tokens: 256, checkpoint_every: 1}}\n"
+        )
+        return load_env_config(path)
+
+    out = tmp_path / "run"
+    loaded = load_model(str(model_dir), dtype=torch.float32, device="cpu")
+    first = Trainer(write("engine", 1), out, loaded=loaded).run()
+    assert first["backend"] == "engine"
+    saved = RolloutCache.load(load_checkpoint(out)[1]["srt"])
+    assert len(saved) == 2 and saved.stats().sequences == 4  # 2 prompts × 2 samples
+    report = Trainer(write("vllm", 2), out, resume=out, loaded=loaded).run()
+    assert report["backend"] == "vllm" and [m["step"] for m in report["steps"]] == [1.0, 2.0]
+    grown = RolloutCache.load(load_checkpoint(out)[1]["srt"])
+    assert sorted(grown.prompt_keys()) == sorted(saved.prompt_keys())  # the same trees, not new ones
+    assert grown.stats().sequences >= 8  # step 2's 4 joined them (a turn resumed from a stop may open one more)
+    assert report["steps"][1]["srt/draft_accepted"] > 0  # T = 0.1 and a tiny lr: step 1's paths again

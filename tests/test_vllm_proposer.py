@@ -20,11 +20,11 @@ from srt_agent.backends.vllm.proposer import (
     SRTProposer,
     check_seam,
     cost_model,
-    prompt_key,
     step_cost_model,
 )
 from srt_agent.cache import RolloutCache
 from srt_agent.cache.draft import Draft
+from srt_agent.cache.keys import prompt_key
 from srt_agent.engine.acceptance import AcceptanceModel
 
 pytestmark = pytest.mark.slow  # starting a vLLM engine takes ~10 s here

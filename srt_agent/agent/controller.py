@@ -18,6 +18,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from ..cache.keys import prompt_key
 from ..config import EnvConfig
 from ..datasets import Task
 from .chat import render_prompt, user_turn_text
@@ -202,6 +203,7 @@ class MultiTurnController:
             traj.append(self._encode(pending))
             assistant = {"role": "assistant", "content": pending}
             traj.messages.append(assistant)
+        key = traj.prompt_key = prompt_key(traj.prompt_ids + traj.response_ids)  # as every tree holder keys it
         for turn in range(cfg.max_turns):
             budget = cfg.max_response_tokens - len(traj.response_ids)
             if budget <= 0:
@@ -210,7 +212,7 @@ class MultiTurnController:
             params = self._params(env, min(cfg.max_tokens_per_turn, budget), seed)
             traj.num_turns = turn + 1
             out = await self.engine.generate(
-                traj.request_id, traj.prompt_ids + traj.response_ids, params, prompt_key=task.key
+                traj.request_id, traj.prompt_ids + traj.response_ids, params, prompt_key=key
             )
             traj.forwards += out.metrics.forwards
             traj.draft_proposed += out.metrics.draft_proposed

@@ -25,6 +25,7 @@ class Trajectory:
     sample_index: int
     prompt_ids: list[int]
     prompt: list[dict] = field(default_factory=list)
+    prompt_key: str | None = None  # its prompt's tree key (``cache.keys``: of the first turn's tokens)
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     response_logprobs: list[float] = field(default_factory=list)

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import EnvConfig, load_env_config
-from ..engine.run_ahead import RunAheadOptions, WindowPrompt
-from ..rl.rollouts import RolloutRun, RolloutVariant
+from ..engine.run_ahead import RunAheadOptions
+from ..rl.rollouts import RolloutRun, RolloutVariant, window_prompt
 from .replay import replay
 from .rollout_trace import RolloutTrace, TracedRunAhead, TracedStep, TracedTrajectory
 
@@ -115,7 +115,7 @@ class TraceRecorder:
                 self.traces[name] = RolloutTrace(
                     name, variant.drafter, limits=limits, run_ahead=ahead, **rs[0].settings
                 )
-            trajectories = [(t, run.tasks[t.task_index].key) for run in rs for t in run.trajectories]
+            trajectories = [(t, t.prompt_key) for run in rs for t in run.trajectories]
             written = [TracedRunAhead(str(k), list(c), list(g)) for run in rs for k, c, g in run.run_ahead_written]
             wall = sum(run.wall_s for run in rs)
             traced = TracedStep(
@@ -277,7 +277,7 @@ def measure_update_bubble(config: EnvConfig, loaded, samples_per_update: int = 8
     controller = build_controller(config, loaded=loaded, drafter="srt", tools={}, run_ahead=options)
     engine = controller.engine
     tasks = config.dataset.tasks()[: config.train.prompts_per_step]
-    window = [WindowPrompt(t.key, *controller.opening(t)) for t in tasks]
+    window = [window_prompt(controller, t) for t in tasks]
     alone, beside, tokens = [], [], []
     try:
         packed_update(policy, optimizer, samples, config.train.micro_batch_tokens)  # warm-up

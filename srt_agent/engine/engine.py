@@ -14,7 +14,6 @@ forced tokens go into the drafter (the prompt's tree) as they are produced. Run-
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import secrets
 import time
@@ -23,6 +22,7 @@ from collections.abc import Hashable, Sequence as Seq
 
 import torch
 
+from ..cache import keys
 from ..cache.draft import Draft
 from ..cache.drafter import Drafter
 from ..config import EngineConfig
@@ -42,11 +42,6 @@ from .verification import Verifier, chunks_of
 
 log = logging.getLogger(__name__)
 DEFAULTS = EngineConfig()  # the env YAML's engine: section states the engine's defaults
-
-
-def default_prompt_key(prompt_ids: Seq[int]) -> str:
-    """The prompt key of a first turn: a hash of its token ids (GRPO siblings share it)."""
-    return hashlib.sha1(repr(list(prompt_ids)).encode()).hexdigest()[:16]
 
 
 class Engine:
@@ -186,7 +181,7 @@ class Engine:
             return request_id
         if seq is not None:  # a different history under the same id: start over
             self.release(request_id)
-        key = prompt_key if prompt_key is not None else default_prompt_key(prompt)
+        key = prompt_key if prompt_key is not None else keys.prompt_key(prompt)
         seq = Sequence(request_id, key, prompt, params, seed, call_start=len(prompt))
         if self.drafter is not None:
             seq.drafting = True

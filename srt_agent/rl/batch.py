@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..agent.trajectory import Trajectory
+
 
 @dataclass
 class Sample:
@@ -175,3 +177,15 @@ def shared_prefix_mask(segment: torch.Tensor, parent: torch.Tensor) -> torch.Ten
     same = (segment[:, None] == segment[None, :]) & (pos[:, None] >= pos[None, :])
     via_prompt = parent[segment][:, None] == segment[None, :]
     return (same | via_prompt)[None, None]
+
+
+def trajectory_sample(traj: Trajectory, group: Hashable = 0) -> Sample:
+    """A trajectory as a training sample (its model tokens trained, its tool tokens masked)."""
+    return Sample(
+        prompt_ids=list(traj.prompt_ids),
+        response_ids=list(traj.response_ids),
+        response_mask=list(traj.response_mask),
+        engine_logprobs=list(traj.response_logprobs),
+        reward=traj.reward,
+        group=group,
+    )

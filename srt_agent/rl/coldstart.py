@@ -23,12 +23,12 @@ from ..atomic import atomic_folder, write_atomic
 from ..config import EnvConfig
 from ..datasets import arithmetic_tasks
 from ..models import LoadedModel, cache_root
-from .batch import Sample
+from .batch import Sample, trajectory_sample
 from .evaluate import ToolUseReport
 from .policy import Policy
 from .progress import Phase, no_bar
 from .sft import sft_epochs
-from .traces import load_message_traces, procedural_traces, trajectory_sample, turn_end_token
+from .traces import load_message_traces, procedural_traces, turn_end_token
 
 COLD_START_VERSION = 1
 

@@ -22,6 +22,7 @@ from ..agent.rollout import RolloutSummary, build_controller, run_rollouts
 from ..agent.trajectory import Trajectory
 from ..backends import RolloutBackend, RunAheadControl
 from ..cache import RolloutCache
+from ..cache.keys import prompt_key
 from ..config import EnvConfig
 from ..datasets import Task
 from ..engine.run_ahead import RunAheadOptions, WindowPrompt
@@ -191,10 +192,8 @@ class PolicyRollouts:
         `upcoming` ones (a prompt in both counts as upcoming)."""
         controller = self.controllers[drafter]
         ahead = {t.key for t in upcoming}
-        prompts = [WindowPrompt(t.key, *controller.opening(t), upcoming=False) for t in current if t.key not in ahead]
-        prompts += [
-            WindowPrompt(t.key, *controller.opening(t), upcoming=True) for t in {t.key: t for t in upcoming}.values()
-        ]
+        prompts = [window_prompt(controller, t, upcoming=False) for t in current if t.key not in ahead]
+        prompts += [window_prompt(controller, t, upcoming=True) for t in {t.key: t for t in upcoming}.values()]
         self._run_ahead(drafter).open(prompts, phase)
 
     def close_run_ahead(self, drafter: str) -> list[tuple]:
@@ -243,6 +242,12 @@ class PolicyRollouts:
     def close(self) -> None:
         for controller in self.controllers.values():
             controller.engine.close()
+
+
+def window_prompt(controller: MultiTurnController, task: Task, upcoming: bool = True) -> WindowPrompt:
+    """`task`'s opening for a run-ahead window, under the prompt key its rollouts' trees have."""
+    ids, params = controller.opening(task)
+    return WindowPrompt(prompt_key(ids), ids, params, upcoming=upcoming)
 
 
 def stats_delta(before: dict, after: dict) -> dict:

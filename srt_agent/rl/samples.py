@@ -8,9 +8,8 @@ from collections.abc import Sequence
 from ..agent.trajectory import Trajectory
 from ..config import EnvConfig
 from . import algorithms
-from .batch import Sample
+from .batch import Sample, trajectory_sample
 from .rollouts import RolloutRun
-from .traces import trajectory_sample
 
 
 def shaped_reward(traj: Trajectory, config: EnvConfig) -> float:

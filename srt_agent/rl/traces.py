@@ -21,6 +21,7 @@ from ..agent.chat import render_prompt, user_turn_text
 from ..agent.controller import MultiTurnController
 from ..agent.retool import interpreter_block
 from ..agent.trajectory import Trajectory
+from ..cache.keys import prompt_key
 from ..datasets import Task, read_rows
 from ..engine.params import RequestOutput, SamplingParams
 from .batch import Sample
@@ -103,21 +104,10 @@ def procedural_traces(
     if missing:
         raise ValueError(f"tasks {missing[:5]} have no extra_info['solution'] to write a trace from")
     tokenizer = controller_args["tokenizer"]
-    generator = ScriptedGenerator(tokenizer, {t.key: t for t in tasks}, end_token, seed)
+    generator = ScriptedGenerator(tokenizer, {}, end_token, seed)
     controller = MultiTurnController(engine=generator, **controller_args)
+    generator.tasks = {prompt_key(controller.opening(t)[0]): t for t in tasks}  # the key the controller sends
     return asyncio.run(controller.run(list(tasks), n_samples=1, on_done=on_done))
-
-
-def trajectory_sample(traj: Trajectory, group: Hashable = 0) -> Sample:
-    """A trajectory as a training sample (its model tokens trained, its tool tokens masked)."""
-    return Sample(
-        prompt_ids=list(traj.prompt_ids),
-        response_ids=list(traj.response_ids),
-        response_mask=list(traj.response_mask),
-        engine_logprobs=list(traj.response_logprobs),
-        reward=traj.reward,
-        group=group,
-    )
 
 
 def _tool_call_text(call: dict) -> str:

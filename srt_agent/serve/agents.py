@@ -61,8 +61,8 @@ async def run_agents_async(
     `max_concurrent`. An agent that raises (or runs past `timeout_s`) gets reward 0 and finish_reason
     "error" with the reason; the others run on.
 
-    Each session's tree key is its task's key (GRPO siblings share their trees, as the controller's
-    episodes do); with `seed`, requests that give no seed of their own sample with a seed derived from it
+    Each session's tree key is the key of its first prompt's tokens (``cache.keys``: GRPO siblings share
+    their trees, as the controller's episodes do); with `seed`, requests that give no seed of their own sample with a seed derived from it
     and the (task, sample) indices, as the controller's episodes do."""
     start = time.perf_counter()
     limit = asyncio.Semaphore(max_concurrent or len(tasks) * n_samples or 1)
@@ -72,7 +72,7 @@ async def run_agents_async(
         task = tasks[task_index]
         async with limit:
             began = time.perf_counter()
-            sid = server.open_session(prompt_key=task.key, seed=trajectory_seed(seed, task_index, sample_index))
+            sid = server.open_session(seed=trajectory_seed(seed, task_index, sample_index))
             reward, error = 0.0, None
             try:
                 reward = float(await asyncio.wait_for(agent(f"{url}/sessions/{sid}/v1", task), timeout_s))

@@ -31,8 +31,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..agent.trajectory import Trajectory
+from ..cache.keys import prompt_key
 from ..engine import RequestOutput, SamplingParams
-from ..engine.engine import default_prompt_key
 from ..tools.server import BodyLimit
 from .sessions import RequestError, Session, Sessions, Turn, normalize_messages
 
@@ -400,7 +400,7 @@ class RolloutServer:
             if session.branches:
                 self.counts["new_branches"] += 1
             if session.prompt_key is None:
-                session.prompt_key = default_prompt_key(turn.prompt_ids)
+                session.prompt_key = prompt_key(turn.prompt_ids)
             session.branches.append(
                 Trajectory(
                     request_id=turn.request_id,

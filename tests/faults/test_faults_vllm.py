@@ -13,7 +13,7 @@ import pytest
 from faults_report import FaultRecord
 from vllm_engines import engine, generate, srt_engine, tokens
 
-from srt_agent.backends.vllm.proposer import prompt_key
+from srt_agent.cache.keys import prompt_key
 
 
 @pytest.fixture(autouse=True, scope="module")

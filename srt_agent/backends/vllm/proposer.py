@@ -46,7 +46,6 @@ tree inserts), the fault is counted in ``stats()["faults"]``, and every other re
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 import traceback
@@ -57,6 +56,7 @@ import numpy as np
 
 from ...cache import RolloutCache
 from ...cache.draft import Draft
+from ...cache.keys import prompt_key
 from ...engine.acceptance import AcceptanceModel
 from ...engine.cost_model import ForwardCostModel, choose_drafts
 from ..turns import HeldTurns
@@ -67,11 +67,6 @@ logger = logging.getLogger(__name__)
 
 HELD_SHARE = 8  # held turns take at most 1/HELD_SHARE of the byte budget
 MIN_LOUD_FAULTS = 8  # faults before a high fault share fails drafting loudly
-
-
-def prompt_key(prompt_ids) -> str:
-    """A prompt's identity: a hash of its token ids."""
-    return hashlib.blake2b(np.asarray(prompt_ids, dtype=np.int64).tobytes(), digest_size=16).hexdigest()
 
 
 @dataclass

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
-from ...engine.engine import default_prompt_key
+from ...cache.keys import prompt_key as first_turn_key
 
 DEFAULT_VIRTUAL_NODES = 64
 DEFAULT_STICKY_SIZE = 10000  # request ids remembered for sticky routing (verl's default)
@@ -173,11 +173,12 @@ class PromptAffinityRouter:
     # ---- placement ------------------------------------------------------------------------------
     @staticmethod
     def prompt_key(request_id: str, prompt_ids: Sequence[int] | None, prompt_key: Hashable | None) -> Hashable:
-        """The routing key: the one sent, else the engine's key of the first turn's prompt, else the request id."""
+        """The routing key: the one sent, else the key of the first turn's prompt (``cache.keys``), else the
+        request id."""
         if prompt_key is not None:
             return prompt_key
         if prompt_ids is not None and len(prompt_ids):
-            return default_prompt_key(prompt_ids)
+            return first_turn_key(prompt_ids)
         return request_id
 
     def _place(self, key: Hashable) -> str:

@@ -16,7 +16,6 @@ call, so the affinity router and the replica's prompt trees see GRPO siblings as
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections.abc import Hashable
 from typing import Any
@@ -37,11 +36,6 @@ from .wire import from_token_output, to_verl_sampling
 SCORED = ("done", "max_turns")  # finish reasons after which the env has scored the trajectory
 
 
-def prompt_digest(prompt_key: Hashable) -> str:
-    """A short, stable routing key for a prompt (what the srt backend and the affinity router receive)."""
-    return hashlib.sha1(str(prompt_key).encode()).hexdigest()[:16]
-
-
 class ServerTurnEngine:
     """The controller's TurnEngine over verl's ``server_manager`` (an ``LLMServerClient``)."""
 
@@ -56,7 +50,7 @@ class ServerTurnEngine:
         params: SamplingParams | None = None,
         prompt_key: Hashable | None = None,
     ) -> RequestOutput:
-        extra = {"prompt_key": prompt_digest(prompt_key)} if self.send_prompt_key and prompt_key is not None else {}
+        extra = {"prompt_key": str(prompt_key)} if self.send_prompt_key and prompt_key is not None else {}
         try:
             out = await self.server_manager.generate(
                 request_id,
