@@ -44,6 +44,22 @@ log = logging.getLogger(__name__)
 DEFAULTS = EngineConfig()  # the env YAML's engine: section states the engine's defaults
 
 
+@dataclasses.dataclass
+class _Verified:
+    """A step's verification of the real rows: their chunks and drafts (without drafts after a fallback), the
+    tokens each emitted, the draft nodes each accepted, model faults by row, whether the pass was batched,
+    its seconds, and (filled when accepted) how many emitted tokens each row kept before a stop."""
+
+    chunks: list
+    drafts: list[Draft]
+    emitted: list
+    accepted: list
+    faults: dict[int, str]
+    batched: bool
+    forward_s: float
+    kept: list[int] = dataclasses.field(default_factory=list)
+
+
 class Engine:
     """Batched, speculative, exactly on-policy generation over a Hugging Face causal LM.
 
@@ -313,7 +329,7 @@ class Engine:
         Run-ahead rows ride along in capacity the real sequences leave (or run alone in a bubble);
         they change no real sequence and no figure of real work.
         """
-        t_start = time.perf_counter()
+        started = time.perf_counter()
         if self.run_ahead is not None:
             self.run_ahead.make_room()
         seqs = self.scheduler.schedule()
@@ -324,11 +340,23 @@ class Engine:
         ahead = self.run_ahead.plan(seqs, chunks) if self.run_ahead is not None else []
         if not seqs and not ahead:
             return []
-        all_seqs, all_chunks = seqs + [s for s, _ in ahead], chunks + [c for _, c in ahead]
+        verified = self._verify(seqs, chunks, drafts, ahead)
+        if not seqs:
+            return []
+        finished = self._accept(seqs, verified)
+        outputs = [self._finish(seq) for seq in finished]
+        self._count_step(seqs, verified, draft_s, time.perf_counter() - started)
+        return outputs
+
+    def _verify(self, seqs: list[Sequence], chunks: list, drafts: list[Draft], ahead: list) -> _Verified:
+        """One forward pass over the real rows and the run-ahead rows riding along, each draft verified; if the
+        batched pass fails, the real rows again one by one without drafts (run-ahead rows are dropped) to find
+        whose fault it was. Run-ahead rows' tokens go to run-ahead; what comes back is the real rows'."""
+        all_chunks = chunks + [c for _, c in ahead]
         t0 = time.perf_counter()
         try:
             emitted, accepted, faults = self.verifier.forward_and_verify(
-                all_seqs, all_chunks, drafts + [Draft()] * len(ahead)
+                seqs + [s for s, _ in ahead], all_chunks, drafts + [Draft()] * len(ahead)
             )
             batched = True
         except Exception:  # noqa: BLE001 - the batched pass failed: find out whose fault it is
@@ -340,55 +368,62 @@ class Engine:
             emitted, accepted, faults = self.verifier.forward_one_by_one(seqs, chunks, drafts)
             batched = False
         forward_s = time.perf_counter() - t0  # the forward pass, the LM head and sampling
-        total = sum(len(c) for c in all_chunks)
         if batched and all(c.num_pending == 1 for c in all_chunks) and not faults:
-            self.cost_model.observe(
-                total, forward_s, len(all_chunks)
-            )  # decoding and verifying only: the steps whose drafts the model sizes
+            # decoding and verifying only: the steps whose drafts the cost model sizes
+            self.cost_model.observe(sum(len(c) for c in all_chunks), forward_s, len(all_chunks))
         if ahead:
             broken = {i - len(seqs) for i in faults if i >= len(seqs)}
             self.run_ahead.absorb(ahead, emitted[len(seqs) :], 0.0 if seqs else forward_s, broken)
             emitted, accepted = emitted[: len(seqs)], accepted[: len(seqs)]
             faults = {i: f for i, f in faults.items() if i < len(seqs)}
-        if not seqs:
-            return []
-        if batched:
-            self.drafting.observe(drafts, accepted)
-        self.verifier.compact(chunks, accepted)
+        return _Verified(chunks, drafts, emitted, accepted, faults, batched, forward_s)
+
+    def _accept(self, seqs: list[Sequence], verified: _Verified) -> list[Sequence]:
+        """Append each row's emitted tokens (the drafter learns what was accepted, KV keeps the accepted
+        nodes, the prefix cache what the step computed); returns the sequences that finished."""
+        if verified.batched:
+            self.drafting.observe(verified.drafts, verified.accepted)
+        self.verifier.compact(verified.chunks, verified.accepted)
         finished = []
-        for i, (seq, chunk, draft, em, acc, ds) in enumerate(zip(seqs, chunks, drafts, emitted, accepted, draft_s)):
-            kept = self._append(seq, em)
+        for i, (seq, chunk, emitted, accepted) in enumerate(
+            zip(seqs, verified.chunks, verified.emitted, verified.accepted)
+        ):
+            kept = self._append(seq, emitted)
+            verified.kept.append(kept)
             # KV holds the pending tokens and the accepted nodes, but a stop may have cut the tokens short.
-            seq.num_cached = min(chunk.start + chunk.num_pending + len(acc), len(seq.tokens) - 1)
-            if i in faults and seq.finish_reason is None:
-                self._model_fault(seq, faults[i])
-            m = seq.metrics
-            m.forwards += 1
-            m.draft_proposed += len(draft)
-            m.draft_accepted += min(len(acc), kept)
-            m.tokens += kept
-            m.prefill_tokens += chunk.num_pending - 1
-            self.totals.prefill_tokens += chunk.num_pending - 1
-            m.draft_s += ds
-            m.forward_s += forward_s
-            self.totals.draft_verified += len(draft)
-            self.totals.draft_accepted += min(len(acc), kept)
-            self.totals.tokens += kept
+            seq.num_cached = min(chunk.start + chunk.num_pending + len(accepted), len(seq.tokens) - 1)
+            if i in verified.faults and seq.finish_reason is None:
+                self._model_fault(seq, verified.faults[i])
             if seq.finish_reason is not None:
                 finished.append(seq)
         if self.prefix is not None:
             self.prefix.store(seqs)
-        outputs = [self._finish(seq) for seq in finished]
-        step_s = time.perf_counter() - t_start
-        book_s = step_s - forward_s - sum(draft_s)
-        for seq in seqs:
-            seq.metrics.bookkeeping_s += book_s / len(seqs)
+        return finished
+
+    def _count_step(self, seqs: list[Sequence], verified: _Verified, draft_s: list[float], step_s: float) -> None:
+        """Per-sequence and total figures of the step: forwards, drafted and accepted tokens, prefill, time."""
         t = self.totals
+        book_s = step_s - verified.forward_s - sum(draft_s)
+        for seq, chunk, draft, accepted, kept, ds in zip(
+            seqs, verified.chunks, verified.drafts, verified.accepted, verified.kept, draft_s
+        ):
+            m = seq.metrics
+            m.forwards += 1
+            m.draft_proposed += len(draft)
+            m.draft_accepted += min(len(accepted), kept)
+            m.tokens += kept
+            m.prefill_tokens += chunk.num_pending - 1
+            m.draft_s += ds
+            m.forward_s += verified.forward_s
+            m.bookkeeping_s += book_s / len(seqs)
+            t.prefill_tokens += chunk.num_pending - 1
+            t.draft_verified += len(draft)
+            t.draft_accepted += min(len(accepted), kept)
+            t.tokens += kept
         t.steps += 1
         t.draft_s += sum(draft_s)
-        t.forward_s += forward_s
+        t.forward_s += verified.forward_s
         t.bookkeeping_s += book_s
-        return outputs
 
     def _model_fault(self, seq: Sequence, message: str) -> None:
         """End `seq` with an error; its KV (possibly NaN, which attention masks do not hide) is wiped."""
