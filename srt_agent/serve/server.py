@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import copy
 import json
-import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -33,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ..agent.trajectory import Trajectory
 from ..cache.keys import prompt_key
 from ..engine import RequestOutput, SamplingParams
+from ..threaded_server import served
 from ..tools.server import BodyLimit
 from .sessions import RequestError, Session, Sessions, Turn, normalize_messages
 
@@ -213,24 +212,8 @@ class RolloutServer:
     @contextmanager
     def running(self, host: str = "127.0.0.1", port: int | None = None) -> Iterator[str]:
         """Serve from a background thread (on a free port unless given); yields the base URL (``http://host:port``)."""
-        import uvicorn
-
-        if port is None:
-            with socket.socket() as probe:
-                probe.bind((host, 0))
-                port = probe.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning", loop="asyncio"))
-        thread = threading.Thread(target=server.run, name="srt-serve", daemon=True)
-        thread.start()
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError(f"the rollout server could not start on {host}:{port}")
-            time.sleep(0.02)
-        try:
-            yield f"http://{host}:{port}"
-        finally:
-            server.should_exit = True
-            thread.join()
+        with served(self.app, "rollout server", host, port) as url:
+            yield url
 
     def serve(self, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
         """Serve until interrupted."""

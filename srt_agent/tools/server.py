@@ -14,9 +14,6 @@ import asyncio
 import dataclasses
 import json
 import signal
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
@@ -25,6 +22,7 @@ from typing import Literal
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field, field_validator
 
+from ..threaded_server import served
 from .base import SandboxResult, SandboxStatus
 from .files import check_names, decode_files, encode_files
 from .local import LocalSandbox
@@ -270,30 +268,9 @@ async def _plain_error(send, status: int, message: str) -> None:
 
 @contextmanager
 def running_server(config: ServerConfig, *, host: str = "127.0.0.1", port: int | None = None) -> Iterator[str]:
-    """Serve in a background thread (on a free port unless given); yields the base URL.
-
-    The thread runs asyncio's own event loop, which gives back all it opened when it stops (uvloop
-    keeps a pipe for the rest of the caller's process)."""
-    import uvicorn
-
-    if port is None:
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            port = probe.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(config), host=host, port=port, log_level="warning", loop="asyncio")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError(f"the sandbox server could not start on {host}:{port}")
-        time.sleep(0.02)
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.should_exit = True
-        thread.join()
+    """Serve in a background thread (on a free port unless given); yields the base URL."""
+    with served(create_app(config), "sandbox server", host, port) as url:
+        yield url
 
 
 def serve(config: ServerConfig, *, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info") -> None:
