@@ -14,6 +14,11 @@ from rich.table import Table
 
 from .common import PLAIN, bench_app, console, preload_for_vllm, reported, write_json
 
+# Options several benchmarks take alike.
+MODEL = typer.Option("smollm2", help="Model: 'smollm2', 'tiny-llama', an HF directory or a .gguf file.")
+JSON = typer.Option(None, "--json", help="Write the result as JSON here.")
+PLOT_PNG = typer.Option(None, "--plot", help="Also draw the result as a PNG here.")
+
 
 @bench_app.command("cache")
 def bench_cache(
@@ -26,7 +31,7 @@ def bench_cache(
     drafter: list[str] = typer.Option([], "--drafter", help="Drafters to run (default: all available)."),
     seed: int = typer.Option(0),
     quick: bool = typer.Option(False, "--quick", help="A tiny workload (4 prompts x 4 rollouts x 200 tokens)."),
-    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
+    json_path: Path | None = JSON,
 ):
     """Rollout-cache drafters side by side (accepted tokens per draft, µs per draft and insert, bytes)."""
     from ..bench.cache import MODES, WorkloadSpec, cache_benchmark, result_table
@@ -53,7 +58,7 @@ def bench_affinity(
     budget: int = typer.Option(16, min=1, help="Draft budget (max draft nodes) per call."),
     seed: int = typer.Option(0),
     quick: bool = typer.Option(False, "--quick", help="A tiny workload (8 prompts x 4 rollouts x 120 tokens)."),
-    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
+    json_path: Path | None = JSON,
 ):
     """Accepted draft tokens per step across replicas: prompt affinity vs verl's default routing (needs verl)."""
     with reported(
@@ -80,7 +85,7 @@ def bench_affinity(
 
 @bench_app.command("engine")
 def bench_engine(
-    model: str = typer.Option("smollm2", help="Model: 'smollm2', 'tiny-llama', an HF directory or a .gguf file."),
+    model: str = MODEL,
     prompts: int = typer.Option(4, min=1, help="Distinct chat prompts."),
     samples: int = typer.Option(2, min=1, help="Samples per prompt (at least enough to fill the batch)."),
     epochs: int = typer.Option(3, min=1, help="Passes over the same prompts, drafter trees kept (new seeds each)."),
@@ -100,8 +105,8 @@ def bench_engine(
     ),
     seed: int = typer.Option(0),
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, tiny workload: seconds."),
-    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
-    plot: Path | None = typer.Option(None, "--plot", help="Also draw the result as a PNG here."),
+    json_path: Path | None = JSON,
+    plot: Path | None = PLOT_PNG,
 ):
     """The speculative engine per drafter and batch size (tokens/s, tokens per forward, speedup)."""
     from rich.progress import Progress
@@ -161,7 +166,7 @@ def bench_prefix(
     n: list[int] = typer.Option([4, 8], "--n", min=1, help="Group sizes (samples per task); repeat the option."),
     drafter: list[str] = typer.Option(["none", "srt"], help="Drafters; the first is the reference; repeat the option."),
     max_batch: int | None = typer.Option(None, min=1, help="Override the config's engine max_batch."),
-    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
+    json_path: Path | None = JSON,
 ):
     """Rollouts with prefix sharing off and on (per group size and drafter): prefill computed, wall time, tokens/s."""
     from ..bench.prefix import PrefixBenchConfig, result_table, run_prefix_bench
@@ -186,7 +191,7 @@ def bench_prefix(
 
 @bench_app.command("update")
 def bench_update(
-    model: str = typer.Option("smollm2", help="Model: 'smollm2', 'tiny-llama', an HF directory or a .gguf file."),
+    model: str = MODEL,
     prompts: int = typer.Option(4, min=1, help="Prompts in the GRPO-shaped batch."),
     samples: int = typer.Option(4, min=1, help="Samples per prompt."),
     prompt_tokens: int = typer.Option(130, min=1, help="Tokens per prompt."),
@@ -195,7 +200,7 @@ def bench_update(
     lora_rank: int = typer.Option(16, min=1, help="LoRA rank of the LoRA row."),
     repeats: int = typer.Option(3, min=1, help="Interleaved repetitions (the best of each method counts)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, tiny batch: seconds."),
-    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
+    json_path: Path | None = JSON,
 ):
     """The trainer's update (packed, LM head on trained tokens only; full and LoRA) against plain HF forward+backward."""
     from ..bench.update import UpdateBenchConfig, run_update_bench
@@ -233,7 +238,7 @@ def bench_update(
 
 @bench_app.command("roofline")
 def bench_roofline(
-    model: str = typer.Option("smollm2", help="Model: 'smollm2', 'tiny-llama', an HF directory or a .gguf file."),
+    model: str = MODEL,
     dtype: str = typer.Option("float32", help="Policy dtype: float32 or bfloat16."),
     device: str = typer.Option("auto", help="auto (CUDA when present), cpu or cuda."),
     context: int = typer.Option(512, min=1, help="Tokens already cached per sequence."),
@@ -241,7 +246,7 @@ def bench_roofline(
     threads: int | None = typer.Option(None, min=1, help="torch threads (default: torch's choice)."),
     profile: bool = typer.Option(True, "--profile/--no-profile", help="Also profile the 1- and 16-token steps."),
     clock: str = typer.Option("wall", help="wall, or cpu (process CPU time: on a shared machine, with --threads 1)."),
-    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
+    json_path: Path | None = JSON,
 ):
     """This device's bandwidth and GEMM throughput, the model's bytes and FLOPs, and each step shape's time vs its floor."""
     import torch
@@ -282,8 +287,8 @@ def bench_ablation(
         [], "--set", help="Override any config key, e.g. --set engine.run_ahead.slack=0.2 (repeatable)."
     ),
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, two tiny steps: seconds."),
-    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
-    plot: Path | None = typer.Option(None, "--plot", help="Also draw the result as a PNG here."),
+    json_path: Path | None = JSON,
+    plot: Path | None = PLOT_PNG,
 ):
     """SRT's stages step by step through the trainer: history-only trees, + online updates, + run-ahead."""
     from ..bench.ablation import AblationConfig, ablation_tables, plot_ablation, run_ablation
@@ -466,7 +471,7 @@ def bench_replay(
         [], "--run-ahead-tokens", help="Run-ahead tokens per sequence to sweep."
     ),
     pool: Path | None = typer.Option(None, help="Take run-ahead content from this trace instead."),
-    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here."),
+    json_path: Path | None = JSON,
 ):
     """Replay a recorded run without the model, sweeping draft budgets, tree limits and run-ahead settings."""
     from ..bench.replay import replay_sweep, sweep_table
