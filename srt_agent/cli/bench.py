@@ -457,6 +457,23 @@ def bench_vllm(
         console.print(f"wrote {plot_vllm(result, plot)}")
 
 
+@bench_app.command("headroom")
+def bench_headroom(
+    run: Path = typer.Argument(..., help="A run folder of srt-agent train (its rollouts/step-N.jsonl)."),
+    k: int = typer.Option(8, min=1, help="Draft length (vLLM's num_speculative_tokens; 8 by default)."),
+    method: list[str] = typer.Option([], "--method", help="Structures to ask (default: srt, suffix, srt+prompt)."),
+    json_path: Path | None = JSON,
+):
+    """What a linear draft could have gained per step (the oracle), what the most frequent path gains, and what the
+    run achieved, in tokens per forward, for SRT's trees and SuffixDecoding's, from a run's rollouts."""
+    from ..bench.headroom import METHODS, headroom, headroom_table
+
+    with reported():
+        result = headroom(run, k, method or METHODS)
+    console.print(headroom_table(result))
+    write_json(result, json_path)
+
+
 @bench_app.command("replay")
 def bench_replay(
     trace: Path = typer.Argument(..., help="A rollout trace (bench ablation writes them under OUT/traces/)."),

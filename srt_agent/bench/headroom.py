@@ -1,0 +1,271 @@
+"""Headroom: how many tokens per forward a linear draft could have gained, per method and step, beside
+what the run achieved, from a finished run's rollouts (``OUT/rollouts/step-N.jsonl``) without the model.
+
+Speculation is lossless, so the sampled tokens are known: every trajectory's. At each generated position
+a method's structure (its trees as the step began, plus the request's own tokens so far) is asked two
+questions for the next ``k`` tokens of the same turn:
+
+* **oracle** (content): the longest prefix of the tokens actually sampled next that the structure holds
+  after some suffix of the context (any anchor of 1 … ``max_match`` tokens): what a linear draft of
+  length ``k`` could have had accepted had it picked the best path the structure offers;
+* **frequent** (choice): how many tokens of the structure's most frequent path (the chain draft SRT's
+  vLLM proposer offers, no cost gating) match the tokens sampled next.
+
+A forward that accepts ``m`` drafted tokens emits ``m + 1``; tokens per forward = generated tokens /
+forwards. The run's own figure (``achieved``: its trajectories' generated tokens over their forwards)
+adds the cost policy's choice of draft lengths and the siblings of a GRPO group feeding each other
+within the step. So: oracle − frequent is what path choice leaves, frequent − achieved what draft
+sizing (and the batch's cost) leaves, and oracle itself bounds what the content allows.
+
+Methods: ``srt`` (per-prompt trees of every earlier step of the run: SRT's history, each sequence led by
+the last ``max_match`` tokens of its prompt), ``suffix`` (SuffixDecoding's two trees: the request's whole
+prompt and own output, and one global tree over every earlier response of any prompt, as vLLM's ``suffix``
+method keeps them) and ``srt+prompt`` (SRT's trees beside a tree of the request's whole prompt and own
+output: what SRT would hold if it also drafted copies of its prompt).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..cache import RolloutCache
+from ..cache.keys import prompt_key
+
+GLOBAL = "responses"
+
+
+@dataclass
+class Traced:
+    """A recorded trajectory: its prompt key, prompt, response, response mask (1: sampled) and the run's
+    forwards and generated tokens for it."""
+
+    key: str
+    prompt: list[int]
+    response: list[int]
+    mask: list[int]
+    forwards: int
+    generated: int
+
+    @classmethod
+    def of(cls, row: dict) -> Traced:
+        prompt = list(row["prompt_ids"])
+        mask = list(row["response_mask"])
+        return cls(
+            row.get("prompt_key") or prompt_key(prompt),
+            prompt,
+            list(row["response_ids"]),
+            mask,
+            int(row.get("forwards") or 0),
+            int(row.get("model_tokens") or sum(mask)),
+        )
+
+
+def read_steps(run_dir: Path) -> list[list[Traced]]:
+    """The run's rollouts, one list of trajectories per step, in step order."""
+    files = sorted((Path(run_dir) / "rollouts").glob("step-*.jsonl"))
+    if not files:
+        raise ValueError(f"{run_dir}: no rollouts/step-*.jsonl (a run folder of srt-agent train)")
+    return [[Traced.of(json.loads(line)) for line in f.read_text().splitlines() if line.strip()] for f in files]
+
+
+def turns(mask: Sequence[int]) -> list[tuple[int, int]]:
+    """(start, end) of each run of sampled tokens (mask 1) in a response: a turn's generated tokens."""
+    out, start = [], None
+    for i, m in enumerate(list(mask) + [0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
+class Structure:
+    """A method's trees for one trajectory: (cache, key) pairs; the request ``REQUEST`` runs in every cache."""
+
+    def __init__(self, pairs: list[tuple[RolloutCache, str]], max_match: int):
+        self.pairs = pairs
+        self.max_match = max_match
+
+    def feed(self, tokens: Sequence[int]) -> None:
+        """The request's next tokens (sampled or forced) into every tree it runs in."""
+        if len(tokens):
+            for cache, _ in self.pairs:
+                cache.add_tokens(REQUEST, list(tokens))
+
+    def oracle(self, context: Sequence[int], future: Sequence[int]) -> int:
+        """The longest prefix of `future` some tree holds after some suffix of `context`."""
+        best = 0
+        for cache, key in self.pairs:
+            for anchor in range(1, min(self.max_match, len(context)) + 1):
+                tail = list(context[-anchor:])
+                if cache.count(key, tail) == 0:
+                    break  # a longer anchor occurs no more often than this one
+                m = 0
+                while m < len(future) and cache.count(key, tail + list(future[: m + 1])) > 0:
+                    m += 1
+                best = max(best, m)
+                if best == len(future):
+                    return best
+        return best
+
+    def frequent(self, context: Sequence[int], future: Sequence[int]) -> int:
+        """How many tokens of the most frequent path (of the tree whose draft expects most) match `future`."""
+        if not future:
+            return 0
+        drafts = [
+            d for d in (cache.draft(key, context, len(future), chain=True) for cache, key in self.pairs) if len(d)
+        ]
+        if not drafts:
+            return 0
+        m = 0
+        for drafted, sampled in zip(max(drafts, key=lambda d: d.expected_accepted).token_ids, future):
+            if drafted != sampled:
+                break
+            m += 1
+        return m
+
+
+REQUEST = "headroom"
+
+
+class History:
+    """What a method's trees hold as a step begins (earlier steps' trajectories), copied for each trajectory."""
+
+    def __init__(self, method: str, folder: Path, max_match: int = 32):
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        self.method, self.folder, self.max_match = method, folder, max_match
+        self.trees = RolloutCache(max_match=max_match)  # srt: per prompt; suffix: the global response tree
+        self.saved = False
+
+    def add(self, traj: Traced) -> None:
+        """A finished trajectory of the step, into the trees (as the live drafter stores it)."""
+        per_prompt = self.method != "suffix"
+        self.trees.start_request(REQUEST, traj.key if per_prompt else GLOBAL, traj.prompt if per_prompt else [])
+        self.trees.add_tokens(REQUEST, traj.response)
+        self.trees.stop_request(REQUEST)
+        self.saved = False
+
+    def structure(self, traj: Traced) -> Structure:
+        """The trees as the step began, `traj`'s request started in them (its prompt streamed)."""
+        path = self.folder / f"{self.method}.bin"
+        if not self.saved:
+            self.trees.save(path)
+            self.saved = True
+        trees = RolloutCache.load(path)
+        own = RolloutCache(max_match=self.max_match)  # the request's whole prompt and own output
+        own.start_request(REQUEST, REQUEST, [])
+        own.add_tokens(REQUEST, traj.prompt)
+        if self.method == "suffix":
+            trees.start_request(REQUEST, GLOBAL, [])
+            return Structure([(own, REQUEST), (trees, GLOBAL)], self.max_match)
+        trees.start_request(REQUEST, traj.key, traj.prompt)
+        pairs = [(trees, traj.key)] + ([(own, REQUEST)] if self.method == "srt+prompt" else [])
+        return Structure(pairs, self.max_match)
+
+
+METHODS = ("srt", "suffix", "srt+prompt")
+
+
+def simulate(history: History, traj: Traced, k: int) -> dict[str, int]:
+    """Forwards for `traj`'s sampled tokens with the oracle and with the frequent path (each on its own copy
+    of the trees, which learn every token as it is emitted or forced), and its generated tokens."""
+    out = {"generated": sum(end - start for start, end in turns(traj.mask))}
+    full, offset = traj.prompt + traj.response, len(traj.prompt)
+    for which in ("oracle", "frequent"):
+        structure = history.structure(traj)
+        ask = structure.oracle if which == "oracle" else structure.frequent
+        pos = forwards = 0
+        for start, end in turns(traj.mask):
+            structure.feed(full[offset + pos : offset + start])  # the observation before this turn
+            pos = start
+            while pos < end:
+                at = offset + pos
+                m = ask(full[:at], full[at : at + min(k, end - pos - 1)])
+                structure.feed(full[at : at + m + 1])
+                pos += m + 1
+                forwards += 1
+        out[which] = forwards
+    return out
+
+
+def headroom(run_dir: str | Path, k: int = 8, methods: Sequence[str] = METHODS) -> dict:
+    """Per step and method: generated tokens, tokens per forward with the oracle and the frequent path, and
+    the run's achieved figure (its trajectories' own forwards); totals over first visits and revisits."""
+    steps = read_steps(Path(run_dir))
+    seen: set[str] = set()
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        histories = {m: History(m, Path(folder)) for m in methods}
+        for index, trajectories in enumerate(steps, start=1):
+            keys = {t.key for t in trajectories}
+            row: dict = {"step": index, "revisit": bool(keys) and keys <= seen, "methods": {}}
+            seen |= keys
+            generated = sum(t.generated for t in trajectories)
+            achieved = sum(t.forwards for t in trajectories)
+            row["achieved"] = {"generated": generated, "forwards": achieved}
+            row["achieved_tokens_per_forward"] = generated / achieved if achieved else None
+            for method, history in histories.items():
+                sums = {"generated": 0, "oracle": 0, "frequent": 0}
+                for traj in trajectories:
+                    for name, value in simulate(history, traj, k).items():
+                        sums[name] += value
+                row["methods"][method] = {
+                    "oracle_tokens_per_forward": sums["generated"] / max(sums["oracle"], 1),
+                    "frequent_tokens_per_forward": sums["generated"] / max(sums["frequent"], 1),
+                    **sums,
+                }
+            for history in histories.values():
+                for traj in trajectories:
+                    history.add(traj)
+            rows.append(row)
+    return {"run": str(run_dir), "k": k, "steps": rows, "totals": totals(rows, methods)}
+
+
+def totals(rows: list[dict], methods: Sequence[str]) -> dict:
+    """Tokens per forward over all steps, first visits and revisits (the achieved one and each method's)."""
+    out = {}
+    for label, chosen in (
+        ("all", rows),
+        ("first", [r for r in rows if not r["revisit"]]),
+        ("revisits", [r for r in rows if r["revisit"]]),
+    ):
+        if not chosen:
+            continue
+        forwards = sum(r["achieved"]["forwards"] for r in chosen)
+        figures: dict = {"achieved": sum(r["achieved"]["generated"] for r in chosen) / forwards if forwards else None}
+        for method in methods:
+            g = sum(r["methods"][method]["generated"] for r in chosen)
+            figures[method] = {
+                "oracle": g / max(sum(r["methods"][method]["oracle"] for r in chosen), 1),
+                "frequent": g / max(sum(r["methods"][method]["frequent"] for r in chosen), 1),
+            }
+        out[label] = figures
+    return out
+
+
+def headroom_table(result: dict):
+    """Tokens per forward per step: achieved, then oracle / frequent path per method."""
+    from rich.table import Table
+
+    methods = list(result["steps"][0]["methods"]) if result["steps"] else []
+    table = Table(title=f"headroom of {result['run']} (linear drafts of {result['k']} tokens; tokens per forward)")
+    table.add_column("step", justify="right")
+    table.add_column("visit")
+    table.add_column("achieved", justify="right")
+    for method in methods:
+        table.add_column(f"{method} oracle", justify="right")
+        table.add_column(f"{method} frequent", justify="right")
+    for row in result["steps"]:
+        achieved = row["achieved_tokens_per_forward"]
+        cells = [str(row["step"]), "revisit" if row["revisit"] else "first", f"{achieved:.2f}" if achieved else "-"]
+        for method in methods:
+            m = row["methods"][method]
+            cells += [f"{m['oracle_tokens_per_forward']:.2f}", f"{m['frequent_tokens_per_forward']:.2f}"]
+        table.add_row(*cells)
+    return table

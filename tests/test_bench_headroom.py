@@ -1,0 +1,81 @@
+"""The headroom analysis on hand-made run folders whose answers are known: a repeated trajectory is all
+headroom on revisits, a response that copies the start of its prompt is headroom only for a structure
+that holds the whole prompt, and the run's own forwards are reported as they were."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from srt_agent.bench.headroom import headroom, turns
+
+PROMPT = list(range(100, 160))  # 60 tokens: its start lies beyond SRT's 32-token prompt tail
+
+
+def write_run(folder: Path, steps: list[list[dict]]) -> Path:
+    (folder / "rollouts").mkdir(parents=True)
+    for i, rows in enumerate(steps, start=1):
+        lines = [json.dumps(row) for row in rows]
+        (folder / "rollouts" / f"step-{i:06d}.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def row(response: list[int], mask: list[int] | None = None, forwards: int | None = None) -> dict:
+    mask = mask or [1] * len(response)
+    return {
+        "prompt_ids": PROMPT,
+        "response_ids": response,
+        "response_mask": mask,
+        "forwards": forwards if forwards is not None else sum(mask),
+        "model_tokens": sum(mask),
+    }
+
+
+def test_turns_are_the_runs_of_sampled_tokens():
+    assert turns([1, 1, 0, 0, 1, 0, 1, 1, 1]) == [(0, 2), (4, 5), (6, 9)]
+    assert turns([]) == [] and turns([0, 0]) == []
+
+
+def test_a_trajectory_seen_before_is_all_headroom_on_its_revisit(tmp_path):
+    response = [7, 3, 9, 1, 4, 4, 8, 2, 6, 5, 11, 12, 13, 14, 15, 16, 17]  # 17 tokens, no repeats to copy
+    run = write_run(tmp_path, [[row(response, forwards=17)], [row(response, forwards=5)]])
+    result = headroom(run, k=8)
+    first, again = result["steps"]
+    assert not first["revisit"] and again["revisit"]
+    assert first["achieved_tokens_per_forward"] == 1.0 and again["achieved_tokens_per_forward"] == 17 / 5
+    assert first["methods"]["srt"]["oracle"] == 17  # nothing to draft from: a forward per token
+    # step 2: SRT's tree holds the response after its prompt; each forward accepts 8 drafted tokens and
+    # samples one more (9 + 8 tokens). SuffixDecoding's global tree holds responses without their prompts,
+    # so the first token has no anchor (1 + 9 + 7).
+    for method, forwards in (("srt", 2), ("srt+prompt", 2), ("suffix", 3)):
+        m = again["methods"][method]
+        assert m["oracle"] == m["frequent"] == forwards, (method, m)
+    assert result["totals"]["revisits"]["srt"]["oracle"] == pytest.approx(8.5)
+
+
+def test_copying_the_prompt_is_headroom_only_for_a_structure_holding_the_whole_prompt(tmp_path):
+    response = PROMPT[:16]  # the start of the prompt again, outside the 32-token tail SRT's trees keep
+    run = write_run(tmp_path, [[row(response)]])
+    (step,) = headroom(run, k=8)["steps"]
+    assert step["methods"]["srt"]["oracle"] == 16  # nothing of it in SRT's trees
+    assert step["methods"]["suffix"]["oracle"] < 16 and step["methods"]["srt+prompt"]["oracle"] < 16
+
+
+def test_forced_tokens_are_context_not_generated(tmp_path):
+    response = [5, 6, 7, 900, 901, 902, 5, 6, 7]
+    run = write_run(tmp_path, [[row(response, mask=[1, 1, 1, 0, 0, 0, 1, 1, 1])]])
+    (step,) = headroom(run, k=8)["steps"]
+    m = step["methods"]["srt"]
+    assert m["generated"] == 6
+    # first turn: nothing to draft (3 forwards); second turn: nothing ever followed "902" (1 forward for
+    # "5"), then the first turn's "5 6 7" says what follows "5" (one forward accepts "6" and samples "7")
+    assert m["oracle"] == 3 + 2
+
+
+def test_a_folder_without_rollouts_is_one_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="no rollouts/step"):
+        headroom(tmp_path)
+    with pytest.raises(ValueError, match="unknown method"):
+        headroom(write_run(tmp_path / "r", [[row([1, 2])]]), methods=["medusa"])
