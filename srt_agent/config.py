@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .datasets import Task, arithmetic_tasks, load_tasks, reasoning_gym_tasks
 
@@ -67,6 +67,8 @@ class ReasoningGymFamily(_Strict):
 
 #: dataset sources that generate their tasks (any other source is a .jsonl/.parquet path)
 PROCEDURAL_SOURCES = ("arithmetic", "reasoning_gym")
+#: ``env: verifiers:<taskset id>``: a verifiers environment; its tasks become the dataset (source ``verifiers:<id>``)
+VERIFIERS_PREFIX = "verifiers:"
 
 
 class DatasetConfig(_Strict):
@@ -84,6 +86,7 @@ class DatasetConfig(_Strict):
     reasoning_gym: list[ReasoningGymFamily] = Field(
         default_factory=list, description="source reasoning_gym: the task families of the mix"
     )
+    _verifiers_options: dict[str, Any] = PrivateAttr(default_factory=dict)  # env: verifiers:...'s env_options
 
     @model_validator(mode="after")
     def _check_reasoning_gym(self) -> DatasetConfig:
@@ -119,6 +122,10 @@ class DatasetConfig(_Strict):
         limit = min(caps) if caps else None
         if self.source in PROCEDURAL_SOURCES:
             return self.procedural_tasks(self.n if limit is None else min(self.n, limit), self.seed)
+        if self.source.startswith(VERIFIERS_PREFIX):  # the verifiers environment's own tasks
+            from .serve.verifiers_env import verifiers_tasks
+
+            return verifiers_tasks(self.source[len(VERIFIERS_PREFIX) :], self._verifiers_options, limit)
         return load_tasks(self.source, limit)
 
 
@@ -500,8 +507,13 @@ class EnvConfig(_Strict):
     """One rollout environment: model, tasks, tools, turn and token limits, sampling, rewards."""
 
     name: str = "env"
-    env: str = Field("srt_agent.agent.retool.ReToolEnv", description="dotted path of the Env class")
-    env_options: dict[str, Any] = Field(default_factory=dict, description="extra keyword arguments for the Env")
+    env: str = Field(
+        "srt_agent.agent.retool.ReToolEnv",
+        description="dotted path of the Env class, or verifiers:<taskset id> for a verifiers environment",
+    )
+    env_options: dict[str, Any] = Field(
+        default_factory=dict, description="extra keyword arguments for the Env (verifiers: its EnvConfig data)"
+    )
     agent: str | None = Field(
         None,
         description="module:function of an `async def agent(base_url, task) -> float` written against the openai "
@@ -526,6 +538,10 @@ class EnvConfig(_Strict):
     @field_validator("env")
     @classmethod
     def _dotted(cls, value: str) -> str:
+        if value.startswith(VERIFIERS_PREFIX):
+            if not value[len(VERIFIERS_PREFIX) :].strip():
+                raise ValueError("expected verifiers:<taskset id>, e.g. verifiers:vf_calculator")
+            return value
         if "." not in value:
             raise ValueError(f"expected a dotted path like 'package.module.Class', got {value!r}")
         return value
@@ -539,9 +555,30 @@ class EnvConfig(_Strict):
 
     @model_validator(mode="after")
     def _agent_without_run_ahead(self) -> EnvConfig:
-        if self.agent is not None and self.engine.run_ahead.enabled:
+        if self.agent is not None and self.verifiers is not None:
+            raise ValueError("give either agent: or env: verifiers:..., not both")
+        if self.runs_agent and self.engine.run_ahead.enabled:
             raise ValueError("engine.run_ahead drafts from the Env's prompts: turn it off for an agent: env")
         return self
+
+    @model_validator(mode="after")
+    def _verifiers_tasks(self) -> EnvConfig:
+        if self.verifiers is not None:  # the environment's own tasks are the dataset
+            if self.dataset.source not in (self.env, "arithmetic") or self.dataset.reasoning_gym:
+                raise ValueError("env: verifiers:... brings its own tasks: leave dataset.source out")
+            self.dataset.source = self.env
+            self.dataset._verifiers_options = dict(self.env_options)
+        return self
+
+    @property
+    def verifiers(self) -> str | None:
+        """The taskset id of ``env: verifiers:<id>``, else None."""
+        return self.env[len(VERIFIERS_PREFIX) :] if self.env.startswith(VERIFIERS_PREFIX) else None
+
+    @property
+    def runs_agent(self) -> bool:
+        """Whether rollouts run an agent against the OpenAI-compatible server (``agent:`` or a verifiers env)."""
+        return self.agent is not None or self.verifiers is not None
 
     @model_validator(mode="after")
     def _reward_fits_tasks(self) -> EnvConfig:
@@ -553,8 +590,8 @@ class EnvConfig(_Strict):
         return self
 
     def env_class(self) -> type:
-        """Import the Env class named by ``env``."""
-        return import_dotted(self.env)
+        """Import the Env class named by ``env`` (a verifiers env runs no srt-agent Env: the default one)."""
+        return import_dotted(self.env if self.verifiers is None else EnvConfig.model_fields["env"].default)
 
 
 def import_dotted(path: str) -> Any:
@@ -625,7 +662,7 @@ def load_env_config(path: str | Path, overrides: list[str] | None = None) -> Env
     base = path.resolve().parent
     if config.tools is not None and not config.tools.is_absolute():
         config.tools = (base / config.tools).resolve()
-    if config.dataset.source not in PROCEDURAL_SOURCES:
+    if config.dataset.source not in PROCEDURAL_SOURCES and not config.dataset.source.startswith(VERIFIERS_PREFIX):
         source = Path(config.dataset.source)
         config.dataset.source = str(source if source.is_absolute() else (base / source).resolve())
     traces = config.cold_start.source_path(base)

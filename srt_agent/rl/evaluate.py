@@ -134,9 +134,11 @@ def tool_use_report(trajectories: Sequence[Trajectory]) -> ToolUseReport:
 def held_out_tasks(config: EnvConfig, n: int | None = None) -> list[Task]:
     """`n` (default ``cold_start.eval_tasks``) procedural tasks seen neither in the RL dataset nor in the cold
     start, drawn with ``cold_start.eval_seed``: from the dataset's own source when it generates tasks
-    (arithmetic, a reasoning-gym mix), else arithmetic ones."""
+    (arithmetic, a reasoning-gym mix), else arithmetic ones. A verifiers environment's are its own first `n`."""
     cs, dataset = config.cold_start, config.dataset
     n = cs.eval_tasks if n is None else n
+    if config.verifiers is not None:  # a verifiers taskset has no held-out split: its own tasks, as listed
+        return dataset.tasks(limit=n)
     seen = {t.prompt[-1]["content"] for t in dataset.tasks()}
     seen |= {t.prompt[-1]["content"] for t in arithmetic_tasks(cs.n, cs.seed, few_shot=dataset.few_shot)}
     if dataset.source == "reasoning_gym":

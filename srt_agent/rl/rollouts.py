@@ -168,7 +168,7 @@ class PolicyRollouts:
             self.open_run_ahead(drafter, tasks, upcoming)
         try:
             controller = self.controllers[drafter]
-            if controller.config.agent is not None:  # an OpenAI-client agent: it runs against our server
+            if controller.config.runs_agent:  # an OpenAI-client agent (or a verifiers env): it runs against our server
                 from ..serve.agents import agent_rollouts
 
                 trajectories, summary = agent_rollouts(

@@ -148,9 +148,14 @@ def agent_rollouts(
     on_done: Callable[[Trajectory], None] | None = None,
     agent: AgentFunction | None = None,
 ) -> tuple[list[Trajectory], RolloutSummary]:
-    """The trainer's rollout source for an env config with ``agent: module:function``: the agent runs
+    """The trainer's rollout source for an env config with ``agent: module:function`` (or ``env:
+    verifiers:<id>``, whose episodes run as agents: :mod:`srt_agent.serve.verifiers_env`): the agent runs
     against a server over `backend` (an already started backend, left open) with the config's turn and
     response limits, seeded by `seed` per (task, sample); returns what `run_rollouts` returns."""
+    if agent is None and config.verifiers is not None:
+        from .verifiers_env import config_agent
+
+        agent = config_agent(config)
     agent = agent or load_agent(config.agent)
     vocab = getattr(getattr(loaded.model, "config", None), "vocab_size", None)
     server = RolloutServer(

@@ -33,7 +33,7 @@ from ..cache.keys import prompt_key
 from ..engine import RequestOutput, SamplingParams
 from ..threaded_server import served
 from ..tools.server import BodyLimit
-from .sessions import RequestError, Session, Sessions, Turn, normalize_messages
+from .sessions import RequestError, Session, Sessions, Turn, normalize_messages, parse_tool_calls
 
 if TYPE_CHECKING:
     import torch
@@ -472,8 +472,12 @@ class RolloutServer:
             params = self._params(req, req.max_completion_tokens or req.max_tokens, session, turn)
             out = await self._generate(session, turn, params)
             content = self._shown(out, params, req, skip_special=True)
+            calls = []
+            if tools:  # the reply's tool calls as OpenAI's, the rest as its content
+                content, calls = parse_tool_calls(content, lambda: f"call_{uuid.uuid4().hex[:24]}")
+            reply = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
             session.kind, session.tools = "chat", tools
-            session.messages = messages + [{"role": "assistant", "content": content}]
+            session.messages = messages + [reply]
             session.current.messages = [dict(m) for m in session.messages]
             if not session.current.prompt:
                 session.current.prompt = [dict(m) for m in messages]
@@ -482,14 +486,17 @@ class RolloutServer:
         usage = {"prompt_tokens": len(turn.prompt_ids), "completion_tokens": len(ids)}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.model_name}
+        finish = "tool_calls" if calls else self._finish_reason(out)
         if not req.stream:
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", "content": content},
+                "message": {"role": "assistant", "content": content or None, "tool_calls": calls}
+                if calls
+                else {"role": "assistant", "content": content},
                 "logprobs": {"content": [self._token_entry(t, lp) for t, lp in zip(ids, lps)]}
                 if req.logprobs
                 else None,
-                "finish_reason": self._finish_reason(out),
+                "finish_reason": finish,
                 "token_ids": ids,
                 "token_logprobs": lps,
             }
@@ -505,7 +512,13 @@ class RolloutServer:
                 {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
                 prompt_token_ids=list(turn.prompt_ids),
             )
-            for t, lp, piece in zip(ids, lps, self._pieces(ids, content, True)):
+            if calls:  # the tokens in one chunk with the content outside the calls, then the calls
+                logprobs = {"content": [self._token_entry(t, lp) for t, lp in zip(ids, lps)]} if req.logprobs else None
+                delta = {"index": 0, "delta": {"content": content}, "logprobs": logprobs, "finish_reason": None}
+                yield chunk({**delta, "token_ids": ids, "token_logprobs": lps})
+                deltas = [{"index": i, **call} for i, call in enumerate(calls)]
+                yield chunk({"index": 0, "delta": {"tool_calls": deltas}, "logprobs": None, "finish_reason": None})
+            for t, lp, piece in zip(ids, lps, self._pieces(ids, content, True)) if not calls else ():
                 logprobs = {"content": [self._token_entry(t, lp)]} if req.logprobs else None
                 yield chunk(
                     {
@@ -517,7 +530,7 @@ class RolloutServer:
                         "token_logprobs": [lp],
                     }
                 )
-            done = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": self._finish_reason(out)}
+            done = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}
             yield chunk(done, srt=srt)
             if (req.stream_options or {}).get("include_usage"):
                 yield chunk(None, usage=usage)

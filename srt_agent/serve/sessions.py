@@ -12,6 +12,7 @@ its messages under a new backend request id, recorded as a new trajectory, and t
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -74,6 +75,31 @@ def normalize_messages(messages: list) -> list[dict]:
     if out[-1]["role"] == "assistant":
         raise RequestError("the last message is the assistant's: continuing a partial reply is not supported")
     return out
+
+
+TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def parse_tool_calls(text: str, call_id: Callable[[], str]) -> tuple[str, list[dict]]:
+    """The reply's Hermes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks as OpenAI
+    ``tool_calls`` (ids from `call_id`), and the text outside them; a block that is not such JSON stays text."""
+    calls, kept, last = [], [], 0
+    for match in TOOL_CALL.finditer(text):
+        try:
+            call = json.loads(match.group(1))
+        except ValueError:
+            continue
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            continue
+        args = call.get("arguments", call.get("parameters", {}))
+        arguments = args if isinstance(args, str) else json.dumps(args)
+        calls.append({"id": call_id(), "type": "function", "function": {"name": call["name"], "arguments": arguments}})
+        kept.append(text[last : match.start()])
+        last = match.end()
+    if not calls:
+        return text, []
+    kept.append(text[last:])
+    return "".join(kept).strip(), calls
 
 
 def _same(sent: dict, kept: dict) -> bool:
