@@ -52,6 +52,13 @@ def test_a_verifiers_env_config_brings_its_own_tasks(vf_examples):
         EnvConfig(env="verifiers:vf_calculator", dataset={"source": "data.jsonl"})
 
 
+def test_the_shipped_verifiers_env_file_validates(vf_examples):
+    from srt_agent.config import load_env_config
+
+    config = load_env_config(EXAMPLES.parent / "envs" / "vf_calculator.yaml")
+    assert config.verifiers == "vf_calculator" and len(config.dataset.tasks()) == 8
+
+
 def test_train_and_eval_a_verifiers_env_on_the_tiny_model(vf_examples, tmp_path):
     from srt_agent.models import load_tokenizer, tiny_random_model
     from srt_agent.rl.policy_eval import run_eval
