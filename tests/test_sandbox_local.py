@@ -246,3 +246,20 @@ class TestClassify:
     def test_output_limit_wins_over_timeout(self):
         result = classify(self.outcome(returncode=-9, timed_out=True, output_limited=True))
         assert (result.status, result.truncated, result.exit_code) == ("output_limit", True, None)
+
+
+@pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed")
+@pytest.mark.skipif(os.geteuid() != 0, reason="machine: only a sandbox started by root runs as another uid")
+def test_the_callers_ld_preload_never_reaches_a_programs_output(monkeypatch):
+    """The trainer runs with LD_PRELOAD (tcmalloc, OpenMP from its venv); from a checkout the per-run uid
+    cannot enter, bwrap's loader used to print that it cannot read them into every program's stderr, which
+    the cold start then read as the program's answer."""
+    closed = Path(tempfile.mkdtemp(dir="/tmp"))  # mode 0700
+    try:
+        lib = closed / "libpreloaded.so"
+        shutil.copy(next(Path("/usr/lib").rglob("libm.so.6")), lib)
+        monkeypatch.setenv("LD_PRELOAD", str(lib))
+        result = LocalSandbox(timeout_s=20, python="/usr/bin/python3").run("print(6 * 7)")
+        assert (result.status, result.stdout, result.stderr) == ("ok", "42\n", ""), result
+    finally:
+        shutil.rmtree(closed, ignore_errors=True)

@@ -148,6 +148,13 @@ def _readable_by_others(python: Path) -> bool:
     return all(_world_readable(prefix) for prefix in _base_prefixes(python))
 
 
+def _bwrap_env() -> dict[str, str]:
+    """bwrap's own environment: none of the caller's (the program's is set inside with --clearenv). An
+    LD_PRELOAD the trainer runs with (tcmalloc, OpenMP from its venv) would have the loader of bwrap, started
+    as the per-run uid, print that it cannot read them into the program's stderr."""
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+
+
 @functools.cache
 def _check_bwrap_works(bwrap: str, drops_root: bool) -> None:
     """Start one empty sandbox (once per process) so a host that forbids it fails at construction."""
@@ -159,7 +166,14 @@ def _check_bwrap_works(bwrap: str, drops_root: bool) -> None:
     user = _FIRST_HOST_UID if drops_root else None
     try:
         probe = subprocess.run(
-            argv, capture_output=True, text=True, timeout=30, user=user, group=user, extra_groups=[] if user else None
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            user=user,
+            group=user,
+            extra_groups=[] if user else None,
+            env=_bwrap_env(),
         )
     except (OSError, subprocess.SubprocessError) as exc:
         raise SandboxUnavailable(f"cannot run bubblewrap ({bwrap}) as the sandbox's user: {exc}") from exc
@@ -557,6 +571,7 @@ class LocalSandbox:
                 pass_fds=tuple(fd for fd in open_fds if fd not in (status_r, block_w)),
                 user=user,
                 cwd="/",
+                env=_bwrap_env(),
                 on_spawn=release,
             )
             os.set_blocking(status_r, False)
