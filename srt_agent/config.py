@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from .datasets import Task, arithmetic_tasks, load_tasks, reasoning_gym_tasks
 
 if TYPE_CHECKING:
-    from .rl.registry import AdvantageEstimator
+    from .algorithm_registry import AdvantageEstimator
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -390,7 +390,9 @@ class TrainConfig(_Strict):
     dtype: Literal["float32", "bfloat16"] = "float32"
     lora: LoraConfig = Field(default_factory=LoraConfig)
     # policy loss
-    adv_estimator: str | None = Field(None, description="a registered advantage estimator (srt_agent.rl.registry)")
+    adv_estimator: str | None = Field(
+        None, description="a registered advantage estimator (srt_agent.algorithm_registry)"
+    )
     norm_adv_by_std: bool = True
     loss_mode: str = Field("vanilla", description="a registered policy loss, as verl's loss_mode")
     loss_agg_mode: str | None = None
@@ -440,7 +442,7 @@ class TrainConfig(_Strict):
     @field_validator("adv_estimator")
     @classmethod
     def _registered_estimator(cls, value: str | None) -> str | None:
-        from .rl.registry import get_adv_estimator
+        from .algorithm_registry import get_adv_estimator
 
         if value is not None:
             get_adv_estimator(value)  # ValueError naming the registered ones
@@ -449,7 +451,7 @@ class TrainConfig(_Strict):
     @field_validator("loss_mode")
     @classmethod
     def _registered_loss(cls, value: str) -> str:
-        from .rl.registry import get_policy_loss
+        from .algorithm_registry import get_policy_loss
 
         get_policy_loss(value)
         return value
@@ -457,7 +459,7 @@ class TrainConfig(_Strict):
     @property
     def estimator(self) -> AdvantageEstimator:
         """The registered advantage estimator `adv_estimator` names, with what it needs."""
-        from .rl.registry import get_adv_estimator
+        from .algorithm_registry import get_adv_estimator
 
         return get_adv_estimator(self.adv_estimator)
 

@@ -13,12 +13,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..algorithm_registry import AdvantageEstimator
 from ..config import TrainConfig
 from .algorithms import AdvantageInputs, agg_loss, get_policy_loss_fn, kl_penalty, value_loss
 from .batch import Sample, pack
 from .metrics import sample_metrics
 from .policy import Policy
-from .registry import AdvantageEstimator
 
 
 class MetricSums:
