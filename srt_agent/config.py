@@ -123,7 +123,7 @@ class DatasetConfig(_Strict):
         if self.source in PROCEDURAL_SOURCES:
             return self.procedural_tasks(self.n if limit is None else min(self.n, limit), self.seed)
         if self.source.startswith(VERIFIERS_PREFIX):  # the verifiers environment's own tasks
-            from .serve.verifiers_env import verifiers_tasks
+            from .verifiers_tasksets import verifiers_tasks
 
             return verifiers_tasks(self.source[len(VERIFIERS_PREFIX) :], self._verifiers_options, limit)
         return load_tasks(self.source, limit)
