@@ -166,3 +166,21 @@ def test_bad_trace_rows_name_the_row(tmp_path, tokenizer, row, message):
     with pytest.raises(ValueError, match=message) as info:
         load_message_traces(path, tokenizer, 2)
     assert "bad.jsonl:2" in str(info.value)
+
+
+def test_the_cached_cold_start_is_keyed_by_what_its_held_out_reports_measured(tiny_llama):
+    """The same traces and SFT over two datasets (arithmetic, a reasoning-gym mix) hold out different tasks,
+    and a different reward scores them: the cached before/after reports of one must not stand for the other."""
+    from srt_agent.rl.coldstart import cold_start_key
+
+    root = Path(__file__).resolve().parents[1]
+    arithmetic = EnvConfig(tools=str(root / "tools" / "code_interpreter.yaml"), cold_start={"eval_tasks": 4})
+    mix = EnvConfig(
+        tools=arithmetic.tools,
+        cold_start={"eval_tasks": 4},
+        dataset={"source": "reasoning_gym", "reasoning_gym": [{"name": "gcd", "weight": 1}]},
+    )
+    scored = EnvConfig(tools=arithmetic.tools, cold_start={"eval_tasks": 4}, reward={"incorrect": -1.0})
+    keys = {cold_start_key(c, tiny_llama) for c in (arithmetic, mix, scored)}
+    assert len(keys) == 3
+    assert cold_start_key(arithmetic, tiny_llama) == cold_start_key(arithmetic.model_copy(), tiny_llama)

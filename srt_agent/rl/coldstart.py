@@ -95,8 +95,12 @@ def model_fingerprint(model: torch.nn.Module) -> str:
 
 
 def cold_start_key(config: EnvConfig, loaded: LoadedModel) -> str:
-    """The cache key: model weights, trace source and settings, env prompts and tools, SFT settings."""
+    """The cache key: model weights, trace source and settings, env prompts and tools, SFT settings, and what
+    the cached held-out reports were measured on (the held-out tasks and how they are scored)."""
+    from .evaluate import held_out_tasks
+
     cs = config.cold_start
+    held_out = [[t.prompt, t.ground_truth, t.data_source] for t in held_out_tasks(config)] if cs.eval_tasks else []
     parts = {
         "version": COLD_START_VERSION,
         "model": model_fingerprint(loaded.model),
@@ -110,6 +114,8 @@ def cold_start_key(config: EnvConfig, loaded: LoadedModel) -> str:
         "micro_batch_tokens": config.train.micro_batch_tokens,
         "temperature": config.sampling.temperature,
         "max_tokens": [config.max_turns, config.max_tokens_per_turn, config.max_response_tokens],
+        "held_out": hashlib.sha256(json.dumps(held_out, sort_keys=True, default=str).encode()).hexdigest(),
+        "reward": config.reward.model_dump(),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
