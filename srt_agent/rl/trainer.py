@@ -183,8 +183,10 @@ class Trainer:
         tasks = cfg.dataset.tasks()
         if not tasks:
             raise ConfigError("dataset: no tasks")
-        own_copies, serves_module = planned_engines(cfg, self.loaded, self.variants)
-        plan = plan_memory(cfg, self.loaded.model, vllm_engines=own_copies, policy_copies_model=serves_module)
+        own_copies, on_module = planned_engines(cfg, self.loaded, self.variants)
+        plan = plan_memory(
+            cfg, self.loaded.model, vllm_engines=own_copies, policy_copies_model=on_module > 0, our_engines=on_module
+        )
         check_plan(plan, train.max_memory_gb)
         meter.mark("model loaded")
         rollouts = PolicyRollouts(cfg, self.loaded, tools, self.variants, log=self._log)
