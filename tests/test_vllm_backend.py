@@ -21,9 +21,11 @@ from srt_agent.agent.controller import MultiTurnController  # noqa: E402
 from srt_agent.agent.toolconfig import load_tools  # noqa: E402
 from srt_agent.backends import VLLMUnavailable, choose_backend, make_backend  # noqa: E402
 from srt_agent.backends.vllm import tiny_model_dir  # noqa: E402
-from srt_agent.config import EnvConfig, load_env_config  # noqa: E402
+from srt_agent.cache.keys import prompt_key  # noqa: E402
+from srt_agent.config import EnvConfig, RunAheadOptions, load_env_config  # noqa: E402
 from srt_agent.datasets import arithmetic_tasks  # noqa: E402
 from srt_agent.engine import Engine, SamplingParams  # noqa: E402
+from srt_agent.engine.run_ahead import WindowPrompt  # noqa: E402
 from srt_agent.models import load_model  # noqa: E402
 from srt_agent.rl.checkpoint import load_checkpoint  # noqa: E402
 from srt_agent.rl.trainer import Trainer  # noqa: E402
@@ -61,6 +63,15 @@ def tiny(model_dir):
 @pytest.fixture(scope="module")
 def backend(model_dir, tiny):
     made = make_backend(config(model_dir), tiny)
+    yield made
+    made.close()
+
+
+@pytest.fixture(scope="module")
+def ahead(model_dir, tiny):
+    """vLLM with SRT and run-ahead (a generous slack: the prior step cost would leave no room on 2 CPUs)."""
+    options = RunAheadOptions(slack=2.0, tokens_per_sequence=8, budget_tokens=400)
+    made = make_backend(config(model_dir), tiny, run_ahead=options)
     yield made
     made.close()
 
@@ -180,6 +191,54 @@ def test_a_run_without_drafts_on_the_srt_engine_is_vllm_without_speculation(back
     view.update_weights({})  # the owner's job: nothing happens
     assert view.trees() is None and view.stats()["shared_with"] == "srt"
     assert plain.undrafted() is None  # an engine without SRT's proposer has nothing to lend
+
+
+def test_run_ahead_fills_the_trees_in_idle_capacity_and_changes_no_token(ahead, plain):
+    """Run-ahead inside vLLM: beside real turns (tail) and while a trajectory waits on its tool (tools),
+    extra requests continue the window's upcoming prompts; their tokens enter those prompts' trees as
+    run-ahead sequences and nowhere else; real turns take the slots back (8 real turns preempt every
+    run-ahead request) and emit exactly vLLM-without-speculation's tokens."""
+    upcoming = [[5, 6, 7, 8, 9], [300, 301, 302]]
+    window = [WindowPrompt(prompt_key(p), p, SamplingParams(temperature=1.0, max_tokens=64)) for p in upcoming]
+    params = [SamplingParams(temperature=1.0, max_tokens=24, seed=s) for s in range(8)]
+    prompts = [PROMPTS[i % 3] for i in range(8)]
+    proposer = ahead.call(lambda engine: engine.proposer()).result()
+    ahead.run_ahead.open(window, "rollout")
+    try:
+        tail = generate(ahead, prompts[:3], params[:3], prefix="tail-")  # 3 real turns of 8 slots
+
+        async def parked() -> None:  # a finished turn not released: its trajectory waits on a tool
+            await ahead.generate("parked", PROMPTS[0], SamplingParams(max_tokens=2, seed=1))
+
+        asyncio.run(parked())
+        for _ in range(300):  # the tools bubble: the engine steps run-ahead alone
+            stats = ahead.run_ahead.stats()
+            if stats["tokens_by_bubble"]["tools"] >= 8 and ahead.stats()["run_ahead"]["sequences"] > 2:
+                break
+            asyncio.run(asyncio.sleep(0.05))
+        full = generate(ahead, prompts, params, prefix="full-")  # every slot wanted by real turns
+        ahead.release("parked")
+        stats = ahead.run_ahead.stats()
+    finally:
+        written = ahead.run_ahead.close()
+    assert [o.token_ids for o in tail] == [o.token_ids for o in generate(plain, prompts[:3], params[:3], prefix="t-")]
+    assert [o.token_ids for o in full] == [o.token_ids for o in generate(plain, prompts, params, prefix="f-")]
+    assert stats["tokens_by_bubble"]["tail"] > 0 and stats["tokens_by_bubble"]["tools"] > 0
+    assert stats["preempted"] >= 1 and stats["tokens"] == stats["tokens_upcoming"] <= 400
+    assert written and all(len(tokens) <= 8 and key in {w.prompt_key for w in window} for key, _, tokens in written)
+    for w in window:
+        stored = proposer.cache.sequences(w.prompt_key)
+        assert stored and not proposer.cache.sequences(w.prompt_key, run_ahead=False)  # run-ahead only
+    assert sum(len(t) for _, _, t in written) == stats["tokens"]
+    assert ahead.capabilities.run_ahead and not ahead.stats()["running"]
+
+
+def test_run_ahead_is_refused_without_trees_and_in_the_update_bubble(model_dir, tiny):
+    """Run-ahead needs SRT's trees; vLLM has no update bubble (its engine idles while the trainer updates)."""
+    with pytest.raises(ValueError, match="per-prompt trees"):
+        choose_backend("vllm", "suffix", run_ahead=True)
+    with pytest.raises(ValueError, match="update bubble runs in our engine only"):
+        make_backend(config(model_dir), tiny, run_ahead=RunAheadOptions(bubbles=("tail", "update")))
 
 
 def test_forced_tokens_of_a_second_turn_are_context(backend, tiny):
@@ -316,17 +375,18 @@ def test_new_weights_are_refused_while_kv_of_the_old_ones_is_in_use(backend, tin
 
 
 def test_training_with_vllm_reaches_the_engines_and_compares_with_none(tmp_path, model_dir):
-    """Two GRPO steps with engine.backend: vllm, compared with vLLM without speculation: step 2's
-    rollouts are scored by the updated policy at fp32 noise, so the new weights reached vLLM in place;
-    with exact sampling the compared rollouts are token-identical; the SRT trees are saved with the
-    checkpoint."""
+    """Two GRPO steps with engine.backend: vllm and run-ahead, compared with vLLM without speculation:
+    step 2's rollouts are scored by the updated policy at fp32 noise, so the new weights reached vLLM in
+    place; with exact sampling the compared rollouts are token-identical (run-ahead and drafts change no
+    token); run-ahead put tokens into the trees; the SRT trees are saved with the checkpoint."""
     path = tmp_path / "tiny.yaml"
     path.write_text(
         f"name: tiny\nenv: rl_envs.ParityToolEnv\nmodel: {model_dir}\n"
         f"tools: {ROOT / 'tools' / 'code_interpreter.yaml'}\n"
         "dataset: {n: 4, seed: 1}\nn_samples: 3\nmax_turns: 2\nmax_tokens_per_turn: 6\nmax_response_tokens: 80\n"
         "sampling: {temperature: 1.0, seed: 3}\n"
-        "engine: {backend: vllm, max_batch: 8, max_context: 256, vllm: {kv_cache_gib: 0.25}}\n"
+        "engine: {backend: vllm, max_batch: 8, max_context: 256, vllm: {kv_cache_gib: 0.25},\n"
+        "  run_ahead: {enabled: true, slack: 2.0, tokens_per_sequence: 6}}\n"
         "cold_start: {enabled: false}\n"
         "train: {steps: 2, prompts_per_step: 2, lr: 1.0e-3, micro_batch_tokens: 256}\n"
     )
@@ -340,6 +400,7 @@ def test_training_with_vllm_reaches_the_engines_and_compares_with_none(tmp_path,
         assert m["training/rollout_logprob_diff_max"] < 1e-3
         assert m["compare/none/identical"] == 1.0 and m["compare/none/gen_s"] > 0
     assert report["steps"][0]["timing_s/update_actor"] > 0
+    assert sum(m["run_ahead/tokens"] for m in report["steps"]) > 0
     assert "identical_vs_none_note" not in report["totals"]
     plan = report["memory"]["plan_gb"]
     assert any("(1 engine)" in part for part in plan), plan  # `none` ran on the SRT engine, drafting nothing

@@ -50,10 +50,10 @@ def refusal(drafter: str, run_ahead: bool = False, loaded=None) -> Refusal | Non
     problem = drafter_problem(drafter)
     if problem:
         return Refusal(f"vLLM has no counterpart of drafter {drafter!r}", ValueError(problem))
-    if run_ahead:
+    if run_ahead and drafter != "srt":
         return Refusal(
-            "run-ahead runs in our engine only",
-            ValueError("run-ahead runs in our engine only; turn engine.run_ahead off for the vLLM backend"),
+            f"run-ahead needs SRT's trees, and drafter {drafter!r} keeps none",
+            ValueError(f"run-ahead needs a drafter that keeps per-prompt trees (srt); {drafter!r} has none"),
         )
     if loaded is not None:
         from .models import unservable

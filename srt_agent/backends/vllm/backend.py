@@ -13,6 +13,7 @@ import torch
 
 from ...engine import AsyncEngine, RequestOutput, SamplingParams
 from ..base import Capabilities, Registered
+from ..engine import EngineRunAhead
 from .availability import refusal, vllm_version
 from .engine import VLLMEngine
 from .kv_cache import kv_cache_gib
@@ -22,19 +23,20 @@ from .speculative import check_drafter
 
 
 class VLLMBackend(AsyncEngine[VLLMEngine]):
-    """The rollout backend over :class:`VLLMEngine` (no run-ahead, no forward-cost table)."""
+    """The rollout backend over :class:`VLLMEngine` (run-ahead with SRT: ``run_ahead.py``; no forward-cost
+    table)."""
 
     name = "vllm"
-    run_ahead = None
 
     def __init__(self, engine: VLLMEngine):
         super().__init__(engine)
         self.drafter_name = engine.drafter_name
+        self.run_ahead = EngineRunAhead(self) if engine.run_ahead is not None else None
         self.capabilities = Capabilities(
             device=str(engine.device),
             exact_sampling=engine.exact_sampling,
             trees=engine.drafter_name == "srt",
-            run_ahead=False,
+            run_ahead=self.run_ahead is not None,
             serves_module=False,
         )
 
@@ -161,10 +163,8 @@ class UndraftedView:
 
 def vllm_backend(config, loaded, drafter: str | None = None, run_ahead=None) -> VLLMBackend:
     """vLLM for env config `config` (``engine:`` and ``engine.vllm:``) serving `loaded`'s model: the
-    directory it was loaded from, else a directory saved from `loaded` itself. Run-ahead (`run_ahead`
-    options) runs in our engine only: ValueError."""
-    if run_ahead is not None:
-        raise ValueError("run-ahead runs in our engine only; turn engine.run_ahead off for the vLLM backend")
+    directory it was loaded from, else a directory saved from `loaded` itself; `run_ahead` (options) with
+    drafter srt fills idle capacity with run-ahead requests."""
     e = config.engine
     drafter = drafter or e.drafter
     check_drafter(drafter)
@@ -184,6 +184,7 @@ def vllm_backend(config, loaded, drafter: str | None = None, run_ahead=None) -> 
         exact_sampling=e.vllm.exact_sampling,
         block_size=e.vllm.block_size,
         proposer_options=e.vllm.proposer,
+        run_ahead=run_ahead,
     )
     return VLLMBackend(engine)
 

@@ -35,10 +35,12 @@ from typing import Any
 
 import torch
 
+from ...config import RunAheadOptions
 from ...engine.params import RequestOutput, SamplingParams, check_prompt
 from ...engine.sequence import Sequence
 from ...engine.stops import StopChecker
 from .availability import VLLMUnavailable, VLLMUnsupported, vllm_missing, vllm_version
+from .run_ahead import VLLMRunAhead, check_run_ahead
 from .speculative import check_drafter
 
 
@@ -88,8 +90,11 @@ class VLLMEngine:
         exact_sampling: bool = True,
         block_size: int | None = 32,
         proposer_options: Mapping[str, Any] | None = None,
+        run_ahead: RunAheadOptions | None = None,
     ):
         check_drafter(drafter)
+        if run_ahead is not None:
+            check_run_ahead(run_ahead, drafter)
         missing = vllm_missing()
         if missing:
             raise VLLMUnavailable(missing)
@@ -163,6 +168,7 @@ class VLLMEngine:
         self.calls: dict[str, Sequence] = {}  # the running turns (one vLLM request each) by our request id
         self.held: dict[str, list[int]] = {}  # finished requests' tokens (a next turn's forced tokens)
         self.totals = VLLMStats()
+        self.run_ahead = VLLMRunAhead(run_ahead, self, block_size or 16) if run_ahead is not None else None
 
     # ----- requests -------------------------------------------------------------------------------
 
@@ -177,9 +183,6 @@ class VLLMEngine:
         import dataclasses
         import uuid
 
-        from vllm import SamplingParams as VParams
-        from vllm.sampling_params import RequestOutputKind
-
         if params is not None and not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         params = dataclasses.replace(params) if params is not None else SamplingParams()
@@ -191,28 +194,42 @@ class VLLMEngine:
         seq = Sequence(request_id, prompt_key, prompt, params, params.seed or 0, call_start=len(prompt))
         if before is not None and prompt[: len(before)] == before:
             seq.metrics.forced_tokens = len(prompt) - len(before)
-        max_tokens = min(params.max_tokens, self.max_context - len(prompt))
-        vparams = VParams(
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            max_tokens=max_tokens,
-            seed=params.seed if self.exact_sampling else turn_seed(params.seed, len(prompt)),
-            stop_token_ids=list(
-                dict.fromkeys(params.stop_token_ids + ([] if params.ignore_eos else self.eos_token_ids))
-            ),
-            ignore_eos=True,
-            logprobs=0,
-            detokenize=False,  # stop strings are checked here, token by token
-            output_kind=RequestOutputKind.DELTA,
-        )
-        self.llm.add_request(request_id, {"prompt_token_ids": prompt}, vparams)
+        self.llm.add_request(request_id, {"prompt_token_ids": prompt}, self._vllm_params(params, len(prompt)))
         self.calls[request_id] = seq
         self.totals.requests += 1
         return request_id
 
+    def _vllm_params(self, params: SamplingParams, prompt_len: int, logprobs: bool = True):
+        """vLLM's sampling parameters for a turn of `prompt_len` tokens (our stop rule runs here)."""
+        from vllm import SamplingParams as VParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return VParams(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            max_tokens=min(params.max_tokens, self.max_context - prompt_len),
+            seed=params.seed if self.exact_sampling else turn_seed(params.seed, prompt_len),
+            stop_token_ids=list(
+                dict.fromkeys(params.stop_token_ids + ([] if params.ignore_eos else self.eos_token_ids))
+            ),
+            ignore_eos=True,
+            logprobs=0 if logprobs else None,
+            detokenize=False,  # stop strings are checked here, token by token
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+    def add_run_ahead(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Start a run-ahead request (``VLLMRunAhead`` calls it, and applies the stop rule); nobody waits on it."""
+        self.llm.add_request(
+            request_id, {"prompt_token_ids": list(prompt_ids)}, self._vllm_params(params, len(prompt_ids), False)
+        )
+
+    def abort_run_ahead(self, request_id: str) -> None:
+        self.llm.abort_request([request_id])
+
     def has_work(self) -> bool:
-        return bool(self.calls)
+        return bool(self.calls) or (self.run_ahead is not None and self.run_ahead.ready())
 
     def idle_capacity(self) -> int:
         return max(0, self.max_batch - len(self.calls))
@@ -227,11 +244,15 @@ class VLLMEngine:
         """One vLLM step; the turns it finished."""
         if torch.get_num_threads() != self.threads_at_start:
             torch.set_num_threads(self.threads_at_start)
+        if self.run_ahead is not None:
+            self.run_ahead.before_step()
         self._count_drafts()
         finished = []
         for out in self.llm.step():
             seq = self.calls.get(out.request_id)
             if seq is None:
+                if self.run_ahead is not None:
+                    self.run_ahead.absorb(out.request_id, out.outputs[0].token_ids, out.finished)
                 continue
             done = self._feed(seq, out.outputs[0].token_ids, out.outputs[0].logprobs)
             if out.num_cached_tokens:
@@ -304,6 +325,8 @@ class VLLMEngine:
         refused: KV of the old policy would be reused, an off-policy rollout with no sign."""
         from .workers import reload_weights
 
+        if self.run_ahead is not None:
+            self.run_ahead.drop_all()  # run-ahead under the old weights ends here
         if self.calls:
             raise RuntimeError(
                 f"new weights while {len(self.calls)} turn(s) run: their KV comes from the old weights; "
@@ -335,6 +358,8 @@ class VLLMEngine:
     def stats(self) -> dict:
         out = self.totals.as_dict()
         out.update(running=len(self.calls), held=len(self.held), startup_s=self.startup_s)
+        if self.run_ahead is not None:
+            out["run_ahead"] = self.run_ahead.stats.as_dict()
         proposer = self.proposer()
         if proposer is not None:
             out["proposer"] = proposer.stats()

@@ -18,6 +18,8 @@ What stays SRT:
   output) continues that turn's sequence in the first turn's tree, the tool-output tokens included
   (:class:`~srt_agent.backends.turns.HeldTurns`; finished turns are held until ``end_step``);
 * every step's new tokens go into the tree at once, so running siblings draft from each other;
+* run-ahead requests (``RUN_AHEAD_PREFIX`` ids, started by the engine in idle capacity: ``run_ahead.py``) add
+  their tokens as run-ahead sequences of their prompt's tree and are never drafted for;
 * the trees outlive requests, steps and weight reloads, within the cache's byte budget; ``save``/``load``.
 
 vLLM 0.31 verifies linear drafts only: it has no tree-attention backend and no ``speculative_token_tree``
@@ -60,7 +62,7 @@ from ...cache.keys import prompt_key
 from ...engine.acceptance import AcceptanceModel
 from ...engine.cost_model import ForwardCostModel, choose_drafts
 from ..turns import HeldTurns
-from .settings import UNDRAFTED_PREFIX, ProposerOptions, proposer_options
+from .settings import RUN_AHEAD_PREFIX, UNDRAFTED_PREFIX, ProposerOptions, proposer_options
 from .step_cost import MeasuredStepCost
 
 logger = logging.getLogger(__name__)
@@ -76,6 +78,7 @@ class _Request:
     tokens: list[int]  # everything stored so far: prompt, responses, tool outputs
     floor: int  # the context this turn was given (a next turn shares at least that much)
     draft: Draft = field(default_factory=Draft)  # the last draft proposed (raw scores), settled next step
+    run_ahead: bool = False  # a run-ahead request: stored, never drafted for, not held for a next turn
 
 
 def check_seam() -> None:
@@ -139,6 +142,7 @@ class SRTProposer:
             rows_drafted=0,
             rows_seen=0,
             rows_undrafted=0,  # rows of requests run without speculation on this engine (UNDRAFTED_PREFIX)
+            run_ahead_requests=0,  # run-ahead requests whose tokens went into the trees (RUN_AHEAD_PREFIX)
             faults=0,
             saves=0,
         )
@@ -180,11 +184,13 @@ class SRTProposer:
             self._last_step = None  # nor is a step they ran in timed
             if len(undrafted) == rows:
                 return [[] for _ in range(rows)]
-        decoding = [i for i in range(rows) if sampled_token_ids[i] and req_ids[i] is not None and i not in undrafted]
-        prefilled = len(decoding) < rows or any(req_ids[i] not in self._active for i in decoding)
+        live = [i for i in range(rows) if sampled_token_ids[i] and req_ids[i] is not None and i not in undrafted]
+        prefilled = len(live) < rows or any(req_ids[i] not in self._active for i in live)
         started = None if undrafted else self._time_step(rows, prefilled)
+        ahead = {i for i in live if req_ids[i].startswith(RUN_AHEAD_PREFIX)}  # stored, never drafted for
+        decoding = [i for i in live if i not in ahead]
         raw: list[Draft] = []
-        for i in decoding:
+        for i in live:
             rid = req_ids[i]
             draft = Draft()
             if rid not in self._broken:
@@ -192,7 +198,8 @@ class SRTProposer:
                     draft = self._step(rid, i, sampled_token_ids[i], int(num_tokens_no_spec[i]), token_ids_cpu)
                 except Exception:
                     self._fault(rid, i)
-            raw.append(draft)
+            if i not in ahead:
+                raw.append(draft)
         self._observe()
         drafts: list[list[int]] = [[] for _ in range(rows)]
         for i, draft in zip(decoding, self.choose(raw)):
@@ -235,11 +242,18 @@ class SRTProposer:
             new = token_ids[row, len(req.tokens) : n].tolist()
             self.cache.add_tokens(req.cache_id, new)
             req.tokens += new
-        return self._draft(req, row, n, token_ids)
+        return Draft() if req.run_ahead else self._draft(req, row, n, token_ids)
 
     def _begin(self, rid: str, row: int, context_len: int, token_ids: np.ndarray) -> _Request:
         """First sight of a request: continue a held turn its context extends, else start its prompt's tree."""
         context = token_ids[row, :context_len].tolist()
+        if rid.startswith(RUN_AHEAD_PREFIX):  # run-ahead: a sequence of its prompt's tree, evicted first
+            req = _Request(self._next_id, prompt_key(context), context, context_len, run_ahead=True)
+            self._next_id += 1
+            self.cache.start_request(req.cache_id, req.key, context, run_ahead=True)
+            self._stats["run_ahead_requests"] += 1
+            self._active[rid] = req
+            return req
         claimed = self.turns.claim(context, max_overshoot=2 * (self.k + 1))
         if claimed is not None:
             cache_id, shared, held_len = claimed
@@ -269,6 +283,9 @@ class SRTProposer:
         gone = [r for r in self._active if r not in in_batch]
         for rid in gone:
             req = self._active.pop(rid)
+            if req.run_ahead:
+                self.cache.stop_request(req.cache_id)
+                continue
             self._held[req.cache_id] = req
             self._release(self.turns.hold(req.cache_id, req.tokens, floor=req.floor))
             req.tokens = []  # held as int32 by self.turns (within the byte budget) until a next turn claims it

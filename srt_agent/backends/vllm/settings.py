@@ -10,8 +10,10 @@ process layout inherits (in-process engines, spawned engine cores and workers, v
 * ``VLLM_USE_V2_MODEL_RUNNER``: vLLM's own switch; ``0`` selects the V1 model runner, the only one that calls
   custom proposers and the runner's ``_sample``.
 
-One setting travels per request instead: a request id that starts with ``UNDRAFTED_PREFIX`` gets no draft
-and leaves no trace in the trees (an engine shared with a comparison run without speculation).
+Two settings travel per request instead: a request id that starts with ``UNDRAFTED_PREFIX`` gets no draft
+and leaves no trace in the trees (an engine shared with a comparison run without speculation); one that
+starts with ``RUN_AHEAD_PREFIX`` is run-ahead (``run_ahead.py``): its tokens enter the trees as run-ahead
+sequences, and it gets no draft.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from ...config import ProposerOptions
 
 __all__ = [
+    "RUN_AHEAD_PREFIX",
     "UNDRAFTED_PREFIX",
     "ProposerOptions",
     "exact_sampling_requested",
@@ -35,6 +38,7 @@ EXACT_SAMPLING_ENV = "SRT_VLLM_EXACT_SAMPLING"
 TEMPERATURE_FIX_ENV = "SRT_VLLM_TEMPERATURE_FIX"
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 UNDRAFTED_PREFIX = "srt-undrafted:"
+RUN_AHEAD_PREFIX = "srt-run-ahead:"
 
 
 def proposer_options() -> ProposerOptions:
