@@ -151,7 +151,7 @@ def test_bench_vllm_measures_every_method_in_the_same_rl_steps(tmp_path, monkeyp
     cfg = VLLMBenchConfig(
         env=str(_tiny_env(tmp_path)),
         batches=(4,),
-        methods=("vllm:stock", "vllm:srt", "engine:srt"),
+        methods=("vllm:stock", "vllm:srt", "vllm:srt+ahead", "engine:srt"),
         steps=2,
         prompts_per_step=2,
         samples=2,
@@ -166,7 +166,7 @@ def test_bench_vllm_measures_every_method_in_the_same_rl_steps(tmp_path, monkeyp
     (run,) = result["runs"]
     assert run["batch"] == 4 and [s["revisit"] for s in run["steps"]] == [False, True]
     for step in run["steps"]:
-        assert set(step["methods"]) == {"vllm:none", "vllm:stock", "vllm:srt", "engine:srt"}
+        assert set(step["methods"]) == {"vllm:none", "vllm:stock", "vllm:srt", "vllm:srt+ahead", "engine:srt"}
         for name, m in step["methods"].items():
             assert m["gen_s"] > 0 and m["tokens"] > 0 and m["tok_s"] == pytest.approx(m["tokens"] / m["gen_s"])
             if name.startswith("vllm:") and name != "vllm:stock":  # exact sampling: vLLM's methods, token for token

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import EnvConfig, load_env_config
+from ..config import EnvConfig, RunAheadOptions, load_env_config
 from ..engine.device_info import detect_device
 from ..rl.evaluate import bootstrap_statistic
 from ..rl.metrics import identical_share
@@ -40,12 +40,14 @@ from ..rl.rollouts import RolloutRun, RolloutVariant
 
 @dataclass(frozen=True)
 class BenchMethod:
-    """A measured method: a drafter on a backend, sampling exactly or (vLLM only) with vLLM's own sampler."""
+    """A measured method: a drafter on a backend, sampling exactly or (vLLM only) with vLLM's own sampler,
+    with or without run-ahead (the engine's defaults: ``RunAheadOptions()``)."""
 
     name: str
     backend: str
     drafter: str
     exact: bool = True
+    run_ahead: bool = False
 
 
 # Engines are built in this order. vLLM's ngram proposer imports numba, whose llvmlite holds an object
@@ -56,6 +58,7 @@ METHODS = (
     BenchMethod("vllm:stock", "vllm", "none", exact=False),
     BenchMethod("vllm:suffix", "vllm", "suffix"),
     BenchMethod("vllm:srt", "vllm", "srt"),
+    BenchMethod("vllm:srt+ahead", "vllm", "srt", run_ahead=True),
     BenchMethod("vllm:ngram", "vllm", "ngram"),
     BenchMethod("engine:none", "engine", "none"),
     BenchMethod("engine:srt", "engine", "srt"),
@@ -64,7 +67,13 @@ BASELINE = "vllm:none"
 TRAINER = "trainer"  # vLLM without speculation, generating the training rollouts first in every step
 # Pairs of methods compared head to head (the first's time over the second's), when both ran: SRT against
 # vLLM's own proposers, and what exact sampling costs vLLM without speculation.
-PAIRS = (("vllm:srt", "vllm:suffix"), ("vllm:srt", "vllm:ngram"), ("vllm:none", "vllm:stock"))
+PAIRS = (
+    ("vllm:srt", "vllm:suffix"),
+    ("vllm:srt+ahead", "vllm:suffix"),
+    ("vllm:srt+ahead", "vllm:srt"),
+    ("vllm:srt", "vllm:ngram"),
+    ("vllm:none", "vllm:stock"),
+)
 DRAWS = 2000  # bootstrap draws per interval
 
 
@@ -115,7 +124,9 @@ def method_figures(runs: Sequence[RolloutRun], reference: Sequence[RolloutRun]) 
     forwards = sum(r.summary.forwards for r in runs)
     proposed = sum(r.summary.draft_proposed for r in runs)
     accepted = sum(r.summary.draft_accepted for r in runs)
+    ahead = sum(r.run_ahead["tokens"] for r in runs if r.run_ahead)
     return {
+        "run_ahead_tokens": float(ahead),  # generated for the trees only, never in `tokens`
         "gen_s": gen_s,
         "tokens": float(tokens),
         "tok_s": tokens / gen_s if gen_s > 0 else 0.0,
@@ -165,7 +176,14 @@ def bench_variants(methods: Sequence[BenchMethod]) -> list[RolloutVariant]:
     the env config says."""
     variants = [RolloutVariant(TRAINER, "none", backend="vllm")]
     return variants + [
-        RolloutVariant(m.name, m.drafter, backend=m.backend, exact_sampling=None if m.exact else False, own_engine=True)
+        RolloutVariant(
+            m.name,
+            m.drafter,
+            RunAheadOptions() if m.run_ahead else None,
+            backend=m.backend,
+            exact_sampling=None if m.exact else False,
+            own_engine=True,
+        )
         for m in methods
     ]
 
@@ -297,6 +315,8 @@ def summarize_steps(steps: list[dict], inexact: Sequence[str] = (), seed: int = 
         row["tokens_per_forward"] = sum(s["methods"][name]["tokens"] for s in steps) / max(
             sum(s["methods"][name]["forwards"] for s in steps), 1.0
         )
+        ahead = sum(s["methods"][name].get("run_ahead_tokens", 0.0) for s in steps)
+        row["run_ahead_share"] = ahead / (ahead + sum(s["methods"][name]["tokens"] for s in steps)) if ahead else None
         row["min_step_speedup"] = min(s["methods"][name]["speedup_vs_vllm_none"] for s in steps) if steps else None
         row["min_step_token_speedup"] = (
             min(s["methods"][name]["token_speedup_vs_vllm_none"] for s in steps) if steps else None
@@ -378,8 +398,8 @@ def vllm_table(result: dict) -> str:
             f"batch {run['batch']}",
             "",
             "| method | gen s/step | vs vllm:none | first visits | revisits | slowest step | per token "
-            "| acceptance | tok/fwd | identical |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| acceptance | tok/fwd | identical | run-ahead tokens |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         inexact = []
         for name, row in run["summary"].items():
@@ -397,7 +417,7 @@ def vllm_table(result: dict) -> str:
                 f"{ratio('speedup_first')} | {ratio('speedup_revisit')} | "
                 f"{cell('min_step_speedup', '{:.2f}x')} | {ratio('token_speedup_all')} | "
                 f"{cell('acceptance', '{:.0%}')} | {cell('tokens_per_forward', '{:.2f}')} | "
-                f"{cell('identical', '{:.0%}')} |"
+                f"{cell('identical', '{:.0%}')} | {cell('run_ahead_share', '{:.0%}')} |"
             )
         if inexact:
             lines += [
