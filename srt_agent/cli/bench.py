@@ -412,7 +412,7 @@ def bench_vllm(
         [],
         "--method",
         help="Methods (default: all): vllm:none, vllm:stock (vLLM's own sampler), vllm:ngram, vllm:suffix, "
-        "vllm:srt, engine:none, engine:srt.",
+        "vllm:srt, vllm:srt+ahead (SRT with run-ahead), engine:none, engine:srt.",
     ),
     steps: int = typer.Option(
         8, min=1, help="RL steps per run (the units the 95% intervals resample: fewer steps, wider intervals)."
