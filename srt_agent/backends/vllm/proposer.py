@@ -88,7 +88,7 @@ class _Request:
     tokens: list[int]  # everything stored so far: prompt, responses, tool outputs
     floor: int  # the context this turn was given (a next turn shares at least that much)
     draft: Draft = field(default_factory=Draft)  # the last draft proposed (raw scores), settled next step
-    rid: str = ""  # this turn's vLLM request id while it streams into the global tree
+    global_id: str = ""  # this turn's vLLM request id while it streams into the global tree
 
 
 def check_seam() -> None:
@@ -251,8 +251,8 @@ class SRTProposer:
         if n > len(req.tokens):  # every token since the last call (robust to steps vLLM did not draft in)
             new = token_ids[row, len(req.tokens) : n].tolist()
             self.cache.add_tokens(req.cache_id, new)
-            if req.rid:
-                self.responses.add_tokens(req.rid, new)
+            if req.global_id:
+                self.responses.add_tokens(req.global_id, new)
             req.tokens += new
         return self._draft(req, row, n, token_ids)
 
@@ -296,12 +296,13 @@ class SRTProposer:
         """Stream the turn's tokens after its context into the global tree too (``global_fallback``)."""
         if self.responses is not None:
             self.responses.start_request(rid, GLOBAL, [])
-            req.rid = rid
+            req.global_id = rid
 
     def _stop_global(self, req: _Request) -> None:
-        if req.rid:
-            self.responses.stop_request(req.rid)
-            req.rid = ""
+        """The turn left the batch: its global sequence is closed (a next turn starts another)."""
+        if req.global_id:
+            self.responses.stop_request(req.global_id)
+            req.global_id = ""
 
     def _retire(self, in_batch: set[str]) -> None:
         """Hold the turns of requests that left the batch (finished, or preempted and resumed later); once every
@@ -369,9 +370,9 @@ class SRTProposer:
             return Draft()
         context = token_ids[row, max(0, n - self.options.max_match) : n].tolist()
         own = self.cache.draft_request(req.cache_id, context, budget, chain=True, min_prob=self.options.min_prob)
-        if not req.rid or own.expected_accepted >= budget:  # nothing can expect more than a certain full draft
+        if not req.global_id or own.expected_accepted >= budget:  # nothing can expect more than a certain full draft
             return own
-        other = self.responses.draft_request(req.rid, context, budget, chain=True, min_prob=self.options.min_prob)
+        other = self.responses.draft_request(req.global_id, context, budget, chain=True, min_prob=self.options.min_prob)
         if other.expected_accepted <= own.expected_accepted:
             return own
         self._stats["global_drafts"] += 1
