@@ -477,6 +477,23 @@ def test_proposer_options_reach_the_proposer_through_the_one_channel(monkeypatch
         set_proposer_options({"max_byte": 1})
 
 
+def test_a_first_visit_drafts_from_the_global_tree_and_emits_vllms_tokens():
+    """A prompt never seen drafts what the global tree holds (here an earlier trajectory's tool output: the very
+    tokens this prompt's greedy response is) and emits exactly vLLM's tokens without speculation."""
+    llm, p = srt_engine()
+    fresh = tokens("A prompt no rollout has seen yet:")
+    expected = generate(engine(), [fresh], max_tokens=24)[0]
+    prompt = tokens("An earlier trajectory, whose tool answers:")
+    response = generate(llm, [prompt])[0]
+    generate(llm, [prompt + response + expected])  # its next turn: the tool output goes into the global tree
+    before = p.stats()
+    assert generate(llm, [fresh], max_tokens=24)[0] == expected
+    after = p.stats()
+    assert after["continuations"] == before["continuations"]  # a first visit: nothing to continue
+    assert after["global_drafts"] > before["global_drafts"] and after["accepted"] > before["accepted"]
+    p.end_step()
+
+
 class _Batch:  # a test double of vLLM's InputBatch: what the proposer reads
     def __init__(self, prompts: dict[str, list[int]]):
         self.req_ids = list(prompts)
