@@ -246,11 +246,13 @@ class ProposerOptions:
 
     max_depth: int = 64  # tree depth (RolloutCache)
     max_match: int = 32  # context tokens matched against the tree
-    max_bytes: int = 1 << 30  # trees and held turns together (held turns take at most an eighth); LRU past it
+    max_bytes: int = 1 << 30  # trees, held turns (an eighth at most) and the global tree (a 32nd); LRU past it
     max_nodes_per_prompt: int = 1 << 21
     max_held: int = 4096  # finished turns kept open for their trajectory's next turn
     held_ttl_s: float = 900.0  # a held turn not continued within this long is released
     min_prob: float = 0.0  # draft nodes below this path frequency are not proposed
+    whole_prompt: bool = True  # a prompt's first rollout leads its tree with the whole prompt (drafts copy from it)
+    global_fallback: bool = True  # draft from a global tree of recent responses where it expects more
     policy: str = "cost"  # "cost": draft what pays at this batch size; "always": up to num_speculative_tokens
     step_fixed_ms: float = 30.0  # cost model of a decode step (2-core AVX-512 CPU, SmolLM2): fixed part,
     step_row_ms: float = 2.8  # per sequence in the batch,
@@ -316,7 +318,7 @@ class VLLMOptions(_Strict):
     proposer: dict[str, Any] = Field(
         default_factory=dict,
         description="options of SRT's proposer inside vLLM (drafter srt): max_bytes, max_held, held_ttl_s, min_prob, "
-        "policy, step_fixed_ms, step_row_ms, draft_token_ms, calibrate, save_path, save_interval_s, ... "
+        "whole_prompt, global_fallback, policy, step_fixed_ms, step_row_ms, draft_token_ms, calibrate, save_path, save_interval_s, ... "
         "(ProposerOptions above)",
     )
 

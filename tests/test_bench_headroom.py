@@ -1,6 +1,7 @@
 """The headroom analysis on hand-made run folders whose answers are known: a repeated trajectory is all
 headroom on revisits, a response that copies the start of its prompt is headroom only for a structure
-that holds the whole prompt, and the run's own forwards are reported as they were."""
+that holds the whole prompt, another prompt's response is headroom on a first visit only for a structure
+with a global tree, and the run's own forwards are reported as they were."""
 
 from __future__ import annotations
 
@@ -22,10 +23,10 @@ def write_run(folder: Path, steps: list[list[dict]]) -> Path:
     return folder
 
 
-def row(response: list[int], mask: list[int] | None = None, forwards: int | None = None) -> dict:
+def row(response: list[int], mask: list[int] | None = None, forwards: int | None = None, prompt=PROMPT) -> dict:
     mask = mask or [1] * len(response)
     return {
-        "prompt_ids": PROMPT,
+        "prompt_ids": prompt,
         "response_ids": response,
         "response_mask": mask,
         "forwards": forwards if forwards is not None else sum(mask),
@@ -49,7 +50,7 @@ def test_a_trajectory_seen_before_is_all_headroom_on_its_revisit(tmp_path):
     # step 2: SRT's tree holds the response after its prompt; each forward accepts 8 drafted tokens and
     # samples one more (9 + 8 tokens). SuffixDecoding's global tree holds responses without their prompts,
     # so the first token has no anchor (1 + 9 + 7).
-    for method, forwards in (("srt", 2), ("srt+prompt", 2), ("suffix", 3)):
+    for method, forwards in (("srt", 2), ("srt+prompt", 2), ("srt+global", 2), ("suffix", 3)):
         m = again["methods"][method]
         assert m["oracle"] == m["frequent"] == forwards, (method, m)
     assert result["totals"]["revisits"]["srt"]["oracle"] == pytest.approx(8.5)
@@ -60,7 +61,23 @@ def test_copying_the_prompt_is_headroom_only_for_a_structure_holding_the_whole_p
     run = write_run(tmp_path, [[row(response)]])
     (step,) = headroom(run, k=8)["steps"]
     assert step["methods"]["srt"]["oracle"] == 16  # nothing of it in SRT's trees
-    assert step["methods"]["suffix"]["oracle"] < 16 and step["methods"]["srt+prompt"]["oracle"] < 16
+    assert all(step["methods"][m]["oracle"] < 16 for m in ("suffix", "srt+prompt", "srt+global"))
+    # the frequent path copies the prompt: 1 forward for the first token (nothing follows the prompt's end),
+    # then 8 drafted + 1 sampled, then 5 + 1 (the turn's last token is never drafted)
+    assert step["methods"]["srt+global"]["frequent"] == step["methods"]["srt+prompt"]["frequent"] == 3
+
+
+def test_another_prompts_response_is_headroom_on_a_first_visit_only_with_a_global_tree(tmp_path):
+    response = [7, 3, 9, 1, 4, 4, 8, 2, 6, 5, 11, 12, 13, 14, 15, 16, 17]
+    other = list(range(200, 260))
+    run = write_run(tmp_path, [[row(response)], [row(response, prompt=other)]])
+    first, second = headroom(run, k=8)["steps"]
+    assert not second["revisit"]
+    # as SuffixDecoding's global tree on the revisit above: 1 + 9 + 7 tokens; SRT's trees hold no history of
+    # the second prompt, nor does its whole prompt hold the response
+    for method, forwards in (("srt", 17), ("srt+prompt", 17), ("srt+global", 3), ("suffix", 3)):
+        m = second["methods"][method]
+        assert m["oracle"] == m["frequent"] == forwards, (method, m)
 
 
 def test_forced_tokens_are_context_not_generated(tmp_path):

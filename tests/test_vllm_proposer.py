@@ -16,6 +16,7 @@ from srt_agent.backends.vllm import proposer_call, reload_weights, srt_proposer,
 from srt_agent.backends.vllm.engine import VLLMEngine, VLLMUnsupported
 from srt_agent.backends.vllm.plugin import expand_reference, fix_state
 from srt_agent.backends.vllm.proposer import (
+    GLOBAL,
     ProposerOptions,
     SRTProposer,
     check_seam,
@@ -446,7 +447,7 @@ def test_trees_and_held_turns_are_bounded_and_saved_without_anyone_ending_the_st
     """As in verl's workers, where nobody calls end_step or save: held turns take at most an eighth of the byte
     budget and are released after held_ttl_s; the trees are saved to save_path whenever the batch drains."""
     llm, p = srt_engine()
-    assert p.cache.max_bytes + p.turns.max_bytes == p.options.max_bytes
+    assert p.cache.max_bytes + p.responses.max_bytes + p.turns.max_bytes == p.options.max_bytes
     saved_options, saved_ttl = p.options, p.turns.ttl_s
     p.options = dataclasses.replace(saved_options, save_path=str(tmp_path / "trees-{dp_rank}.bin"), save_interval_s=0)
     try:
@@ -476,3 +477,85 @@ def test_proposer_options_reach_the_proposer_through_the_one_channel(monkeypatch
     assert p.options.max_bytes == 1 << 20 and p.turns.ttl_s == 5.0 and p.turns.max_bytes == (1 << 20) // 8
     with pytest.raises(ValueError, match=r"unknown SRT proposer option\(s\) \['max_byte'\]"):
         set_proposer_options({"max_byte": 1})
+
+
+def test_a_first_visit_drafts_from_the_global_tree_and_emits_vllms_tokens():
+    """A prompt never seen drafts what the global tree holds (here an earlier trajectory's tool output: the very
+    tokens this prompt's greedy response is) and emits exactly vLLM's tokens without speculation."""
+    llm, p = srt_engine()
+    fresh = tokens("A prompt no rollout has seen yet:")
+    expected = generate(engine(), [fresh], max_tokens=24)[0]
+    prompt = tokens("An earlier trajectory, whose tool answers:")
+    response = generate(llm, [prompt])[0]
+    generate(llm, [prompt + response + expected])  # its next turn: the tool output goes into the global tree
+    before = p.stats()
+    assert generate(llm, [fresh], max_tokens=24)[0] == expected
+    after = p.stats()
+    assert after["continuations"] == before["continuations"]  # a first visit: nothing to continue
+    assert after["global_drafts"] > before["global_drafts"] and after["accepted"] > before["accepted"]
+    p.end_step()
+
+
+class _Batch:  # a test double of vLLM's InputBatch: what the proposer reads
+    def __init__(self, prompts: dict[str, list[int]]):
+        self.req_ids = list(prompts)
+        self.num_prompt_tokens = np.array([len(prompt) for prompt in prompts.values()])
+
+
+def _decode(p: SRTProposer, rows: dict[str, tuple[list[int], list[int]]]) -> list[list[int]]:
+    """One decode step of the requests `rows` (request id -> prompt, tokens sampled so far): their drafts."""
+    p.bind_input_batch(_Batch({rid: prompt for rid, (prompt, _) in rows.items()}))
+    contexts = [prompt + out for prompt, out in rows.values()]
+    token_ids = np.zeros((len(contexts), max(map(len, contexts))), dtype=np.int64)
+    for i, context in enumerate(contexts):
+        token_ids[i, : len(context)] = context
+    return p.propose([out[-1:] for _, out in rows.values()], np.array([len(c) for c in contexts]), token_ids)
+
+
+LONG_PROMPT = list(range(100, 160))  # 60 tokens: its start lies beyond the 32 tokens that lead later rollouts
+
+
+def test_a_first_visit_drafts_copies_of_its_whole_prompt_stored_once():
+    """The prompt's first rollout leads its tree with the whole prompt (a sibling does not store it again, and
+    each stored sequence is one rollout): a response that copies the prompt's start drafts the rest of it."""
+    for whole, expected in ((True, LONG_PROMPT[1:9]), (False, [])):
+        p = SRTProposer(options=ProposerOptions(policy="always", whole_prompt=whole, global_fallback=False))
+        drafts = _decode(p, {"a": (LONG_PROMPT, LONG_PROMPT[:1]), "b": (LONG_PROMPT, [7])})
+        assert drafts[0] == expected, whole
+        assert p.stats()["whole_prompts"] == int(whole)
+        first = LONG_PROMPT if whole else LONG_PROMPT[-32:]
+        assert _sequences(p, LONG_PROMPT) == [first + LONG_PROMPT[:1], LONG_PROMPT[-32:] + [7]]
+
+
+def test_a_prompt_without_history_drafts_other_prompts_responses_from_the_global_tree():
+    """A first visit whose own tree offers nothing drafts from what another prompt's request sampled."""
+    other = list(range(300, 340))
+    response = list(range(500, 520))
+    for fallback, expected in ((True, response[3:11]), (False, [])):
+        p = SRTProposer(options=ProposerOptions(policy="always", global_fallback=fallback))
+        _decode(p, {"a": (LONG_PROMPT, response[:1])})
+        _decode(p, {"a": (LONG_PROMPT, response)})
+        assert _decode(p, {"b": (other, response[:3])}) == [expected], fallback  # "a" has finished
+        assert p.stats()["global_drafts"] == int(fallback)
+        assert _decode(p, {"a2": (LONG_PROMPT, response[:3])}) == [response[3:11]]  # a revisit: its own tree
+        assert p.stats()["global_drafts"] == int(fallback)
+        p.end_step()
+        assert p.stats()["global"] is None or p.stats()["global"]["active_requests"] == 0
+
+
+def test_the_byte_budget_bounds_the_trees_the_global_tree_and_the_held_turns():
+    """The prompts' trees, the global tree (a 32nd, oldest responses dropped first) and the held turns (an
+    eighth) share max_bytes."""
+    budget = 1 << 21
+    p = SRTProposer(options=ProposerOptions(policy="always", max_bytes=budget))
+    assert p.cache.max_bytes + p.responses.max_bytes + p.turns.max_bytes == budget
+    rng = np.random.default_rng(0)
+    for i in range(60):
+        prompt, response = rng.integers(0, 5000, 800).tolist(), rng.integers(0, 5000, 40).tolist()
+        _decode(p, {f"r{i}": (prompt, response[:1])})
+        _decode(p, {f"r{i}": (prompt, response)})
+        stats = p.stats()
+        assert stats["cache"]["bytes"] + stats["global"]["bytes"] + p.turns.nbytes <= budget
+    assert stats["cache"]["evicted_prompts"] > 0
+    kept = p.responses.sequences(GLOBAL)
+    assert 1 < len(kept) < 60 and kept[-1] == response  # the newest responses

@@ -20,8 +20,10 @@ sizing (and the batch's cost) leaves, and oracle itself bounds what the content 
 Methods: ``srt`` (per-prompt trees of every earlier step of the run: SRT's history, each sequence led by
 the last ``max_match`` tokens of its prompt), ``suffix`` (SuffixDecoding's two trees: the request's whole
 prompt and own output, and one global tree over every earlier response of any prompt, as vLLM's ``suffix``
-method keeps them) and ``srt+prompt`` (SRT's trees beside a tree of the request's whole prompt and own
-output: what SRT would hold if it also drafted copies of its prompt).
+method keeps them), ``srt+prompt`` (SRT's trees beside a tree of the request's whole prompt and own
+output: what SRT would hold if it also drafted copies of its prompt) and ``srt+global`` (what SRT's vLLM
+proposer holds with ``whole_prompt`` and ``global_fallback``: SRT's trees, a prompt's first sequence led
+by the whole prompt, beside the global tree of every earlier response; unbounded here).
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def turns(mask: Sequence[int]) -> list[tuple[int, int]]:
 
 
 class Structure:
-    """A method's trees for one trajectory: (cache, key) pairs; the request ``REQUEST`` runs in every cache."""
+    """A method's trees for one trajectory: (cache, key) pairs; the request runs in each under the key's name."""
 
     def __init__(self, pairs: list[tuple[RolloutCache, str]], max_match: int):
         self.pairs = pairs
@@ -94,8 +96,8 @@ class Structure:
     def feed(self, tokens: Sequence[int]) -> None:
         """The request's next tokens (sampled or forced) into every tree it runs in."""
         if len(tokens):
-            for cache, _ in self.pairs:
-                cache.add_tokens(REQUEST, list(tokens))
+            for cache, key in self.pairs:
+                cache.add_tokens(key, list(tokens))
 
     def oracle(self, context: Sequence[int], future: Sequence[int]) -> int:
         """The longest prefix of `future` some tree holds after some suffix of `context`."""
@@ -140,16 +142,28 @@ class History:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
         self.method, self.folder, self.max_match = method, folder, max_match
-        self.trees = RolloutCache(max_match=max_match)  # srt: per prompt; suffix: the global response tree
+        self.trees = RolloutCache(max_match=max_match)  # per prompt (srt…), the global response tree (suffix…)
         self.saved = False
 
     def add(self, traj: Traced) -> None:
         """A finished trajectory of the step, into the trees (as the live drafter stores it)."""
-        per_prompt = self.method != "suffix"
-        self.trees.start_request(REQUEST, traj.key if per_prompt else GLOBAL, traj.prompt if per_prompt else [])
-        self.trees.add_tokens(REQUEST, traj.response)
-        self.trees.stop_request(REQUEST)
+        if self.method != "suffix":
+            self._start(self.trees, traj)
+            self.trees.add_tokens(traj.key, traj.response)
+            self.trees.stop_request(traj.key)
+        if self.method in GLOBAL_METHODS:
+            self.trees.start_request(GLOBAL, GLOBAL, [])
+            self.trees.add_tokens(GLOBAL, traj.response)
+            self.trees.stop_request(GLOBAL)
         self.saved = False
+
+    def _start(self, trees: RolloutCache, traj: Traced) -> None:
+        """Start `traj` in its prompt's tree, led by the prompt's last tokens, or (srt+global, as the proposer's
+        ``whole_prompt``) by the whole prompt when the prompt has no tree yet."""
+        whole = self.method == "srt+global" and traj.key not in trees
+        trees.start_request(traj.key, traj.key, [] if whole else traj.prompt)
+        if whole:
+            trees.add_tokens(traj.key, traj.prompt)
 
     def structure(self, traj: Traced) -> Structure:
         """The trees as the step began, `traj`'s request started in them (its prompt streamed)."""
@@ -158,18 +172,23 @@ class History:
             self.trees.save(path)
             self.saved = True
         trees = RolloutCache.load(path)
-        own = RolloutCache(max_match=self.max_match)  # the request's whole prompt and own output
-        own.start_request(REQUEST, REQUEST, [])
-        own.add_tokens(REQUEST, traj.prompt)
-        if self.method == "suffix":
-            trees.start_request(REQUEST, GLOBAL, [])
-            return Structure([(own, REQUEST), (trees, GLOBAL)], self.max_match)
-        trees.start_request(REQUEST, traj.key, traj.prompt)
-        pairs = [(trees, traj.key)] + ([(own, REQUEST)] if self.method == "srt+prompt" else [])
+        pairs = []
+        if self.method != "suffix":
+            self._start(trees, traj)
+            pairs.append((trees, traj.key))
+        if self.method in ("suffix", "srt+prompt"):
+            own = RolloutCache(max_match=self.max_match)  # the request's whole prompt and own output
+            own.start_request(REQUEST, REQUEST, [])
+            own.add_tokens(REQUEST, traj.prompt)
+            pairs.append((own, REQUEST))
+        if self.method in GLOBAL_METHODS:
+            trees.start_request(GLOBAL, GLOBAL, [])
+            pairs.append((trees, GLOBAL))
         return Structure(pairs, self.max_match)
 
 
-METHODS = ("srt", "suffix", "srt+prompt")
+METHODS = ("srt", "suffix", "srt+prompt", "srt+global")
+GLOBAL_METHODS = ("suffix", "srt+global")  # those with a global tree of earlier responses
 
 
 def simulate(history: History, traj: Traced, k: int) -> dict[str, int]:

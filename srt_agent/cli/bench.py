@@ -461,7 +461,9 @@ def bench_vllm(
 def bench_headroom(
     run: Path = typer.Argument(..., help="A run folder of srt-agent train (its rollouts/step-N.jsonl)."),
     k: int = typer.Option(8, min=1, help="Draft length (vLLM's num_speculative_tokens; 8 by default)."),
-    method: list[str] = typer.Option([], "--method", help="Structures to ask (default: srt, suffix, srt+prompt)."),
+    method: list[str] = typer.Option(
+        [], "--method", help="Structures to ask (default: srt, suffix, srt+prompt, srt+global)."
+    ),
     json_path: Path | None = JSON,
 ):
     """What a linear draft could have gained per step (the oracle), what the most frequent path gains, and what the

@@ -36,6 +36,8 @@ def leaks(p) -> list[str]:
     found = [f"{k}: {stats[k]}" for k in ("active", "held") if stats[k]]
     if stats["cache"]["active_requests"]:
         found.append(f"tree requests: {stats['cache']['active_requests']}")
+    if stats["global"] and stats["global"]["active_requests"]:
+        found.append(f"global tree requests: {stats['global']['active_requests']}")
     return found
 
 

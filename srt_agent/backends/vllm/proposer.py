@@ -20,11 +20,20 @@ What stays SRT:
 * every step's new tokens go into the tree at once, so running siblings draft from each other;
 * run-ahead requests (``RUN_AHEAD_PREFIX`` ids, started by the engine in idle capacity: ``run_ahead.py``) add
   their tokens as run-ahead sequences of their prompt's tree and are never drafted for;
+* a prompt's first rollout leads its sequence with the whole prompt, every later one with the prompt's last
+  ``max_match`` tokens (``whole_prompt``): drafts copy numbers, names and code from the prompt on its first
+  visit too, and each stored sequence is still one rollout (``sequences()``, saves and their counts);
 * the trees outlive requests, steps and weight reloads, within the cache's byte budget; ``save``/``load``.
 
 vLLM 0.31 verifies linear drafts only: it has no tree-attention backend and no ``speculative_token_tree``
 option left (earlier releases had both, for EAGLE on GPU), and every proposer returns a list of token ids
 per request. So this one proposes the tree's most frequent path (``chain=True``).
+
+With ``global_fallback``, one more tree holds every turn's tokens after its context (responses and tool
+output, not prompts) across all prompts, within a 32nd of the byte budget (its oldest half dropped when it
+is full; not saved: it refills as requests run), and a row drafts from it where its draft expects more
+accepted tokens than the prompt's tree's (SuffixDecoding's choice): a prompt without history still drafts
+what other prompts' responses say. Tokens past a caller's stop (``end_turn``) stay in it, as any sample.
 
 Drafts are sized to the batch by our engine's own rule (``srt_agent.engine.cost_model.choose_drafts``
 with ``makespan`` and ``joint``): an RL step lasts until its last sequence finishes, so a step is made
@@ -68,6 +77,9 @@ from .step_cost import MeasuredStepCost
 logger = logging.getLogger(__name__)
 
 HELD_SHARE = 8  # held turns take at most 1/HELD_SHARE of the byte budget
+GLOBAL_SHARE = 32  # the global tree of recent responses takes 1/GLOBAL_SHARE of it
+GLOBAL_NODE_BYTES = 96  # bytes a tree node may take (43-81 measured as its arrays grow): sets its node cap
+GLOBAL = "responses"  # the global tree's key
 MIN_LOUD_FAULTS = 8  # faults before a high fault share fails drafting loudly
 
 
@@ -79,6 +91,7 @@ class _Request:
     floor: int  # the context this turn was given (a next turn shares at least that much)
     draft: Draft = field(default_factory=Draft)  # the last draft proposed (raw scores), settled next step
     run_ahead: bool = False  # a run-ahead request: stored, never drafted for, not held for a next turn
+    global_id: str = ""  # this turn's vLLM request id while it streams into the global tree
 
 
 def check_seam() -> None:
@@ -113,16 +126,18 @@ class SRTProposer:
         self.dp_rank = int(getattr(getattr(vllm_config, "parallel_config", None), "data_parallel_rank", 0) or 0)
         self.rank = int(getattr(getattr(vllm_config, "parallel_config", None), "rank", 0) or 0)
         self.held_bytes = o.max_bytes // HELD_SHARE  # held turns' part of the byte budget
+        self.global_bytes = o.max_bytes // GLOBAL_SHARE if o.global_fallback else 0  # the global tree's
         self.cache = (
             self._loaded(o.trees)
             if o.trees
             else RolloutCache(
                 max_depth=o.max_depth,
                 max_match=o.max_match,
-                max_bytes=o.max_bytes - self.held_bytes,
+                max_bytes=self._tree_bytes(),
                 max_nodes_per_prompt=o.max_nodes_per_prompt,
             )
         )
+        self.responses = self._global_tree() if o.global_fallback else None
         self.turns = HeldTurns(o.max_held, max_bytes=self.held_bytes, ttl_s=o.held_ttl_s)
         self._batch: Any = None
         self._active: dict[str, _Request] = {}  # vLLM request id -> state
@@ -133,6 +148,8 @@ class SRTProposer:
             steps=0,
             requests=0,
             continuations=0,
+            whole_prompts=0,  # prompt trees led by their whole prompt (whole_prompt)
+            global_drafts=0,  # rows drafted from the global tree, which expected more than the prompt's
             rewound=0,  # continuations that left out tokens sampled past a stop (they stay in the tree)
             dropped_past_stop=0,  # turns whose tokens past the caller's stop left the tree (end_turn)
             drafted=0,
@@ -241,6 +258,8 @@ class SRTProposer:
         if n > len(req.tokens):  # every token since the last call (robust to steps vLLM did not draft in)
             new = token_ids[row, len(req.tokens) : n].tolist()
             self.cache.add_tokens(req.cache_id, new)
+            if req.global_id:
+                self.responses.add_tokens(req.global_id, new)
             req.tokens += new
         return Draft() if req.run_ahead else self._draft(req, row, n, token_ids)
 
@@ -250,7 +269,7 @@ class SRTProposer:
         if rid.startswith(RUN_AHEAD_PREFIX):  # run-ahead: a sequence of its prompt's tree, evicted first
             req = _Request(self._next_id, prompt_key(context), context, context_len, run_ahead=True)
             self._next_id += 1
-            self.cache.start_request(req.cache_id, req.key, context, run_ahead=True)
+            self._start_tree(req, context)
             self._stats["run_ahead_requests"] += 1
             self._active[rid] = req
             return req
@@ -272,10 +291,32 @@ class SRTProposer:
             prompt = context[:num_prompt]
             req = _Request(self._next_id, prompt_key(prompt), prompt, context_len)
             self._next_id += 1
-            self.cache.start_request(req.cache_id, req.key, prompt)
+            self._start_tree(req, prompt)
         self._stats["requests"] += 1
         self._active[rid] = req
+        self._start_global(req, rid)
         return req
+
+    def _start_tree(self, req: _Request, prompt: list[int]) -> None:
+        """Start the request's sequence in its prompt's tree, led by the prompt's last ``max_match`` tokens, or
+        by the whole prompt when the prompt has no tree yet (``whole_prompt``)."""
+        whole = self.options.whole_prompt and req.key not in self.cache
+        self.cache.start_request(req.cache_id, req.key, [] if whole else prompt, run_ahead=req.run_ahead)
+        if whole:
+            self.cache.add_tokens(req.cache_id, prompt)
+            self._stats["whole_prompts"] += 1
+
+    def _start_global(self, req: _Request, rid: str) -> None:
+        """Stream the turn's tokens after its context into the global tree too (``global_fallback``)."""
+        if self.responses is not None:
+            self.responses.start_request(rid, GLOBAL, [])
+            req.global_id = rid
+
+    def _stop_global(self, req: _Request) -> None:
+        """The turn left the batch: its global sequence is closed (a next turn starts another)."""
+        if req.global_id:
+            self.responses.stop_request(req.global_id)
+            req.global_id = ""
 
     def _retire(self, in_batch: set[str]) -> None:
         """Hold the turns of requests that left the batch (finished, or preempted and resumed later); once every
@@ -283,6 +324,7 @@ class SRTProposer:
         gone = [r for r in self._active if r not in in_batch]
         for rid in gone:
             req = self._active.pop(rid)
+            self._stop_global(req)
             if req.run_ahead:
                 self.cache.stop_request(req.cache_id)
                 continue
@@ -321,6 +363,7 @@ class SRTProposer:
         release the held turns; their tokens stay in the trees."""
         self._release(self.turns.release_all())
         for req in self._active.values():
+            self._stop_global(req)
             self.cache.stop_request(req.cache_id)
         self._active.clear()
         self._autosave()
@@ -337,12 +380,20 @@ class SRTProposer:
 
     # ---- drafting ----------------------------------------------------------------------------------
     def _draft(self, req: _Request, row: int, n: int, token_ids: np.ndarray) -> Draft:
-        """The tree's most frequent path after the row's context, up to the speculative budget."""
+        """The most frequent path after the row's context, up to the speculative budget: the prompt's tree's, or
+        the global tree's where that one expects more accepted tokens."""
         budget = min(self.k, self.max_model_len - n - 1)
         if budget <= 0:
             return Draft()
         context = token_ids[row, max(0, n - self.options.max_match) : n].tolist()
-        return self.cache.draft_request(req.cache_id, context, budget, chain=True, min_prob=self.options.min_prob)
+        own = self.cache.draft_request(req.cache_id, context, budget, chain=True, min_prob=self.options.min_prob)
+        if not req.global_id or own.expected_accepted >= budget:  # nothing can expect more than a certain full draft
+            return own
+        other = self.responses.draft_request(req.global_id, context, budget, chain=True, min_prob=self.options.min_prob)
+        if other.expected_accepted <= own.expected_accepted:
+            return own
+        self._stats["global_drafts"] += 1
+        return other
 
     def _settle(self, req: _Request, accepted: int) -> None:
         """Count how much of the request's last draft was accepted (learned from at the step's end)."""
@@ -389,6 +440,7 @@ class SRTProposer:
         out["active"] = len(self._active)
         out["held"] = len(self.turns)
         out["cache"] = asdict(self.cache.stats())
+        out["global"] = asdict(self.responses.stats()) if self.responses is not None else None
         return out
 
     def save(self, path: str) -> None:
@@ -403,8 +455,21 @@ class SRTProposer:
 
     def _loaded(self, path: str) -> RolloutCache:
         o = self.options
-        return RolloutCache.load(
-            path, max_bytes=o.max_bytes - self.held_bytes, max_nodes_per_prompt=o.max_nodes_per_prompt
+        return RolloutCache.load(path, max_bytes=self._tree_bytes(), max_nodes_per_prompt=o.max_nodes_per_prompt)
+
+    def _tree_bytes(self) -> int:
+        """The prompts' trees' part of the byte budget: what held turns and the global tree leave."""
+        return self.options.max_bytes - self.held_bytes - self.global_bytes
+
+    def _global_tree(self) -> RolloutCache:
+        """The global tree of recent responses, in its share of the byte budget; its node cap halves it (oldest
+        sequences first) before the byte budget would empty it."""
+        o = self.options
+        return RolloutCache(
+            max_depth=o.max_depth,
+            max_match=o.max_match,
+            max_bytes=self.global_bytes,
+            max_nodes_per_prompt=max(1, self.global_bytes // GLOBAL_NODE_BYTES),
         )
 
 
