@@ -23,10 +23,14 @@ def test_steps_are_labelled_first_visits_or_revisits_and_the_story_is_told(tmp_p
     for label, chosen in (("first", steps[:2]), ("revisit", steps[2:])):
         expected = sum(m["compare/none/gen_s"] for m in chosen) / sum(m["timing_s/gen"] for m in chosen)
         assert abs(totals[f"speedup_vs_none_{label}"] - expected) < 1e-9
+    low, high = totals["speedup_vs_none_interval"]  # resampled steps: the step ratios bound it
+    ratios = [m["compare/none/gen_s"] / m["timing_s/gen"] for m in steps]
+    assert min(ratios) - 1e-9 <= low <= totals["speedup_vs_none"] <= high <= max(ratios) + 1e-9
+    assert totals["speedup_vs_none_revisit_interval"] == [totals["speedup_vs_none_revisit"]] * 2  # one step
     for m in steps:  # our engine samples the same tokens with and without drafts: both ratios agree
         assert abs(m["compare/none/token_speedup"] - m["compare/none/speedup"]) < 1e-9
     output = buffer.getvalue()
-    assert "srt vs none (their generation time / ours): all " in output
+    assert f"srt vs none (their generation time / ours): all {totals['speedup_vs_none']:.2f}x [{low:.2f}, " in output
     assert "per step: 1 new " in output and ", 3 seen " in output
     summary = (tmp_path / "run" / "summary.md").read_text()
     assert "| step | prompts |" in summary and "| 3 | seen |" in summary and "| 1 | new |" in summary

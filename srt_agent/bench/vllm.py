@@ -33,7 +33,7 @@ import torch
 
 from ..config import EnvConfig, RunAheadOptions, load_env_config
 from ..engine.device_info import detect_device
-from ..rl.evaluate import bootstrap_statistic
+from ..rl.evaluate import bootstrap_statistic, ratio_text
 from ..rl.metrics import identical_share
 from ..rl.rollouts import RolloutRun, RolloutVariant
 
@@ -369,13 +369,6 @@ def run_vllm_bench(
         if on_batch is not None:
             on_batch(result)
     return result
-
-
-def ratio_text(value: float | None, bounds: Sequence[float] | None = None) -> str:
-    """A ratio and its interval as text, e.g. ``1.05x [0.98, 1.12]`` (``–`` without a value)."""
-    if value is None:
-        return "–"
-    return f"{value:.2f}x" + (f" [{bounds[0]:.2f}, {bounds[1]:.2f}]" if bounds else "")
 
 
 def pair_verdict(bounds: Sequence[float] | None) -> str:

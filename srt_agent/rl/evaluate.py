@@ -62,6 +62,13 @@ def interval_text(name: str, value: float, bounds: Sequence[float] | None) -> st
     return fmt.format(value) + (f" [{fmt.format(bounds[0])}, {fmt.format(bounds[1])}]" if bounds else "")
 
 
+def ratio_text(value: float | None, bounds: Sequence[float] | None = None) -> str:
+    """A ratio and its interval as text, e.g. ``1.05x [0.98, 1.12]`` (``–`` without a value)."""
+    if value is None:
+        return "–"
+    return f"{value:.2f}x" + (f" [{bounds[0]:.2f}, {bounds[1]:.2f}]" if bounds else "")
+
+
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> list[float]:
     """The Wilson score interval of a binomial share (95% for z = 1.96); [0, 1] when n is 0."""
     if n == 0:

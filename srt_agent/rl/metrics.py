@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..agent.rollout import RolloutSummary, summarize
 from ..agent.trajectory import Trajectory
 from .batch import Sample
-from .evaluate import tool_use_report
+from .evaluate import bootstrap_statistic, tool_use_report
 from .rollouts import RolloutRun
 
 
@@ -132,19 +132,28 @@ def compare_metrics(name: str, main: Sequence[RolloutRun], runs: Sequence[Rollou
     return out
 
 
-def speed_totals(history: Sequence[dict[str, float]], compared: Sequence[str]) -> dict[str, float | None]:
+def speed_totals(history: Sequence[dict[str, float]], compared: Sequence[str]) -> dict:
     """Over a run's steps, per compared drafter: its generation time over ours (all steps, first visits,
-    revisits) and the mean identical share; our total generation and update time."""
-    totals: dict[str, float | None] = {}
+    revisits), each with its 95% paired bootstrap interval over the steps (``…_interval``), and the mean
+    identical share; our total generation and update time."""
+    totals: dict = {}
     gen = sum(m.get("timing_s/gen", 0.0) for m in history)
     for name in compared:
-        if gen > 0:
-            totals[f"speedup_vs_{name}"] = sum(m.get(f"compare/{name}/gen_s", 0.0) for m in history) / gen
-        for label, revisit in (("first", 0.0), ("revisit", 1.0)):
-            chosen = [m for m in history if m.get("training/revisit") == revisit]
-            mine = sum(m.get("timing_s/gen", 0.0) for m in chosen)
-            if mine > 0:
-                totals[f"speedup_vs_{name}_{label}"] = sum(m.get(f"compare/{name}/gen_s", 0.0) for m in chosen) / mine
+        for key, chosen in (
+            (f"speedup_vs_{name}", list(history)),
+            (f"speedup_vs_{name}_first", [m for m in history if m.get("training/revisit") == 0.0]),
+            (f"speedup_vs_{name}_revisit", [m for m in history if m.get("training/revisit") == 1.0]),
+        ):
+            theirs = [m.get(f"compare/{name}/gen_s", 0.0) for m in chosen]
+            mine = [m.get("timing_s/gen", 0.0) for m in chosen]
+
+            def ratio(rows: Sequence[int], theirs=theirs, mine=mine) -> float:
+                ours = sum(mine[i] for i in rows)
+                return sum(theirs[i] for i in rows) / ours if ours > 0 else 0.0
+
+            if sum(mine) > 0:
+                totals[key] = ratio(range(len(chosen)))
+                totals[f"{key}_interval"] = bootstrap_statistic(len(chosen), ratio)
         shares = [m.get(f"compare/{name}/identical", 0.0) for m in history]
         totals[f"identical_vs_{name}"] = sum(shares) / len(shares) if shares else None
     totals["gen_s"] = gen

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from .evaluate import interval_text
+from .evaluate import interval_text, ratio_text
 
 
 def visit_label(revisit: float) -> str:
@@ -169,7 +169,8 @@ def summary_markdown(report: dict) -> str:
             if f"speedup_vs_{d}" in totals:
                 lines.append(
                     f"\nOver all steps, `{report['drafter']}` generated at "
-                    f"{totals[f'speedup_vs_{d}']:.2f}x the speed of `{d}` (its time / ours; "
+                    f"{ratio_text(totals[f'speedup_vs_{d}'], totals.get(f'speedup_vs_{d}_interval'))} "
+                    f"the speed of `{d}` (its time / ours, 95% interval over the steps; "
                     f"share of identical trajectories: {totals.get(f'identical_vs_{d}', 'n/a')})."
                 )
                 if totals.get(f"identical_vs_{d}_note"):
@@ -206,7 +207,7 @@ def story_lines(report: dict) -> list[str]:
             for m in steps
         )
         parts = [
-            f"{label} {totals[key]:.2f}x"
+            f"{label} {ratio_text(totals[key], totals.get(f'{key}_interval'))}"
             for label, key in (
                 ("all", f"speedup_vs_{name}"),
                 ("first visits", f"speedup_vs_{name}_first"),
