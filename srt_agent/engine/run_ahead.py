@@ -92,7 +92,52 @@ class _Runner:
     bubble: str = "tail"
 
 
-class RunAhead:
+class RunAheadWindow:
+    """The window of prompts run-ahead serves and its token accounting, shared by our engine's run-ahead and
+    vLLM's (``srt_agent.backends.vllm.run_ahead``); a subclass ends its running sequences in `close`."""
+
+    phases = PHASES
+
+    def __init__(self, options: RunAheadOptions | None, seed_name: str):
+        self.options = options or RunAheadOptions()
+        self.window: list[WindowPrompt] = []
+        self.phase: str | None = None
+        self.spent = 0  # tokens generated in the open window
+        self.budget = self.options.budget_tokens
+        self.per_prompt: dict[Hashable, int] = {}  # run-ahead tokens per prompt in the window
+        self.stats = RunAheadStats()
+        self.written: list[tuple[Hashable, list[int], list[int]]] = []  # (prompt key, context, tokens) of the window
+        self._rng = random.Random(f"{seed_name}/{self.options.seed}")
+        self._ids = 0
+
+    def open(self, prompts: Seq[WindowPrompt], phase: str = "rollout", budget_tokens: int | None = None) -> None:
+        """Serve `prompts` from now on (phase "rollout": during a step's rollouts; "update": while the
+        trainer updates). `budget_tokens` overrides the options' budget for this window."""
+        if phase not in self.phases:
+            raise ValueError(f"unknown run-ahead phase {phase!r} here; choose one of {list(self.phases)}")
+        self.close()
+        self.window = list(prompts)
+        self.phase = phase
+        self.spent = 0
+        self.budget = self.options.budget_tokens if budget_tokens is None else budget_tokens
+        self.per_prompt = {p.prompt_key: 0 for p in self.window}
+        self.written = []
+        self.stats.windows += 1
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def _count(self, prompt: WindowPrompt, bubble: str, n: int) -> None:
+        """`n` more run-ahead tokens of `prompt`, generated in `bubble`."""
+        self.spent += n
+        self.per_prompt[prompt.prompt_key] = self.per_prompt.get(prompt.prompt_key, 0) + n
+        st = self.stats
+        st.tokens += n
+        st.tokens_by_bubble[bubble] += n
+        st.tokens_upcoming += n if prompt.upcoming else 0
+
+
+class RunAhead(RunAheadWindow):
     """The engine's run-ahead: picks rows for each step, absorbs their tokens, yields to real work.
 
     It works with the engine's parts, which it is given: the `drafter` whose trees it fills, the
@@ -115,35 +160,13 @@ class RunAhead:
         if not capabilities(drafter).run_ahead:
             name = drafter.name if drafter is not None else "none"
             raise ValueError(f"run-ahead needs a drafter that keeps per-prompt trees (srt); {name!r} has none")
+        super().__init__(options, "run-ahead")
         self.drafter, self.scheduler, self.runner, self.stops = drafter, scheduler, runner, stops
         self.cost_model = cost_model
         self.sequences = sequences
-        self.options = options or RunAheadOptions()
-        self.window: list[WindowPrompt] = []
-        self.phase: str | None = None
-        self.spent = 0  # tokens generated in the open window
         self.active: list[_Runner] = []
-        self.per_prompt: dict[Hashable, int] = {}  # run-ahead tokens per prompt in the window
-        self.stats = RunAheadStats()
-        self.written: list[tuple[Hashable, list[int], list[int]]] = []  # (prompt key, context, tokens) of the window
-        self._rng = random.Random(f"run-ahead/{self.options.seed}")
-        self._ids = 0
 
     # ----- the window -----------------------------------------------------------------------------
-
-    def open(self, prompts: Seq[WindowPrompt], phase: str = "rollout", budget_tokens: int | None = None) -> None:
-        """Serve `prompts` from now on (phase "rollout": during a step's rollouts; "update": while the
-        trainer updates). `budget_tokens` overrides the options' budget for this window."""
-        if phase not in PHASES:
-            raise ValueError(f"unknown run-ahead phase {phase!r}; choose one of {list(PHASES)}")
-        self.close()
-        self.window = list(prompts)
-        self.phase = phase
-        self.spent = 0
-        self.budget = self.options.budget_tokens if budget_tokens is None else budget_tokens
-        self.per_prompt = {p.prompt_key: 0 for p in self.window}
-        self.written = []
-        self.stats.windows += 1
 
     def close(self) -> None:
         """Stop serving the window; running run-ahead sequences end (their tokens stay in the trees)."""
@@ -361,13 +384,7 @@ class RunAhead:
 
     def _store(self, runner: _Runner, tokens: list[int]) -> None:
         self.drafter.add_tokens(runner.seq.request_id, tokens)
-        n = len(tokens)
-        self.spent += n
-        self.per_prompt[runner.prompt.prompt_key] = self.per_prompt.get(runner.prompt.prompt_key, 0) + n
-        st = self.stats
-        st.tokens += n
-        st.tokens_by_bubble[runner.bubble] += n
-        st.tokens_upcoming += n if runner.prompt.upcoming else 0
+        self._count(runner.prompt, runner.bubble, len(tokens))
 
     def _end(self, runner: _Runner) -> None:
         seq = runner.seq

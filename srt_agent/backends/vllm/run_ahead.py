@@ -25,21 +25,18 @@ for them. Their outputs stop here: no caller, trajectory, log-prob or training b
 
 from __future__ import annotations
 
-import random
 from collections.abc import Hashable, Sequence as Seq
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ...config import RunAheadOptions
 from ...engine.cost_model import ForwardCostModel
-from ...engine.run_ahead import RunAheadStats, WindowPrompt
+from ...engine.run_ahead import RunAheadWindow, WindowPrompt
 from ...engine.sequence import Sequence
 from .settings import RUN_AHEAD_PREFIX
 
 if TYPE_CHECKING:
     from .engine import VLLMEngine
-
-PHASES = ("rollout",)
 
 
 @dataclass
@@ -61,38 +58,16 @@ def check_run_ahead(options: RunAheadOptions, drafter: str) -> None:
         raise ValueError(f"the vLLM backend runs ahead from the prompt only, not from {options.start!r}")
 
 
-class VLLMRunAhead:
+class VLLMRunAhead(RunAheadWindow):
     """A vLLM engine's run-ahead (see the module): opened on a window of prompts, stepped by the engine."""
 
+    phases = ("rollout",)
+
     def __init__(self, options: RunAheadOptions, engine: VLLMEngine, block_size: int):
-        self.options = options
+        super().__init__(options, "vllm-run-ahead")
         self.engine = engine
         self.block_size = max(1, block_size)
-        self.window: list[WindowPrompt] = []
-        self.phase: str | None = None
-        self.budget = options.budget_tokens
-        self.spent = 0
-        self.per_prompt: dict[Hashable, int] = {}
         self.active: dict[str, _Runner] = {}  # vLLM request id -> runner
-        self.stats = RunAheadStats()
-        self.written: list[tuple[Hashable, list[int], list[int]]] = []
-        self._rng = random.Random(f"vllm-run-ahead/{options.seed}")
-        self._ids = 0
-
-    # ----- the window -----------------------------------------------------------------------------
-
-    def open(self, prompts: Seq[WindowPrompt], phase: str = "rollout", budget_tokens: int | None = None) -> None:
-        """Serve `prompts` during this step's rollouts (phase "rollout", the only one vLLM runs)."""
-        if phase not in PHASES:
-            raise ValueError(f"the vLLM backend runs ahead in phase 'rollout' only, not {phase!r}")
-        self.close()
-        self.window = list(prompts)
-        self.phase = phase
-        self.spent = 0
-        self.budget = self.options.budget_tokens if budget_tokens is None else budget_tokens
-        self.per_prompt = {p.prompt_key: 0 for p in self.window}
-        self.written = []
-        self.stats.windows += 1
 
     def close(self) -> None:
         """Stop serving the window; running run-ahead requests end (their tokens stay in the trees)."""
@@ -175,13 +150,7 @@ class VLLMRunAhead:
             seq.tokens.append(token)
             n += 1
             stopped = self.engine.stops.check(seq) is not None
-        self.spent += n
-        key = runner.prompt.prompt_key
-        self.per_prompt[key] = self.per_prompt.get(key, 0) + n
-        st = self.stats
-        st.tokens += n
-        st.tokens_by_bubble[runner.bubble] += n
-        st.tokens_upcoming += n if runner.prompt.upcoming else 0
+        self._count(runner.prompt, runner.bubble, n)
         if finished or stopped or self.spent >= self.budget or seq.num_generated >= self.options.tokens_per_sequence:
             self._end(request_id, abort=not finished)
 
