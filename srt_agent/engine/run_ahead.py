@@ -27,7 +27,8 @@ and a new weight version drops them all (their KV is stale).
 from __future__ import annotations
 
 import random
-from collections.abc import Hashable, Mapping, Sequence as Seq
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence as Seq
 from dataclasses import dataclass, field, replace
 
 from ..cache.drafter import Drafter, capabilities
@@ -126,6 +127,22 @@ class RunAheadWindow:
 
     def close(self) -> None:
         raise NotImplementedError
+
+    def _ranked(
+        self, live_keys: set[Hashable], running: Iterable[WindowPrompt], prefill: Callable[[WindowPrompt], int]
+    ) -> list[WindowPrompt]:
+        """Window prompts that may get a new sequence now, fewest run-ahead tokens (done, `running` and to
+        `prefill`) first; the current step's only while `live_keys` holds theirs."""
+        counts = Counter(p.prompt_key for p in running)
+        ranked = []
+        for index, prompt in enumerate(self.window):
+            key = prompt.prompt_key
+            if not prompt.upcoming and key not in live_keys:
+                continue
+            load = self.per_prompt.get(key, 0) + counts[key] * self.options.tokens_per_sequence + prefill(prompt)
+            ranked.append((load, index, prompt))
+        ranked.sort(key=lambda r: r[:2])
+        return [prompt for *_, prompt in ranked]
 
     def _count(self, prompt: WindowPrompt, bubble: str, n: int) -> None:
         """`n` more run-ahead tokens of `prompt`, generated in `bubble`."""
@@ -300,22 +317,13 @@ class RunAhead(RunAheadWindow):
         return real + [r.seq for r in self.active]
 
     def _eligible(self) -> list[WindowPrompt]:
-        """Window prompts that may get a new sequence now, fewest run-ahead tokens (done, running and
-        to prefill) first; the current step's only while their group has a live request."""
-        live_keys = {s.prompt_key for s in self.sequences.values()}
-        running: dict[Hashable, int] = {}
-        for r in self.active:
-            running[r.prompt.prompt_key] = running.get(r.prompt.prompt_key, 0) + 1
-        ranked = []
-        for index, prompt in enumerate(self.window):
-            if not prompt.upcoming and prompt.prompt_key not in live_keys:
-                continue
-            key = prompt.prompt_key
-            _, shared = self._kv_source(prompt.prompt_ids)
-            load = self.per_prompt.get(key, 0) + running.get(key, 0) * self.options.tokens_per_sequence
-            ranked.append((load + len(prompt.prompt_ids) - shared, index, prompt))
-        ranked.sort(key=lambda r: r[:2])
-        return [prompt for *_, prompt in ranked]
+        """Window prompts that may get a new sequence now (see `_ranked`; the prefill counts what no live
+        sequence's KV covers)."""
+        return self._ranked(
+            {s.prompt_key for s in self.sequences.values()},
+            (r.prompt for r in self.active),
+            lambda p: len(p.prompt_ids) - self._kv_source(p.prompt_ids)[1],
+        )
 
     def _context(self, prompt: WindowPrompt) -> list[int]:
         """Where a new sequence of `prompt` starts: the prompt, or a branch point of its rollouts."""

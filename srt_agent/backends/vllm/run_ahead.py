@@ -173,21 +173,8 @@ class VLLMRunAhead(RunAheadWindow):
         return {seq.prompt_key for seq in self.engine.calls.values()}
 
     def _eligible(self) -> list[WindowPrompt]:
-        """Window prompts that may get a new request now, fewest run-ahead tokens (done and running) first;
-        the current step's only while one of their turns is live."""
-        live = self._live_keys()
-        running: dict[Hashable, int] = {}
-        for r in self.active.values():
-            running[r.prompt.prompt_key] = running.get(r.prompt.prompt_key, 0) + 1
-        ranked = []
-        for index, prompt in enumerate(self.window):
-            if not prompt.upcoming and prompt.prompt_key not in live:
-                continue
-            key = prompt.prompt_key
-            load = self.per_prompt.get(key, 0) + running.get(key, 0) * self.options.tokens_per_sequence
-            ranked.append((load, index, prompt))
-        ranked.sort(key=lambda r: r[:2])
-        return [prompt for *_, prompt in ranked]
+        """Window prompts that may get a new request now (see `_ranked`)."""
+        return self._ranked(self._live_keys(), (r.prompt for r in self.active.values()), lambda p: 0)
 
     def _prefill(self, prompt: WindowPrompt) -> int:
         """Tokens vLLM would prefill for `prompt`: the last partial block when a live turn shares it (the
