@@ -25,18 +25,32 @@ for them. Their outputs stop here: no caller, trajectory, log-prob or training b
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence as Seq
+from collections.abc import Hashable, Mapping, Sequence as Seq
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ...config import RunAheadOptions
 from ...engine.cost_model import ForwardCostModel
+from ...engine.params import SamplingParams
 from ...engine.run_ahead import RunAheadWindow, WindowPrompt
 from ...engine.sequence import Sequence
+from ...engine.stops import StopChecker
 from .settings import RUN_AHEAD_PREFIX
 
-if TYPE_CHECKING:
-    from .engine import VLLMEngine
+
+class RunAheadHost(Protocol):
+    """What run-ahead needs of the engine it runs in (:class:`~.engine.VLLMEngine`)."""
+
+    max_batch: int
+    calls: Mapping[str, Sequence]  # the real turns running, by request id
+    held: Mapping[str, list[int]]  # finished turns of trajectories that are not over
+    stops: StopChecker
+
+    def proposer(self) -> Any: ...
+
+    def add_run_ahead(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None: ...
+
+    def abort_run_ahead(self, request_id: str) -> None: ...
 
 
 @dataclass
@@ -63,7 +77,7 @@ class VLLMRunAhead(RunAheadWindow):
 
     phases = ("rollout",)
 
-    def __init__(self, options: RunAheadOptions, engine: VLLMEngine, block_size: int):
+    def __init__(self, options: RunAheadOptions, engine: RunAheadHost, block_size: int):
         super().__init__(options, "vllm-run-ahead")
         self.engine = engine
         self.block_size = max(1, block_size)
