@@ -110,7 +110,10 @@ class VLLMRunAhead(RunAheadWindow):
         allowed = 0 if bubble is None else self._rows_allowed(cost, real)
         while len(self.active) > allowed:  # real turns came (or the bubble closed): they go first
             self._end(next(reversed(self.active)), abort=True)
-            self.stats.preempted += 1
+            if real:
+                self.stats.preempted += 1
+            else:
+                self.stats.dropped += 1
         if bubble is None:
             return
         limit = (1 + self.options.slack) * cost.predict(real, real) if real else 0.0
@@ -125,7 +128,7 @@ class VLLMRunAhead(RunAheadWindow):
                 break
             if not real and extra and extra + prefill > self.options.max_prefill_tokens:
                 break
-            self._start(eligible[0], bubble)
+            self._start(eligible[0], bubble, prefill)
             extra += prefill - 1
         if self.active:
             rows = real + len(self.active)
@@ -199,7 +202,7 @@ class VLLMRunAhead(RunAheadWindow):
         )
         return (n % self.block_size or self.block_size) if shared else n
 
-    def _start(self, prompt: WindowPrompt, bubble: str) -> None:
+    def _start(self, prompt: WindowPrompt, bubble: str, prefill: int) -> None:
         self._ids += 1
         rid = f"{RUN_AHEAD_PREFIX}{self._ids}"
         params = replace(prompt.params, max_tokens=self.options.tokens_per_sequence, seed=self._rng.getrandbits(31))
@@ -209,7 +212,7 @@ class VLLMRunAhead(RunAheadWindow):
         )
         self.active[rid] = _Runner(prompt, seq, bubble)
         self.stats.sequences += 1
-        self.stats.prefill_tokens += self._prefill(prompt)
+        self.stats.prefill_tokens += prefill
 
     def _end(self, request_id: str, abort: bool) -> None:
         runner = self.active.pop(request_id)
