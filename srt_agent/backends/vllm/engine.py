@@ -168,7 +168,11 @@ class VLLMEngine:
         self.calls: dict[str, Sequence] = {}  # the running turns (one vLLM request each) by our request id
         self.held: dict[str, list[int]] = {}  # finished requests' tokens (a next turn's forced tokens)
         self.totals = VLLMStats()
-        self.run_ahead = VLLMRunAhead(run_ahead, self, block_size or 16) if run_ahead is not None else None
+        self.run_ahead = (
+            VLLMRunAhead(run_ahead, self, self.llm.vllm_config.cache_config.block_size, self._proposer)
+            if run_ahead is not None
+            else None
+        )
 
     # ----- requests -------------------------------------------------------------------------------
 

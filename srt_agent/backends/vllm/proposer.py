@@ -266,14 +266,8 @@ class SRTProposer:
     def _begin(self, rid: str, row: int, context_len: int, token_ids: np.ndarray) -> _Request:
         """First sight of a request: continue a held turn its context extends, else start its prompt's tree."""
         context = token_ids[row, :context_len].tolist()
-        if rid.startswith(RUN_AHEAD_PREFIX):  # run-ahead: a sequence of its prompt's tree, evicted first
-            req = _Request(self._next_id, prompt_key(context), context, context_len, run_ahead=True)
-            self._next_id += 1
-            self._start_tree(req, context)
-            self._stats["run_ahead_requests"] += 1
-            self._active[rid] = req
-            return req
-        claimed = self.turns.claim(context, max_overshoot=2 * (self.k + 1))
+        ahead = rid.startswith(RUN_AHEAD_PREFIX)  # run-ahead: a sequence of its prompt's tree, evicted first
+        claimed = None if ahead else self.turns.claim(context, max_overshoot=2 * (self.k + 1))
         if claimed is not None:
             cache_id, shared, held_len = claimed
             req = self._held.pop(cache_id)
@@ -289,12 +283,13 @@ class SRTProposer:
         else:
             num_prompt = int(self._batch.num_prompt_tokens[row])
             prompt = context[:num_prompt]
-            req = _Request(self._next_id, prompt_key(prompt), prompt, context_len)
+            req = _Request(self._next_id, prompt_key(prompt), prompt, context_len, run_ahead=ahead)
             self._next_id += 1
             self._start_tree(req, prompt)
-        self._stats["requests"] += 1
+        self._stats["run_ahead_requests" if ahead else "requests"] += 1
         self._active[rid] = req
-        self._start_global(req, rid)
+        if not ahead:
+            self._start_global(req, rid)
         return req
 
     def _start_tree(self, req: _Request, prompt: list[int]) -> None:

@@ -46,8 +46,6 @@ class RunAheadHost(Protocol):
     held: Mapping[str, list[int]]  # finished turns of trajectories that are not over
     stops: StopChecker
 
-    def proposer(self) -> Any: ...
-
     def add_run_ahead(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None: ...
 
     def abort_run_ahead(self, request_id: str) -> None: ...
@@ -77,10 +75,11 @@ class VLLMRunAhead(RunAheadWindow):
 
     phases = ("rollout",)
 
-    def __init__(self, options: RunAheadOptions, engine: RunAheadHost, block_size: int):
+    def __init__(self, options: RunAheadOptions, engine: RunAheadHost, block_size: int, proposer: Any = None):
         super().__init__(options, "vllm-run-ahead")
         self.engine = engine
-        self.block_size = max(1, block_size)
+        self.block_size = max(1, block_size)  # vLLM's KV block: its prefix cache shares whole blocks
+        self.proposer = proposer  # SRT's proposer in this process: its learned step cost prices the rows
         self.active: dict[str, _Runner] = {}  # vLLM request id -> runner
 
     def close(self) -> None:
@@ -106,15 +105,15 @@ class VLLMRunAhead(RunAheadWindow):
         if self.phase is not None:
             self.stats.real_rows += real
         bubble = self._bubble(real)
-        cost = self._cost()
-        allowed = 0 if bubble is None else self._rows_allowed(cost, real)
+        cost = self._cost() if bubble is not None else None
+        allowed = 0 if cost is None else self._rows_allowed(cost, real)
         while len(self.active) > allowed:  # real turns came (or the bubble closed): they go first
             self._end(next(reversed(self.active)), abort=True)
             if real:
                 self.stats.preempted += 1
             else:
                 self.stats.dropped += 1
-        if bubble is None:
+        if cost is None:
             return
         limit = (1 + self.options.slack) * cost.predict(real, real) if real else 0.0
         extra = 0  # prefill tokens this step beyond one row per started request
@@ -183,7 +182,7 @@ class VLLMRunAhead(RunAheadWindow):
 
     def _cost(self) -> Any:
         """The proposer's learned step cost (vLLM's own steps), else its prior."""
-        cost = getattr(self.engine.proposer(), "cost", None)
+        cost = getattr(self.proposer, "cost", None)
         return cost if cost is not None else ForwardCostModel()
 
     def _live_keys(self) -> set[Hashable]:
