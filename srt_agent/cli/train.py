@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from .common import app, bad_input, console, preload_for_vllm, reported
+from .quiet import LOG_NAME, third_party_output_to
 
 
 @app.command()
@@ -42,6 +43,11 @@ def train(
         help="GB the run may plan for (all its processes); it refuses to start above (default: the config's "
         "train.max_memory_gb, else the machine's available memory).",
     ),
+    verbose: bool = typer.Option(
+        False,
+        "--verbose",
+        help=f"Show what libraries print (vLLM, transformers, ...) instead of logging it to OUT/{LOG_NAME}.",
+    ),
 ):
     """RL training: ReTool cold start, then GRPO / DAPO / PPO with SRT rollouts (the main job)."""
     from ..config import load_env_config
@@ -66,17 +72,18 @@ def train(
                 if out.name != config.name:
                     console.print(f"runs/{config.name} holds an earlier run: this one goes to {out}", highlight=False)
             out = out or run_folder(resume)
-            trainer = Trainer(
-                config,
-                out,
-                steps=steps,
-                compare=names,
-                resume=resume,
-                model=model,
-                cold_start=cold_start,
-                console=console,
-            )
-            report = trainer.run()
+            with third_party_output_to(out / LOG_NAME, console, verbose):
+                trainer = Trainer(
+                    config,
+                    out,
+                    steps=steps,
+                    compare=names,
+                    resume=resume,
+                    model=model,
+                    cold_start=cold_start,
+                    console=console,
+                )
+                report = trainer.run()
     except KeyboardInterrupt:
         console.print(interrupted_line(out), highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
