@@ -140,8 +140,33 @@ def test_a_three_turn_session_sends_each_earlier_token_once(server, url):
     assert out.model_extra["prompt_token_ids"] == server.tokenizer.encode(
         render_prompt(server.tokenizer, edited), add_special_tokens=False
     )
+    (reason,) = httpx.get(f"{url}/sessions/three-turns").json()["branch_reasons"]
+    assert reason == out.model_extra["srt"]["branch_reason"] and "message 2" in reason
     branches = server.end_session("three-turns")
     assert len(branches) == 2 and branches[0].prompt_ids + branches[0].response_ids == final
+    assert branches[0].branch_reason is None and branches[1].branch_reason == reason
+
+
+def test_a_client_that_stores_its_reply_with_the_stop_string_keeps_one_session(tiny, url):
+    """As smolagents does with `</code>`: ask for a stop string, store the reply with it appended (and
+    stripped, as text parts); the session extends every turn (here the stop string is one the random model
+    samples often, so that every turn ends on it)."""
+    c = client(f"{url}/sessions/stop-appended/v1")
+    messages = [{"role": "system", "content": "Write code."}, {"role": "user", "content": "Add 2 and 3."}]
+    outs = []
+    for k in range(4):
+        out = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, seed=k, stop=["e"])
+        text = out.choices[0].message.content
+        assert out.choices[0].finish_reason == "stop" and not text.endswith("e")
+        sampled = tiny.tokenizer.decode(out.choices[0].token_ids, skip_special_tokens=True)
+        assert sampled.startswith(text + "e")  # the turn ended on the stop string, which the sampled tokens hold
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": (text + "e").strip()}]})
+        messages.append({"role": "user", "content": f"Observation:\n{k}"})
+        outs.append(out.model_extra["srt"])
+    assert [s["new_branch"] for s in outs] == [True, False, False, False]
+    recorded = httpx.get(f"{url}/sessions/stop-appended").json()
+    assert len(recorded["branches"]) == 1 and recorded["branch_reasons"] == []
+    assert recorded["branches"][0]["num_turns"] == 4
 
 
 def test_streaming_returns_the_same_tokens_as_not_streaming(url):

@@ -252,6 +252,7 @@ class RolloutServer:
             "session": session.sid,
             "kind": session.kind,
             "branches": [t.to_json() for t in session.branches],
+            "branch_reasons": [t.branch_reason for t in session.branches[1:]],
             "messages": session.messages,
         }
 
@@ -391,6 +392,7 @@ class RolloutServer:
                     sample_index=0,
                     prompt_ids=list(turn.prompt_ids),
                     finish_reason="done",
+                    branch_reason=turn.reason if session.branches else None,
                 )
             )
             session.broken = None
@@ -416,14 +418,15 @@ class RolloutServer:
         session.closed_by_eos = self._decode(last, False) if last and last[0] in self.eos_token_ids else None
         return out
 
-    def _shown(self, out: RequestOutput, params: SamplingParams, req: _Sampling, skip_special: bool) -> str:
-        """The reply's text as the client sees it: cut before the stop string unless it asked to keep it."""
+    def _shown(self, out: RequestOutput, req: _Sampling, skip_special: bool) -> tuple[str, str | None]:
+        """The reply's text as the client sees it (cut before the stop string unless it asked to keep it), and
+        the stop string cut from it (None when nothing was cut)."""
         text = self._decode(list(out.token_ids), skip_special)
         if out.finish_reason == "stop" and isinstance(out.stop_reason, str) and not req.include_stop_str_in_output:
             at = text.find(out.stop_reason)
             if at >= 0:
-                text = text[:at]
-        return text
+                return text[:at], out.stop_reason
+        return text, None
 
     def _srt(self, session: Session, sid: str | None, turn: Turn, out: RequestOutput) -> dict:
         m = out.metrics
@@ -471,13 +474,12 @@ class RolloutServer:
             turn = session.plan_chat(self.tokenizer, messages, tools, self._encode)
             params = self._params(req, req.max_completion_tokens or req.max_tokens, session, turn)
             out = await self._generate(session, turn, params)
-            content = self._shown(out, params, req, skip_special=True)
+            content, cut = self._shown(out, req, skip_special=True)
             calls = []
             if tools:  # the reply's tool calls as OpenAI's, the rest as its content
                 content, calls = parse_tool_calls(content, lambda: f"call_{uuid.uuid4().hex[:24]}")
             reply = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
-            session.kind, session.tools = "chat", tools
-            session.messages = messages + [reply]
+            session.record_chat(turn, messages, tools, reply, cut)
             session.current.messages = [dict(m) for m in session.messages]
             if not session.current.prompt:
                 session.current.prompt = [dict(m) for m in messages]
@@ -557,7 +559,7 @@ class RolloutServer:
             turn = session.plan_completion(prompt, self._encode)
             params = self._params(req, req.max_tokens, session, turn)
             out = await self._generate(session, turn, params)
-            text = self._shown(out, params, req, skip_special=False)
+            text, _ = self._shown(out, req, skip_special=False)
             if turn.new_branch:
                 session.text = prompt if isinstance(prompt, str) else self._decode(turn.prompt_ids, False)
             elif isinstance(prompt, str):

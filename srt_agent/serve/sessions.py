@@ -3,11 +3,18 @@
 A session holds the token list the backend has seen so far (prompt, sampled tokens, tokens the server
 inserted from later messages) as a :class:`~srt_agent.agent.trajectory.Trajectory`, and the chat messages
 (or completion text) that token list stands for, as the client was shown them. A request *extends* the
-session when its messages are the session's messages (the assistant replies exactly as returned) plus new
-ones: only the new messages' tokens are appended (the chat template's suffix for added turns, see
-:func:`srt_agent.agent.chat.added_turns_text`) and the same backend request continues with the full token
-list, so no earlier token is ever re-tokenized. Any other request starts a new *branch*: a fresh render of
-its messages under a new backend request id, recorded as a new trajectory, and the response says so.
+session when its messages are the session's messages plus new ones: only the new messages' tokens are
+appended (the chat template's suffix for added turns, see :func:`srt_agent.agent.chat.added_turns_text`)
+and the same backend request continues with the full token list, so no earlier token is ever re-tokenized.
+
+Agent libraries re-send the assistant's replies in their own way, so a reply counts as the one returned
+when it differs only by what cannot change the tokens the model sampled (:func:`reply_difference`): the
+stop string that ended the turn added back (the sampled tokens hold it), surrounding whitespace, content as
+a list of text parts, tool calls re-serialized (same names and parsed arguments; ids may be rewritten) and
+extra fields (``name``, ``refusal``, ``reasoning_content``, ``annotations``, ``audio``). The session keeps
+its own messages and tokens either way. Any other request starts a new *branch*: a fresh render of its
+messages under a new backend request id, recorded as a new trajectory with the reason, which the response,
+``GET /sessions/{sid}`` and the run's report show.
 """
 
 from __future__ import annotations
@@ -102,11 +109,53 @@ def parse_tool_calls(text: str, call_id: Callable[[], str]) -> tuple[str, list[d
     return "".join(kept).strip(), calls
 
 
-def _same(sent: dict, kept: dict) -> bool:
-    """Whether a message the client sent again is the one the session holds (assistant replies by their text)."""
+def _calls(calls) -> list:
+    """Tool calls as (name, arguments) pairs, arguments parsed from their JSON text where they are JSON."""
+    out = []
+    for call in calls or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            out.append(call)
+            continue
+        args = function.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                pass
+        out.append((function.get("name"), args))
+    return out
+
+
+def reply_difference(sent: dict, kept: dict, stop: str | None = None) -> str | None:
+    """Why `sent` is not the session's assistant reply `kept` as returned, or None when it is: the same text
+    up to surrounding whitespace (or that text with `stop`, the stop string cut from it, added back) and the
+    same tool calls by name and parsed arguments; other fields are ignored."""
+    if sent["role"] != "assistant":
+        return f"a {sent['role']} message where the session holds the assistant's reply"
+    text = sent["content"].strip()
+    if text not in {kept["content"].strip(), (kept["content"] + (stop or "")).strip()}:
+        return f"the assistant's text differs from the reply as returned: {_excerpt(sent['content'])}"
+    if _calls(sent.get("tool_calls")) != _calls(kept.get("tool_calls")):
+        return "the assistant's tool calls differ from the reply's (names or arguments)"
+    return None
+
+
+def message_difference(sent: dict, kept: dict, stop: str | None = None) -> str | None:
+    """Why a message the client sent again is not the one the session holds, or None when it is (assistant
+    replies as :func:`reply_difference` compares them, other messages exactly)."""
     if kept["role"] == "assistant":
-        return sent["role"] == "assistant" and sent["content"] == kept["content"]
-    return sent == kept
+        return reply_difference(sent, kept, stop)
+    if sent == kept:
+        return None
+    if sent["role"] != kept["role"]:
+        return f"a {sent['role']} message where the session holds a {kept['role']} message"
+    fields = sorted(k for k in sent.keys() | kept.keys() if sent.get(k) != kept.get(k))
+    return f"the {kept['role']} message's {', '.join(fields)} differ"
+
+
+def _excerpt(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 @dataclass
@@ -119,6 +168,7 @@ class Turn:
     forced_ids: list[int]
     new_branch: bool
     reason: str | None = None
+    kept: int = 0  # chat: how many of the session's messages the request extends (0 on a new branch)
 
 
 @dataclass
@@ -131,6 +181,7 @@ class Session:
     branches: list[Trajectory] = field(default_factory=list)
     kind: str | None = None  # "chat" or "completion"
     messages: list[dict] = field(default_factory=list)  # chat: the messages the tokens render
+    cut: dict[int, str] = field(default_factory=dict)  # chat: reply index -> the stop string cut from its text
     tools: list | None = None
     text: str = ""  # completions: the text the client was shown so far
     closed_by_eos: str | None = None  # text of the end-of-turn token that ended the last reply, if one did
@@ -163,25 +214,44 @@ class Session:
 
     def plan_chat(self, tokenizer, messages: list[dict], tools: list | None, encode: Callable) -> Turn:
         """The turn for a chat request with `messages` (normalized); see the module docstring."""
-        reason = self._why_new("chat")
+        reason = self._why_new("chat") or self._chat_difference(messages, tools)
         if reason is None:
             n = len(self.messages)
-            if (tools or None) != self.tools:
-                reason = "the tools differ from the session's"
-            elif len(messages) <= n or not all(_same(s, k) for s, k in zip(messages[:n], self.messages)):
-                reason = "the messages do not extend the session's conversation (its messages and replies as returned)"
-            elif any(m["role"] == "assistant" for m in messages[n:]):
-                reason = "the added messages hold an assistant message the server did not write"
+            try:
+                suffix = added_turns_text(tokenizer, messages[n:], self.closed_by_eos, tools)
+            except ValueError as exc:
+                reason = str(exc)
             else:
-                try:
-                    suffix = added_turns_text(tokenizer, messages[n:], self.closed_by_eos, tools)
-                except ValueError as exc:
-                    reason = str(exc)
-                else:
-                    forced = encode(suffix)
-                    return Turn(self.current.request_id, self.tokens + forced, forced, False)
+                forced = encode(suffix)
+                return Turn(self.current.request_id, self.tokens + forced, forced, False, kept=n)
         prompt = encode(render_prompt(tokenizer, messages, tools))
         return Turn(self._request_id(), prompt, [], True, reason)
+
+    def _chat_difference(self, messages: list[dict], tools: list | None) -> str | None:
+        """Why `messages` (with `tools`) do not extend the session's conversation, or None when they do."""
+        n = len(self.messages)
+        if (tools or None) != self.tools:
+            return "the tools differ from the session's"
+        for i, (sent, kept) in enumerate(zip(messages, self.messages)):
+            why = message_difference(sent, kept, self.cut.get(i))
+            if why is not None:
+                return f"the messages do not extend the session's conversation: message {i}: {why}"
+        if len(messages) <= n:
+            return f"the messages do not extend the session's conversation: {len(messages)} sent, {n} held"
+        if any(m["role"] == "assistant" for m in messages[n:]):
+            return "the added messages hold an assistant message the server did not write"
+        return None
+
+    def record_chat(self, turn: Turn, messages: list[dict], tools: list | None, reply: dict, cut: str | None) -> None:
+        """After a chat turn: the conversation its tokens stand for. An extended session keeps its own messages
+        (replies as it returned them) and appends the new ones; a new branch holds the request's messages.
+        `cut` is the stop string left out of the reply's text (the sampled tokens hold it)."""
+        if turn.new_branch:
+            self.cut = {}
+        self.messages = self.messages[: turn.kept] + messages[turn.kept :] + [reply]
+        if cut:
+            self.cut[len(self.messages) - 1] = cut
+        self.kind, self.tools = "chat", tools
 
     def plan_completion(self, prompt: str | list[int], encode: Callable) -> Turn:
         """The turn for a completion request: `prompt` extends the session when it starts with the session's
