@@ -291,17 +291,30 @@ class VLLMOptions(_Strict):
     """How the vLLM backend runs (``engine.backend: vllm``)."""
 
     speculative_tokens: int = Field(8, ge=1, description="draft tokens per step (srt, ngram, suffix)")
-    enforce_eager: bool = Field(True, description="skip torch.compile (start-up in seconds instead of minutes)")
+    enforce_eager: bool | None = Field(
+        None,
+        description="skip torch.compile and CUDA graphs; null: on a CPU (start-up in seconds instead of minutes, and "
+        "compiled was no faster at batch 1), off on a GPU (CUDA graphs make its decode steps fast)",
+    )
     kv_cache_gib: float | None = Field(
         None,
         gt=0,
         description="KV cache per engine in GiB; null: sized from the job (max_batch sequences of max_context "
-        "tokens); VLLM_CPU_KVCACHE_SPACE in the environment (whole GiB) overrides both",
+        "tokens); VLLM_CPU_KVCACHE_SPACE in the environment (whole GiB) overrides both. On a GPU the KV is what "
+        "gpu_memory_utilization leaves after the weights, and this is the least it must hold (checked at start)",
+    )
+    gpu_memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="vLLM's share of the GPU's total memory (weights, activations, KV); null: the free memory less "
+        "the trainer's reserve (16 bytes a parameter for its gradients, AdamW's moments and a reference or master "
+        "copy, and a fifth of the card for its activations); set it to share a GPU among several engines",
     )
     threads: int | None = Field(
         None,
         ge=1,
-        description="CPUs vLLM's OpenMP threads bind to (default: all this process may use but one, which "
+        description="CPUs vLLM's OpenMP threads bind to, on a CPU (default: all this process may use but one, which "
         "the agent side needs: the controller, the tokenizer and the sandboxed tool runs)",
     )
     block_size: int | None = Field(

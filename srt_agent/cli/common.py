@@ -27,8 +27,9 @@ def preload_for_vllm() -> None:
     import os
 
     from ..backends.vllm import preload_env, vllm_missing
+    from ..backends.vllm.device_settings import cpu_build
 
-    if Path(sys.argv[0]).name != "srt-agent" or vllm_missing():
+    if Path(sys.argv[0]).name != "srt-agent" or vllm_missing() or not cpu_build():  # a GPU vLLM: no CPU preloads
         return
     env = preload_env()
     if env is not None:

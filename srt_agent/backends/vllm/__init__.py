@@ -18,6 +18,8 @@ One concept a module (``vllm`` itself is imported lazily, so every module here i
 * ``seams.py``: every name in vLLM srt-agent hooks or calls, declared once, and the checks of them.
 * ``settings.py``: the environment variables that carry srt-agent's settings to vLLM's processes.
 * ``step_cost.py``: the proposer's measured step cost; ``kv_cache.py``: the KV cache an engine is given.
+* ``device_settings.py``: what an engine starts with on this device (``vllm_settings(facts, ...)``, pure: dtype,
+  the GPU share or the CPU's threads and KV size; ``device_facts(model_dir)`` reads the device).
 * ``cpu.py``: ``cpu_env(threads, kv_cache_gib, in_process)``, the ``VLLM_*`` settings of a CPU engine, and
   ``preload_env()``, the environment to re-exec with so libiomp5 and tcmalloc are preloaded.
 * ``workers.py``: calls into a started engine's workers: ``srt_proposer(llm)`` (the live proposer of an

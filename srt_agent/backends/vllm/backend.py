@@ -87,7 +87,7 @@ class VLLMBackend(AsyncEngine[VLLMEngine]):
 
     def describe(self) -> str:
         e = self.engine
-        return f"vLLM {vllm_version()} (float32, {e.device.type}, started in {e.startup_s:.0f} s)"
+        return f"vLLM {vllm_version()} ({e.settings.summary}, started in {e.startup_s:.0f} s)"
 
     def close(self) -> None:
         super().close()
@@ -185,6 +185,8 @@ def vllm_backend(config, loaded, drafter: str | None = None, run_ahead=None) -> 
         block_size=e.vllm.block_size,
         proposer_options=e.vllm.proposer,
         run_ahead=run_ahead,
+        dtype=getattr(e, "dtype", "auto"),
+        gpu_memory_utilization=e.vllm.gpu_memory_utilization,
     )
     return VLLMBackend(engine)
 

@@ -18,8 +18,10 @@ as in our engine, so a seeded request emits the same tokens whatever was drafted
 engine emits on the same weights (up to float32 near-ties). With ``exact_sampling=False`` vLLM's own
 sampler runs: a seeded request gets a vLLM seed derived from its seed and its prompt length (each turn
 draws fresh noise), and at T > 0 tokens with and without speculation agree in distribution only.
-The model runs in float32. New weights go in place through the worker's ``reload_weights`` (names of the
-Hugging Face state dict) and empty the prefix cache; the SRT proposer's trees stay.
+The device decides the rest (``device_settings.py``): on a CPU float32 and vLLM's CPU thread binding; on
+a GPU ``engine.dtype`` (bfloat16 under ``auto``), CUDA graphs and a share of the card that leaves room for
+the trainer. New weights go in place through the worker's ``reload_weights`` (names of the Hugging Face
+state dict) and empty the prefix cache; the SRT proposer's trees stay.
 """
 
 from __future__ import annotations
@@ -40,8 +42,11 @@ from ...engine.params import RequestOutput, SamplingParams, check_prompt
 from ...engine.sequence import Sequence
 from ...engine.stops import StopChecker
 from .availability import VLLMUnavailable, VLLMUnsupported, vllm_missing, vllm_version
+from .device_settings import VLLMSettings, apply_env
 from .run_ahead import VLLMRunAhead, check_run_ahead
-from .speculative import check_drafter
+from .settings import EXACT_SAMPLING_ENV
+from .speculative import check_drafter, speculative_config
+from .workers import check_runner
 
 
 def turn_seed(seed: int | None, prompt_len: int) -> int | None:
@@ -84,13 +89,15 @@ class VLLMEngine:
         max_batch: int = 32,
         max_context: int = 2048,
         speculative_tokens: int = 8,
-        enforce_eager: bool = True,
+        enforce_eager: bool | None = None,
         kv_cache_gib: float = 2.0,
         threads: int | None = None,
         exact_sampling: bool = True,
         block_size: int | None = 32,
         proposer_options: Mapping[str, Any] | None = None,
         run_ahead: RunAheadOptions | None = None,
+        dtype: str = "auto",
+        gpu_memory_utilization: float | None = None,
     ):
         check_drafter(drafter)
         if run_ahead is not None:
@@ -98,34 +105,11 @@ class VLLMEngine:
         missing = vllm_missing()
         if missing:
             raise VLLMUnavailable(missing)
-        from .cpu import cpu_env
-        from .plugin import register
-        from .seams import installed_summary
-        from .settings import EXACT_SAMPLING_ENV, V2_RUNNER_ENV
-        from .speculative import speculative_config
-        from .workers import check_runner
+        from .device_settings import device_facts, vllm_settings
 
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up chatter would bury the run's own lines
-        warnings.filterwarnings("ignore", message=".*reduce_op.*", category=FutureWarning)  # vLLM's kernel scan
-        if threads is None:  # leave a CPU to the agent side: a parallel region stalls whenever a thread is preempted
-            threads = max(1, len(os.sched_getaffinity(0)) - 1) if hasattr(os, "sched_getaffinity") else None
-        for key, value in cpu_env(threads, kv_cache_gib, in_process=True).items():
-            if key == "VLLM_ENABLE_V1_MULTIPROCESSING":
-                os.environ[key] = value  # the live proposer and the weight reload need the worker here
-            elif key != "VLLM_CPU_KVCACHE_SPACE":  # whole GiB only: kv_cache_memory_bytes below takes any size
-                os.environ.setdefault(key, value)
-        # Only vLLM's V1 model runner calls custom proposers and the runner's _sample (V2, the GPU default, has
-        # neither): chosen here, checked in the worker once it runs (check_runner).
-        os.environ[V2_RUNNER_ENV] = "0"
-        set_num_threads, exact_before = torch.set_num_threads, os.environ.get(EXACT_SAMPLING_ENV)
-        os.environ[EXACT_SAMPLING_ENV] = "1" if exact_sampling else "0"  # read when this engine's runner is built
-        register()  # the CPU temperature fix, exact sampling and the proposer's seam, in this process (the worker's)
-        moved = installed_summary()
-        if moved:
-            raise VLLMUnsupported(f"this vLLM ({vllm_version()}) moved what srt-agent hooks: {moved}")
-        from vllm import EngineArgs
-        from vllm.v1.engine.llm_engine import LLMEngine
-
+        self.settings = vllm_settings(
+            device_facts(model_dir), dtype, kv_cache_gib, threads, enforce_eager, gpu_memory_utilization
+        )
         self.drafter_name = drafter
         self.exact_sampling = exact_sampling
         self.max_batch, self.max_context = max_batch, max_context
@@ -133,12 +117,11 @@ class VLLMEngine:
         self.eos_token_ids = sorted(eos_token_ids)
         self.vocab_size = len(tokenizer)
         started = time.perf_counter()
-        args = EngineArgs(
+        self.llm = _start_engine(
+            exact_sampling,
             model=str(model_dir),
-            dtype="float32",
             max_model_len=max_context,
             max_num_seqs=max_batch,
-            enforce_eager=enforce_eager,
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=True,
             speculative_config=speculative_config(drafter, speculative_tokens, **dict(proposer_options or {})),
@@ -146,14 +129,9 @@ class VLLMEngine:
             seed=0,
             async_scheduling=False if exact_sampling else None,
             block_size=block_size,
-            kv_cache_memory_bytes=int(kv_cache_gib * 2**30),  # VLLM_CPU_KVCACHE_SPACE, where set, overrides it
             use_tqdm_on_load=False,
+            settings=self.settings,
         )
-        try:
-            self.llm = LLMEngine.from_engine_args(args)
-        finally:  # vLLM's CPU worker disables it process-wide; the trainer and our engine still need it
-            torch.set_num_threads = set_num_threads
-            _restore_env(EXACT_SAMPLING_ENV, exact_before)  # other engines in this process choose for themselves
         try:
             check_runner(self.llm, exact_sampling=exact_sampling, srt=drafter == "srt")
         except RuntimeError:
@@ -374,6 +352,30 @@ class VLLMEngine:
         shutdown = getattr(self.llm.engine_core, "shutdown", None)
         if shutdown is not None:
             shutdown()
+
+
+def _start_engine(exact_sampling: bool, settings: VLLMSettings, **engine_args: Any):
+    """vLLM's LLMEngine in this process with `settings` (the device's) and `engine_args`, srt-agent's plugin
+    registered first (the CPU temperature fix, exact sampling and the proposer's seam)."""
+    from vllm import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    from .plugin import register
+    from .seams import installed_summary
+
+    warnings.filterwarnings("ignore", message=".*reduce_op.*", category=FutureWarning)  # vLLM's kernel scan
+    apply_env(settings)
+    set_num_threads, exact_before = torch.set_num_threads, os.environ.get(EXACT_SAMPLING_ENV)
+    os.environ[EXACT_SAMPLING_ENV] = "1" if exact_sampling else "0"  # read when this engine's runner is built
+    try:
+        register()  # in this process, which is the worker's
+        moved = installed_summary()
+        if moved:
+            raise VLLMUnsupported(f"this vLLM ({vllm_version()}) moved what srt-agent hooks: {moved}")
+        return LLMEngine.from_engine_args(EngineArgs(**engine_args, **settings.engine_args))
+    finally:  # vLLM's CPU worker disables it process-wide; the trainer and our engine still need it
+        torch.set_num_threads = set_num_threads
+        _restore_env(EXACT_SAMPLING_ENV, exact_before)  # other engines in this process choose for themselves
 
 
 def _restore_env(key: str, value: str | None) -> None:

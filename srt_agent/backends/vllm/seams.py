@@ -146,7 +146,8 @@ SEAMS: tuple[Seam, ...] = (
         "vllm.engine.arg_utils",
         "EngineArgs",
         "model dtype max_model_len max_num_seqs enforce_eager logprobs_mode enable_prefix_caching speculative_config"
-        " disable_log_stats seed async_scheduling block_size use_tqdm_on_load",
+        " disable_log_stats seed async_scheduling block_size use_tqdm_on_load kv_cache_memory_bytes"
+        " gpu_memory_utilization",
         "the backend passes it to EngineArgs",
     ),
     *_attrs(
