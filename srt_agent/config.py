@@ -402,7 +402,11 @@ class TrainConfig(_Strict):
     micro_batch_tokens: int = Field(
         768, ge=64, description="packed tokens per forward/backward (attention is dense within one)"
     )
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="the update's compute dtype: weights and AdamW's state stay float32; bfloat16 runs the "
+        "forward and backward passes under autocast",
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig)
     # policy loss
     adv_estimator: str | None = Field(

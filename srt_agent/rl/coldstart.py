@@ -25,12 +25,14 @@ from ..datasets import arithmetic_tasks
 from ..models import LoadedModel, cache_root
 from .batch import Sample, trajectory_sample
 from .evaluate import ToolUseReport
-from .policy import Policy
+from .policy import Policy, autocast_dtype
 from .progress import Phase, no_bar
 from .sft import sft_epochs
 from .traces import load_message_traces, procedural_traces, turn_end_token
 
-COLD_START_VERSION = 1
+#: 2: ``train.dtype: bfloat16`` trains under autocast over float32 weights (1 kept bfloat16 weights, whose
+#: updates rounded away: its bfloat16 cold starts taught nothing and must not be reused)
+COLD_START_VERSION = 2
 
 
 class ColdStartError(RuntimeError):
@@ -83,14 +85,23 @@ class ColdStartResult:
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
-    """A cheap digest of a model's weights (shapes, sums and a strided sample of every tensor)."""
-    h = hashlib.sha256()
+    """A cheap digest of a model's weights (dtype, shapes, sums and a strided sample of every tensor),
+    computed where the weights live and copied to the host once."""
+    items = sorted(model.state_dict().items())
+    sums, samples = [], []
     with torch.no_grad():
-        for name, tensor in sorted(model.state_dict().items()):
-            flat = tensor.detach().reshape(-1).double()
-            sample = flat[:: max(1, flat.numel() // 64)]
-            h.update(f"{name}{tuple(tensor.shape)}{float(flat.sum()):.10e}".encode())
-            h.update(sample.numpy().tobytes())
+        for _, tensor in items:
+            flat = tensor.detach().reshape(-1)
+            sums.append(flat.sum(dtype=torch.float64))
+            samples.append(flat[:: max(1, flat.numel() // 64)].double())
+        host = torch.cat([torch.stack(sums), *samples]).cpu() if items else torch.zeros(0)
+    h = hashlib.sha256()
+    offset = len(items)
+    for i, (name, tensor) in enumerate(items):
+        n = len(samples[i])
+        h.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}{float(host[i]):.10e}".encode())
+        h.update(host[offset : offset + n].numpy().tobytes())
+        offset += n
     return h.hexdigest()[:16]
 
 
@@ -111,6 +122,7 @@ def cold_start_key(config: EnvConfig, loaded: LoadedModel) -> str:
         "interpreter": config.interpreter.model_dump(),
         "lora": config.train.lora.model_dump(),
         "dtype": config.train.dtype,
+        "engine_dtype": str(loaded.dtype),  # the held-out reports were generated in it
         "micro_batch_tokens": config.train.micro_batch_tokens,
         "temperature": config.sampling.temperature,
         "max_tokens": [config.max_turns, config.max_tokens_per_turn, config.max_response_tokens],
@@ -218,7 +230,9 @@ def run_cold_start(
     tokens = sum(s.trained_tokens for s in samples)
     log(f"cold start: {len(samples)} traces, {tokens} trained tokens, {sum(len(s) for s in samples)} tokens in all")
     cs, train = config.cold_start, config.train
-    policy = Policy(loaded.model, config.sampling.temperature, train.lora, dtype=getattr(torch, train.dtype), copy=copy)
+    policy = Policy(
+        loaded.model, config.sampling.temperature, train.lora, copy=copy, compute_dtype=autocast_dtype(train)
+    )
     with phase("cold start SFT", None, "loss {task.fields[loss]:.3f}", loss=float("nan")) as update:
         history = sft_epochs(
             policy,

@@ -4,6 +4,11 @@
 ``softmax(logits / temperature)`` (the distribution the engine samples from), the entropy and the value
 estimate. :meth:`Policy.engine_weights` gives the plain model's weights (LoRA merged) for
 ``Engine.update_weights``: the engine gets the new policy in memory, with no disk round trip.
+
+Mixed precision keeps float32 master weights (and so float32 AdamW moments) and runs the decoder under
+``torch.autocast`` in the compute dtype (``train.dtype: bfloat16``), on CPU and CUDA alike: an update of
+lr 1e-6 lands on a float32 weight, where bfloat16's resolution (about 1.2e-4 at 0.02) would round it
+away. The LM head and the value head run in the weights' dtype, so log-probs keep float32 precision.
 """
 
 from __future__ import annotations
@@ -14,12 +19,19 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import ConfigError, EnvConfig, LoraConfig
+from ..config import ConfigError, EnvConfig, LoraConfig, TrainConfig
 from .algorithms import entropy_from_logits
 from .batch import MicroBatch
 
 # pyproject.toml has no extra of its own for peft (the `test` extra pins it): the package is named.
 PEFT_MISSING = "train.lora.rank > 0 trains LoRA adapters through peft, which is not installed: pip install 'peft>=0.13'"
+#: the dtype of the trained weights and so of the optimizer's state, whatever the compute dtype
+MASTER_DTYPE = torch.float32
+
+
+def autocast_dtype(train: TrainConfig) -> torch.dtype | None:
+    """The dtype ``train.dtype`` runs the forward and backward passes in under autocast (None: the weights')."""
+    return None if train.dtype == "float32" else getattr(torch, train.dtype)
 
 
 def require_peft(lora: LoraConfig | None) -> None:
@@ -44,8 +56,9 @@ class Scores:
 
 
 class Policy:
-    """A causal LM being trained: its own copy of `model`, or (``copy=False``, full fine-tuning in `model`'s
-    dtype) `model` itself, when nothing else runs on it (vLLM serves the rollouts from its own copy)."""
+    """A causal LM being trained: its own copy of `model` in `dtype`, or (``copy=False``, full fine-tuning
+    in `model`'s dtype) `model` itself, when nothing else runs on it (vLLM serves the rollouts from its
+    own copy). `compute_dtype`: the decoder runs under autocast in it (the weights stay in `dtype`)."""
 
     def __init__(
         self,
@@ -53,12 +66,15 @@ class Policy:
         temperature: float = 1.0,
         lora: LoraConfig | None = None,
         value_head: bool = False,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype = MASTER_DTYPE,
         copy: bool = True,
+        compute_dtype: torch.dtype | None = None,
     ):
         if temperature <= 0:
             raise ValueError("training needs a sampling temperature > 0 (log-probs of a greedy policy are undefined)")
         self.temperature = temperature
+        self.dtype = dtype
+        self.compute_dtype = compute_dtype if compute_dtype != dtype else None
         self.lora = lora if lora is not None and lora.rank > 0 else None
         require_peft(self.lora)
         shared = not copy and self.lora is None and all(p.dtype == dtype for p in model.parameters())
@@ -80,7 +96,7 @@ class Policy:
             self.model = base
         self.base = base  # the plain HF model (holds the LoRA layers when peft wraps it)
         hidden = base.config.hidden_size
-        self.value_head = torch.nn.Linear(hidden, 1, dtype=dtype) if value_head else None
+        self.value_head = torch.nn.Linear(hidden, 1, dtype=dtype, device=self.device) if value_head else None
         if self.value_head is not None:
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
@@ -100,16 +116,17 @@ class Policy:
         `reference=True` scores with the LoRA adapters disabled (the frozen starting policy).
         """
         disable = self.model.disable_adapter() if reference and self.lora is not None else nullcontext()
+        device = self.device
         with disable:
-            inner = self.base.get_decoder()
-            device = self.device
-            out = inner(
-                input_ids=batch.input_ids.to(device),
-                position_ids=batch.position_ids.to(device),
-                attention_mask=self._mask(batch),
-                use_cache=False,
-            )
-            hidden = out.last_hidden_state[0, batch.targets.to(device)]
+            with self._autocast():
+                out = self.base.get_decoder()(
+                    input_ids=batch.input_ids.to(device),
+                    position_ids=batch.position_ids.to(device),
+                    attention_mask=self._mask(batch),
+                    use_cache=False,
+                )
+            # The heads run in the weights' dtype: bfloat16 logits would blur every log-prob by ~0.05.
+            hidden = out.last_hidden_state[0, batch.targets.to(device)].to(self.dtype)
             logits = self.base.get_output_embeddings()(hidden)
             logits = (logits if logits.dtype == torch.float64 else logits.float()) / self.temperature
         # log p(token) = logit - logsumexp(logits): no full [tokens, vocab] log-softmax is kept.
@@ -127,6 +144,11 @@ class Policy:
         values = self.value_head(hidden).squeeze(-1) if self.value_head is not None else None
         return Scores(token_logp, ent, values)
 
+    def _autocast(self) -> torch.autocast:
+        """Autocast to the compute dtype on the weights' device (off without a compute dtype)."""
+        enabled = self.compute_dtype is not None
+        return torch.autocast(self.device.type, dtype=self.compute_dtype if enabled else None, enabled=enabled)
+
     def _mask(self, batch: MicroBatch) -> torch.Tensor | None:
         """The micro-batch's mask in the form the model's attention implementation takes."""
         if batch.attention_mask is None:
@@ -134,24 +156,29 @@ class Policy:
         mask = batch.attention_mask.to(self.device)
         if getattr(self.base.config, "_attn_implementation", "sdpa") in ("sdpa", "flex_attention"):
             return mask
-        dtype = next(self.base.parameters()).dtype
+        dtype = self.compute_dtype or next(self.base.parameters()).dtype
         return torch.zeros(mask.shape, dtype=dtype, device=self.device).masked_fill(~mask, torch.finfo(dtype).min)
 
     @property
     def device(self) -> torch.device:
         return next(self.base.parameters()).device
 
-    def engine_weights(self) -> dict[str, torch.Tensor]:
-        """The plain model's state dict (LoRA merged in), float32, detached copies."""
+    def engine_weights(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+        """The plain model's state dict (LoRA merged in), detached copies with floating-point tensors in
+        `dtype` (the engine's: it receives no wider copy than it keeps)."""
+
+        def copy(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.detach().to(dtype if tensor.is_floating_point() else tensor.dtype, copy=True)
+
         if self.lora is None:
-            return {k: v.detach().float().clone() for k, v in self.base.state_dict().items()}
+            return {k: copy(v) for k, v in self.base.state_dict().items()}
         self.model.merge_adapter()
         try:
             state = {}
             for name, tensor in self.base.state_dict().items():
                 if "lora_" in name:
                     continue
-                state[name.replace(".base_layer.", ".")] = tensor.detach().float().clone()
+                state[name.replace(".base_layer.", ".")] = copy(tensor)
             return state
         finally:
             self.model.unmerge_adapter()
@@ -177,14 +204,19 @@ def build_policy(config: EnvConfig, model: torch.nn.Module, copy: bool = True):
     (with LoRA the adapters off serve as it); a value head when its estimator needs values.
     ``copy=False``: the policy trains `model` itself where it can (see :class:`Policy`)."""
     train = config.train
-    dtype = getattr(torch, train.dtype)
+    compute = autocast_dtype(train)
     reference = None
     if train.needs_reference and (train.lora is None or train.lora.rank == 0):  # copied before training changes it
-        reference = Policy(model, config.sampling.temperature, dtype=dtype)
+        reference = Policy(model, config.sampling.temperature, compute_dtype=compute)
         for p in reference.parameters():
             p.requires_grad_(False)
     policy = Policy(
-        model, config.sampling.temperature, train.lora, value_head=train.estimator.needs_values, dtype=dtype, copy=copy
+        model,
+        config.sampling.temperature,
+        train.lora,
+        value_head=train.estimator.needs_values,
+        copy=copy,
+        compute_dtype=compute,
     )
     optimizer = adamw(policy.parameters(), lr=train.lr, weight_decay=train.weight_decay)
     warmup = train.warmup_steps * train.mini_batches * train.ppo_epochs
