@@ -349,6 +349,11 @@ class EngineConfig(_Strict):
     vllm: VLLMOptions = Field(default_factory=VLLMOptions)
     drafter: str = "srt"
     device: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "float64"] = Field(
+        "auto",
+        description="what the rollout engine computes in; auto: bfloat16 on a CUDA GPU that supports it, "
+        "else the dtype the model was loaded in (float32)",
+    )
     max_batch: int = Field(32, ge=1)
     max_context: int = Field(2048, ge=16)
     calibrate: bool = Field(True, description="measure step costs at start-up (sizes drafts from the first step)")

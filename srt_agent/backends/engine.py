@@ -100,6 +100,7 @@ def engine_backend(config, loaded, drafter: str | None = None, run_ahead=None) -
         run_ahead=run_ahead,
         prefix_sharing=e.prefix_sharing,
         prefix_cache_tokens=e.prefix_cache_tokens,
+        dtype=e.dtype,
     )
     return EngineBackend(engine)
 

@@ -43,3 +43,26 @@ def detect_device(device: torch.device) -> DeviceInfo:
     return DeviceInfo(
         "cpu", name, torch.get_num_threads(), torch.backends.cpu.get_cpu_capability(), [f for f in wanted if f in flags]
     )
+
+
+#: the names ``engine.dtype`` takes (``auto`` resolves by device, see :func:`resolve_engine_dtype`)
+ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
+
+
+def resolve_engine_dtype(name: str, device: torch.device | str, loaded: torch.dtype | None = None) -> torch.dtype:
+    """The dtype rollouts run in for ``engine.dtype`` `name` on `device` (shared by every backend).
+
+    ``auto``: bfloat16 on a CUDA GPU that supports it (``torch.cuda.is_bf16_supported``); elsewhere the
+    dtype the model was loaded in (`loaded`: float32 from ``load_model``), or float32 when not given. A GPU
+    without bfloat16 stays in float32 (float16 overflows on models trained in bfloat16): name float16 to
+    choose it. Any other name is that dtype.
+    """
+    if name not in ENGINE_DTYPES:
+        raise ValueError(f"unknown engine dtype {name!r}; choose one of {', '.join(ENGINE_DTYPES)}")
+    if name != "auto":
+        return getattr(torch, name)
+    device = torch.device(device)
+    # A branch on the device is the point of `auto`: the fast dtype differs between CPU and GPU.
+    if device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return loaded if loaded is not None else torch.float32

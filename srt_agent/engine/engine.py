@@ -26,8 +26,9 @@ from ..cache import keys
 from ..cache.draft import Draft
 from ..cache.drafter import Drafter
 from ..config import EngineConfig
-from ..models import LoadedModel, resolve_device
+from ..models import LoadedModel, cast_weights, resolve_device
 from .cost_model import ForwardCostModel
+from .device_info import resolve_engine_dtype
 from .drafting import Drafting, resolve_drafter
 from .model_runner import Chunk, ModelRunner
 from .params import RequestOutput, SamplingParams, check_prompt
@@ -74,6 +75,9 @@ class Engine:
     With `prefix_sharing`, a new sequence copies the KV of its longest cached prefix (another sequence's
     slot, or blocks of `prefix_block_size` tokens kept in a pool of `prefix_cache_tokens` tokens) and
     prefills only the rest (`prefix_sharing.py`, `prefix_cache.py`).
+
+    `dtype` (a dtype or an ``engine.dtype`` name such as ``auto``) casts the model in place before the
+    engine starts (it runs on the module it is given); None keeps the dtype it was loaded in.
     """
 
     def __init__(
@@ -92,6 +96,7 @@ class Engine:
         prefix_sharing: bool = DEFAULTS.prefix_sharing,
         prefix_block_size: int = 16,
         prefix_cache_tokens: int = DEFAULTS.prefix_cache_tokens,
+        dtype: str | torch.dtype | None = None,
     ):
         if max_batch < 1 or max_context < 2 or max_draft_tokens < 0:
             raise ValueError("need max_batch >= 1, max_context >= 2 and max_draft_tokens >= 0")
@@ -99,6 +104,9 @@ class Engine:
             raise ValueError("need prefix_block_size >= 1 and prefix_cache_tokens >= 0")
         self.loaded = model
         self.device = resolve_device(device)
+        if dtype is not None:
+            target = dtype if isinstance(dtype, torch.dtype) else resolve_engine_dtype(dtype, self.device, model.dtype)
+            cast_weights(model.model, target)
         drafter = resolve_drafter(drafter)
         self.max_context = max_context
         self.max_draft_tokens = max_draft_tokens

@@ -231,6 +231,22 @@ def load_model(
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=f"{kind}:{hf_dir}", eos_token_ids=eos)
 
 
+def cast_weights(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """Cast `model`'s parameters and state-dict buffers to `dtype` in place. Buffers outside the state dict
+    keep theirs: they are computed, not loaded (rotary ``inv_freq``: rounded to bfloat16, its angles drift
+    by radians over a long context)."""
+    kept = [
+        (module, name, buffer)
+        for module in model.modules()
+        for name, buffer in module._buffers.items()
+        if buffer is not None and name in module._non_persistent_buffers_set
+    ]
+    model.to(dtype)
+    for module, name, buffer in kept:
+        module._buffers[name] = buffer
+    return model
+
+
 def tiny_random_model(
     arch: str = "llama",
     vocab_size: int = 256,

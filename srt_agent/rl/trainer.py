@@ -30,6 +30,7 @@ from ..agent.trajectory import Trajectory
 from ..backends import VLLM_IDENTICAL_NOTE
 from ..cache import DRAFTERS, LENIENT_DRAFTERS, RolloutCache
 from ..config import ConfigError, EnvConfig, load_env_config
+from ..engine.device_info import resolve_engine_dtype
 from ..models import LoadedModel, load_model
 from .batch import Sample
 from .checkpoint import (
@@ -146,6 +147,7 @@ class Trainer:
         self._step_runs: dict[str, list[RolloutRun]] = {}
         self.memory: dict = {}  # peak and plan (GB), once the run has ended
         self.exact: dict[str, bool] = {}  # per variant: whether its backend samples exactly (once the run starts)
+        self.engine_dtype = torch.float32  # what the engines compute in, and so receive weights in (once loaded)
 
     @property
     def compared(self) -> list[str]:
@@ -183,6 +185,7 @@ class Trainer:
         tasks = cfg.dataset.tasks()
         if not tasks:
             raise ConfigError("dataset: no tasks")
+        self.engine_dtype = resolve_engine_dtype(cfg.engine.dtype, self.loaded.device, self.loaded.dtype)
         own_copies, on_module = planned_engines(cfg, self.loaded, self.variants)
         plan = plan_memory(
             cfg, self.loaded.model, vllm_engines=own_copies, policy_copies_model=on_module > 0, our_engines=on_module
@@ -315,7 +318,7 @@ class Trainer:
                 f"[yellow]step {step}: no group carries a learning signal (all rewards equal); update skipped[/yellow]"
             )
         t0 = time.perf_counter()
-        rollouts.update_weights(parts.policy.engine_weights())
+        rollouts.update_weights(parts.policy.engine_weights(self.engine_dtype))
         rollouts.end_step()
         metrics["timing_s/update_weights"] = time.perf_counter() - t0
         metrics["timing_s/step"] += time.perf_counter() - t_start
@@ -497,7 +500,7 @@ class Trainer:
         for name, path in caches.items():
             if name in parts.rollouts.controllers:
                 parts.rollouts.restore_cache(name, RolloutCache.load(path))
-        parts.rollouts.update_weights(parts.policy.engine_weights())
+        parts.rollouts.update_weights(parts.policy.engine_weights(self.engine_dtype))
         self._log(f"resumed from step {state['step']} ({self.resume})")
         return int(state["step"])
 
