@@ -23,6 +23,7 @@ quantizing every linear agreed with the float model's sampled token (same Gumbel
 from __future__ import annotations
 
 import copy
+import importlib.util
 import warnings
 
 import torch
@@ -30,6 +31,10 @@ import torch
 from .device_info import DeviceInfo
 
 SCHEMES = ("int8", "int4", "fp8")
+TORCHAO_MISSING = (
+    "the self and srt+self drafters quantize the policy to {scheme} on CUDA with torchao, which is not "
+    "installed: pip install torchao (or choose another engine.drafter)"
+)
 FLOAT_LINEARS = ("down_proj", "mlp.c_proj", "dense_4h_to_h", "fc2", "w2")  # MLP output projections by name
 
 
@@ -55,6 +60,8 @@ def check_scheme(scheme: str, device: torch.device) -> None:
         raise ValueError("this PyTorch build has no x86/fbgemm quantized kernels for int8 drafting")
     if scheme != "int8" and device.type != "cuda":
         raise ValueError(f"{scheme} quantization needs a CUDA device")
+    if scheme != "int8" and importlib.util.find_spec("torchao") is None:
+        raise ValueError(TORCHAO_MISSING.format(scheme=scheme))
 
 
 @torch.no_grad()
@@ -78,8 +85,10 @@ def quantized_copy(model: torch.nn.Module, scheme: str) -> torch.nn.Module:
             PerRow,
             quantize_,
         )
-    except ImportError as exc:
-        raise ValueError(f"the {scheme} drafter needs torchao (pip install torchao): {exc}") from None
+    except ImportError as exc:  # check_scheme refuses a missing torchao; this one lacks the API used here
+        raise ValueError(
+            f"the {scheme} drafter needs torchao's quantization API (pip install -U torchao): {exc}"
+        ) from None
     if scheme == "int4":
         clone.to(torch.bfloat16)
         config = Int4WeightOnlyConfig(group_size=128)

@@ -1,0 +1,27 @@
+"""The drafters that cannot run without torchao (the self drafters on CUDA) are refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from srt_agent.engine.quantize import check_scheme
+from srt_agent.engine.self_drafter import SelfDrafter
+from srt_agent.models import tiny_random_model
+
+
+@pytest.mark.parametrize("scheme", ["int4", "fp8"])
+def test_the_cuda_self_drafter_without_torchao_is_refused_in_one_line(monkeypatch, scheme):
+    """On CUDA the self drafters quantize with torchao; without it the engine refuses at start. The device
+    is only named (nothing runs on it), so this holds on a CPU-only machine."""
+    import srt_agent.engine.quantize as quantize
+
+    real = quantize.importlib.util.find_spec
+    monkeypatch.setattr(quantize.importlib.util, "find_spec", lambda name: None if name == "torchao" else real(name))
+    with pytest.raises(ValueError) as err:
+        check_scheme(scheme, torch.device("cuda"))
+    line = str(err.value)
+    assert "\n" not in line and "torchao" in line and "pip install torchao" in line
+    model = tiny_random_model("llama", seed=0, dtype=torch.float32).model
+    with pytest.raises(ValueError, match="pip install torchao"):
+        SelfDrafter(scheme).attach(model, torch.device("cuda"), 1, 32, calibrate=False)
