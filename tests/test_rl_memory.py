@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +12,15 @@ from rl_envs import tiny_env_file
 from srt_agent.backends.vllm.kv_cache import job_kv_bytes, kv_bytes_per_token, kv_cache_gib
 from srt_agent.config import ConfigError, load_env_config
 from srt_agent.models import load_tokenizer, tiny_random_model
-from srt_agent.rl.memory import GB, MemoryMeter, MemoryPlan, check_plan, memory_line, plan_memory
+from srt_agent.rl.memory import (
+    GB,
+    VLLM_RUNTIME_BYTES,
+    MemoryMeter,
+    MemoryPlan,
+    check_plan,
+    memory_line,
+    plan_memory,
+)
 from srt_agent.rl.policy import Policy, build_policy
 from srt_agent.rl.trainer import Trainer
 
@@ -105,3 +114,48 @@ def test_train_refuses_a_plan_over_max_memory_before_any_engine_starts(tmp_path,
     config = load_env_config(tiny_env_file(tmp_path), ["train.max_memory_gb=0.01"])
     with pytest.raises(ConfigError, match=r"^this run needs about .* more than train.max_memory_gb = 0.01 GB"):
         Trainer(config, tmp_path / "run", loaded=tiny).run()
+
+
+def test_on_a_gpu_the_plan_counts_the_device_and_refuses_what_it_cannot_hold(tmp_path):
+    """A CUDA run's plan, made on this CPU-only machine: ``device`` names where the run computes and
+    ``device_free`` is a test double for the memory the GPU can give the process."""
+    tiny = tiny_random_model("llama", seed=0, tokenizer=load_tokenizer("smollm2"), dtype=torch.float32)
+    config = load_env_config(tiny_env_file(tmp_path), ["train.kl_coef=0.1", "engine.dtype=bfloat16"])
+    params = sum(p.numel() for p in tiny.model.parameters())
+    plan = plan_memory(
+        config, tiny.model, vllm_engines=0, policy_copies_model=True, now=0, our_engines=1, device="cuda:0"
+    )
+    assert plan.device == "cuda:0" and not plan.parts  # the host keeps the process (`now`) only
+    gpu = plan.device_parts
+    assert gpu["model (bfloat16)"] == 2 * params  # our engine runs the loaded model, cast to engine.dtype
+    assert gpu["policy (a copy of the model)"] == gpu["reference policy"] == gpu["gradients"] == 4 * params
+    assert gpu["AdamW moments"] == 8 * params  # float32 moments whatever train.dtype says
+    (kv_part,) = [k for k in gpu if k.startswith("our engine's KV cache")]
+    e, c = config.engine, tiny.model.config
+    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 2
+    assert gpu[kv_part] == per_token * (e.max_batch * (e.max_context + 17) + e.prefix_cache_tokens)
+    assert plan.as_dict()["cuda:0 total"] == round(plan.device_total / GB, 2)
+    check_plan(plan, None, available=int(20 * GB), device_free=plan.device_total)  # fits exactly
+    with pytest.raises(ConfigError) as err:
+        check_plan(plan, None, available=int(20 * GB), device_free=plan.device_total - 1)
+    line = str(err.value)
+    assert "\n" not in line and " GB on cuda:0 (" in line and "GB it can have there" in line
+    assert "AdamW moments" in line and "engine.max_batch" in line
+    # vLLM serves its own copy in engine.dtype; the policy trains the loaded float32 model in place
+    served = plan_memory(config, tiny.model, vllm_engines=1, policy_copies_model=False, now=0, device="cuda")
+    assert served.parts == {"vLLM runtime": VLLM_RUNTIME_BYTES}
+    assert served.device_parts["vLLM weights (1 engine)"] == 2 * params
+    assert served.device_parts["model (float32)"] == 4 * params
+    assert "policy (a copy of the model)" not in served.device_parts
+
+
+def test_train_refuses_a_gpu_plan_that_does_not_fit_before_any_engine_starts(tmp_path, tiny, monkeypatch):
+    import srt_agent.rl.memory as memory
+    import srt_agent.rl.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "PolicyRollouts", None)  # starting an engine would fail the test
+    # the run plans as on a GPU; the GPU's capacity is a test double (1 MB)
+    monkeypatch.setattr(trainer_module, "plan_memory", functools.partial(memory.plan_memory, device="cuda"))
+    monkeypatch.setattr(memory, "device_capacity_bytes", lambda device: 10**6)
+    with pytest.raises(ConfigError, match=r"^this run needs about .* GB on cuda \(.*more than the 0.0 GB it can have"):
+        Trainer(load_env_config(tiny_env_file(tmp_path)), tmp_path / "run", loaded=tiny).run()

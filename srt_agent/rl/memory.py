@@ -1,9 +1,11 @@
 """A training run's memory: the plan before it starts (what each part will hold), the peak while it runs.
 
 :func:`plan_memory` adds up what a run of a config will hold on top of what the process holds now (the
-loaded model, torch): each vLLM engine's weights and KV cache, the trainer's policy, gradients, AdamW
-moments and activations. :func:`check_plan` refuses a plan the machine (or ``train.max_memory_gb``)
-cannot hold, in one line that says what to change. :class:`MemoryMeter` samples the RSS of the process
+loaded model, torch): each engine's weights and KV cache, the trainer's policy, gradients, AdamW
+moments and activations. On a CPU all of it is host memory; on a GPU those parts live on the device
+(counted in full, the loaded model included) and the host keeps the process and vLLM's runtime.
+:func:`check_plan` refuses a plan the machine (or ``train.max_memory_gb``) or the GPU cannot hold, in
+one line that names the figures and what to change. :class:`MemoryMeter` samples the RSS of the process
 and every process it started (sandboxed tool runs included) while the run goes, and keeps the peak.
 """
 
@@ -20,7 +22,9 @@ import torch
 
 from ..backends.vllm.kv_cache import kv_bytes_per_token, kv_cache_gib
 from ..config import ConfigError
+from ..engine.device_info import resolve_engine_dtype
 from ..engine.packed_linear import available_memory_bytes
+from .policy import MASTER_DTYPE
 
 if TYPE_CHECKING:
     from ..backends import Registered
@@ -65,48 +69,74 @@ def planned_engines(config, loaded, variants) -> tuple[int, int]:
 
 @dataclass
 class MemoryPlan:
-    """Bytes per part of a run, on top of `now` (what the process holds when the plan is made)."""
+    """Bytes per part of a run: host `parts` on top of `now` (what the process holds when the plan is
+    made), and `device_parts` in full on `device` (a GPU; empty on a CPU)."""
 
     now: int
     parts: dict[str, int] = field(default_factory=dict)
+    device: str = "cpu"
+    device_parts: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
         return self.now + sum(self.parts.values())
 
+    @property
+    def device_total(self) -> int:
+        return sum(self.device_parts.values())
+
     def as_dict(self) -> dict[str, float]:
-        """GB per part (and the total), for report.json."""
+        """GB per part (and the totals), for report.json; device parts are named ``<device>: <part>``."""
         out = {"process before the engines": round(self.now / GB, 2)}
         out.update({name: round(b / GB, 2) for name, b in self.parts.items()})
         out["total"] = round(self.total / GB, 2)
+        if self.device_parts:
+            out.update({f"{self.device}: {name}": round(b / GB, 2) for name, b in self.device_parts.items()})
+            out[f"{self.device} total"] = round(self.device_total / GB, 2)
         return out
 
 
 def plan_memory(
-    config, model, vllm_engines: int, policy_copies_model: bool, now: int | None = None, our_engines: int = 0
+    config,
+    model,
+    vllm_engines: int,
+    policy_copies_model: bool,
+    now: int | None = None,
+    our_engines: int = 0,
+    device: torch.device | str | None = None,
 ) -> MemoryPlan:
     """What a run of env config `config` on `model` (the loaded torch module) will hold at its peak.
 
     `vllm_engines`: vLLM engines alive at once; `policy_copies_model`: the trainer's policy is a copy of
     `model` (our engine serves `model`), not `model` itself; `our_engines`: our engines alive at once (each
-    preallocates its KV cache: every slot at full context, and the prefix cache's block pool)."""
+    preallocates its KV cache: every slot at full context, and the prefix cache's block pool); `device`:
+    where the run computes (default: `model`'s device). Engines hold their weights and KV in the engine's
+    dtype (``engine.dtype``); the trainer float32 weights, gradients and AdamW moments."""
     train, engine = config.train, config.engine
+    loaded_dtype = next(model.parameters()).dtype
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    engine_dtype = resolve_engine_dtype(engine.dtype, device, loaded_dtype)
+    # our engine runs on `model` itself, cast to its dtype; otherwise `model` stays as loaded
+    model_dtype = engine_dtype if our_engines else loaded_dtype
     params = sum(p.numel() for p in model.parameters())
-    weights = 4 * params  # vLLM serves float32
-    trained = params * (2 if train.dtype == "bfloat16" else 4)
-    parts: dict[str, int] = {}
+    weights = params * engine_dtype.itemsize
+    trained = params * MASTER_DTYPE.itemsize
+    host: dict[str, int] = {}
+    on_device = device.type != "cpu"
+    parts: dict[str, int] = {}  # where the weights, KV and trainer state live
+    if on_device:
+        parts[f"model ({_name(model_dtype)})"] = params * model_dtype.itemsize
     if vllm_engines:
         kv = int(kv_cache_gib(model.config, engine) * 2**30)
-        parts["vLLM runtime"] = VLLM_RUNTIME_BYTES
+        host["vLLM runtime"] = VLLM_RUNTIME_BYTES
         parts[f"vLLM weights ({vllm_engines} engine{'s' if vllm_engines > 1 else ''})"] = weights * vllm_engines
         parts[f"vLLM KV cache ({vllm_engines} × {kv / 2**30:.2f} GiB)"] = kv * vllm_engines
         parts["vLLM per-engine overhead"] = VLLM_ENGINE_OVERHEAD_BYTES * vllm_engines
     if our_engines:
-        dtype_bytes = next(model.parameters()).element_size()
         slots = engine.max_batch * (engine.max_context + OUR_TREE_MARGIN) + engine.prefix_cache_tokens
-        kv = kv_bytes_per_token(model.config, dtype_bytes) * slots
+        kv = kv_bytes_per_token(model.config, engine_dtype.itemsize) * slots
         parts[f"our engine's KV cache ({our_engines} × {kv / GB:.2f} GB)"] = kv * our_engines
-    if policy_copies_model or train.lora.rank > 0 or next(model.parameters()).dtype != getattr(torch, train.dtype):
+    if policy_copies_model or train.lora.rank > 0 or model_dtype != MASTER_DTYPE:
         parts["policy (a copy of the model)"] = trained
     if train.needs_reference and train.lora.rank == 0:
         parts["reference policy"] = trained
@@ -114,7 +144,14 @@ def plan_memory(
         parts["gradients"] = trained
         parts["AdamW moments"] = 2 * trained
     parts["activations (one micro-batch)"] = activation_bytes(model.config, train.micro_batch_tokens)
-    return MemoryPlan(int(resource_rss() if now is None else now), parts)
+    now = int(resource_rss() if now is None else now)
+    if on_device:
+        return MemoryPlan(now, host, str(device), parts)
+    return MemoryPlan(now, {**host, **parts})
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def activation_bytes(hf_config, tokens: int) -> int:
@@ -126,9 +163,40 @@ def activation_bytes(hf_config, tokens: int) -> int:
     return 4 * tokens * (layers * (6 * hidden + 2 * inter) + 2 * hf_config.vocab_size)
 
 
-def check_plan(plan: MemoryPlan, max_memory_gb: float | None, available: int | None = None) -> None:
+def check_plan(
+    plan: MemoryPlan, max_memory_gb: float | None, available: int | None = None, device_free: int | None = None
+) -> None:
     """A ConfigError (one line: the plan, the limit, what to change) when `plan` exceeds ``max_memory_gb``
-    or the memory the machine has available beyond what this process already holds."""
+    or the memory the machine has available beyond what this process already holds, or when its device
+    parts exceed what the GPU can give this process (`device_free`; default: :func:`device_capacity_bytes`)."""
+    _check_host(plan, max_memory_gb, available)
+    if not plan.device_parts:
+        return
+    free = device_capacity_bytes(torch.device(plan.device)) if device_free is None else device_free
+    if free is None or plan.device_total <= free:
+        return
+    raise ConfigError(
+        f"this run needs about {plan.device_total / GB:.1f} GB on {plan.device} ({_biggest(plan.device_parts)}), "
+        f"more than the {free / GB:.1f} GB it can have there: lower engine.max_batch or engine.max_context (the KV "
+        "cache) or train.micro_batch_tokens (activations), drop --compare engines, or train LoRA adapters "
+        "(train.lora.rank)"
+    )
+
+
+def device_capacity_bytes(device: torch.device) -> int | None:
+    """What this process can hold on the GPU `device`: its free memory plus what torch's allocator already
+    reserved here (the loaded model: the plan counts it in full). None off CUDA."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device)
+
+
+def _biggest(parts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {b / GB:.1f}" for n, b in sorted(parts.items(), key=lambda kv: -kv[1])[:3])
+
+
+def _check_host(plan: MemoryPlan, max_memory_gb: float | None, available: int | None) -> None:
     if max_memory_gb is not None:  # the user's word: it may say more than the machine has free right now
         limit, what = int(max_memory_gb * GB), f"train.max_memory_gb = {max_memory_gb:g} GB"
     else:
@@ -137,11 +205,10 @@ def check_plan(plan: MemoryPlan, max_memory_gb: float | None, available: int | N
         what = f"the {(free or 0) / GB:.1f} GB this machine has available"
     if limit is None or plan.total <= limit:
         return
-    biggest = sorted(plan.parts.items(), key=lambda kv: -kv[1])[:3]
     raise ConfigError(
-        f"this run needs about {plan.total / GB:.1f} GB ({', '.join(f'{n} {b / GB:.1f}' for n, b in biggest)}), "
-        f"more than {what}: lower engine.max_batch or engine.max_context (the KV cache), drop --compare "
-        f"engines, train LoRA adapters (train.lora.rank) or bfloat16 (train.dtype), or raise --max-memory"
+        f"this run needs about {plan.total / GB:.1f} GB ({_biggest(plan.parts)}), more than {what}: lower "
+        "engine.max_batch or engine.max_context (the KV cache) or train.micro_batch_tokens (activations), drop "
+        "--compare engines, train LoRA adapters (train.lora.rank), or raise --max-memory"
     )
 
 
