@@ -18,7 +18,9 @@ class Trajectory:
     ``num_turns`` counts model turns, ``observations`` the env's answers inserted between them.
     ``prompt`` holds the opening chat messages, ``messages`` the whole conversation (observations included).
     ``finish_reason`` is one of :data:`TRAJECTORY_FINISH_REASONS`.
-    ``branch_reason`` says why a branch of an OpenAI-compatible server's session did not extend the one before it.
+    A session of the OpenAI-compatible server that branched is one rollout of several trajectories: the
+    last carries the reward and holds the earlier ones in ``branches`` (each trains with that reward);
+    ``branch_reason`` says why a branch did not extend the one before it.
     """
 
     request_id: str
@@ -48,6 +50,7 @@ class Trajectory:
     prefill_reused: int = 0  # prompt tokens whose KV came from a shared prefix
     wall_s: float = 0.0
     branch_reason: str | None = None  # why this branch of a server session started (None: the first)
+    branches: list[Trajectory] = field(default_factory=list)  # the session's earlier branches, oldest first
 
     def append(self, token_ids: list[int], logprobs: list[float] | None = None) -> None:
         """Add model tokens (with log-probs) or, when `logprobs` is None, forced tokens."""

@@ -6,10 +6,18 @@ sampling log-probs, the reward and the per-token quantities the algorithm adds (
 old and reference log-probs). :func:`pack` concatenates samples into one row per micro-batch with no
 padding; siblings of a GRPO group share one copy of their prompt (an explicit attention mask lets each
 response see it). Only the rows that predict a trained token go through the LM head.
+
+A rollout may be several samples: a server session that branched (its requests did not all extend one
+token list) gives one sample per branch, all with the rollout's reward. They weigh as one sample of their
+group: only the last (the *lead*) enters an outcome estimator's group statistics and the others take its
+advantage (:func:`share_advantages`); the ``seq-mean`` losses count the rollout as one sequence (its
+branches share a ``seq_index``) and mini-batches keep its branches together (:func:`mini_batches`). With
+``token-mean`` every sampled token of the rollout weighs once, as it would had the session not branched.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -33,6 +41,8 @@ class Sample:
     values: list[float] | None = None
     old_logprobs: list[float] | None = None
     ref_logprobs: list[float] | None = None
+    rollout: Hashable | None = None  # the rollout it is a branch of (None: a rollout of its own)
+    lead: bool = True  # False: an earlier branch of its rollout, which takes the lead sample's advantage
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
@@ -105,11 +115,13 @@ def pack(samples: Sequence[Sample], max_tokens: int, indices: Sequence[int] | No
     response attends to the prompt block and to itself, so the prompt is computed once per micro-batch
     instead of once per sample; gradients are the same as with separate copies. Groups keep their
     first-appearance order; a sample that does not fit starts a new micro-batch (one larger than
-    `max_tokens` gets one of its own). ``seq_index`` numbers samples by their position in `indices`, so
-    the ``seq-mean`` losses of all micro-batches share one numbering.
+    `max_tokens` gets one of its own). ``seq_index`` numbers rollouts by their first position in `indices`
+    (a rollout's branches share one number), so the ``seq-mean`` losses of all micro-batches share one
+    numbering and count a rollout once.
     """
     indices = list(range(len(samples))) if indices is None else list(indices)
-    order = {i: k for k, i in enumerate(indices)}
+    numbers: dict[Hashable, int] = {}
+    order = {i: numbers.setdefault(rollout_key(samples, i), len(numbers)) for i in indices}
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     for i in indices:
         by_prompt.setdefault(tuple(samples[i].prompt_ids), []).append(i)
@@ -189,3 +201,43 @@ def trajectory_sample(traj: Trajectory, group: Hashable = 0) -> Sample:
         reward=traj.reward,
         group=group,
     )
+
+
+def rollout_key(samples: Sequence[Sample], i: int) -> Hashable:
+    """The rollout sample `i` belongs to (its own index when it is a rollout of its own)."""
+    rollout = samples[i].rollout
+    return ("sample", i) if rollout is None else ("rollout", rollout)
+
+
+def count_rollouts(samples: Sequence[Sample], indices: Sequence[int]) -> int:
+    """How many rollouts the samples at `indices` are (a session's branches count once)."""
+    return len({rollout_key(samples, i) for i in indices})
+
+
+def mini_batches(samples: Sequence[Sample], order: Sequence[int], parts: int) -> list[list[int]]:
+    """`order` cut into mini-batches of at most ``ceil(len(order) / parts)`` samples, each rollout's samples
+    together at its first place in `order` (a mini-batch may then run over by the rest of a rollout)."""
+    groups: dict[Hashable, list[int]] = {}
+    for i in order:
+        groups.setdefault(rollout_key(samples, i), []).append(i)
+    size = math.ceil(len(order) / max(parts, 1))
+    batches: list[list[int]] = []
+    for members in groups.values():
+        if not batches or len(batches[-1]) >= size:
+            batches.append([])
+        batches[-1].extend(members)
+    return batches
+
+
+def share_advantages(samples: Sequence[Sample]) -> None:
+    """Give every earlier branch (``lead=False``) its rollout's advantage: the lead sample's at its first
+    trained token (an outcome advantage is the same on all of them), on each of its own trained tokens.
+    As verl's multi-output GRPO does; a branch whose rollout has no lead sample keeps none."""
+    leads = {s.rollout: s for s in samples if s.lead and s.rollout is not None and s.advantages is not None}
+    for s in samples:
+        lead = leads.get(s.rollout) if not s.lead else None
+        if lead is None:
+            continue
+        trained = lead.trained(lead.advantages)
+        value = trained[0] if trained else 0.0
+        s.advantages = s.expand([value] * s.trained_tokens)

@@ -45,13 +45,36 @@ def rollout_metrics(trajectories: Sequence[Trajectory], summary: RolloutSummary)
     out["srt/prefill_computed"] = float(summary.prefill_computed)
     out["srt/prefill_reused"] = float(summary.prefill_reused)
     out["srt/prefill_hit_rate"] = summary.prefill_hit_rate
+    out.update(token_metrics(trajectories))
     return out
+
+
+def token_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Where a step's sampled tokens went: all of them (a server session's every branch included), those of
+    failed rollouts (never trained), and the sessions that branched with their tokens outside the last
+    branch (trained with their session's advantage). The trainer's ``perf/trained_tokens`` is the rest,
+    less the groups dynamic sampling dropped."""
+    branched = [t for t in trajectories if t.branches]
+    return {
+        "rollout/rollouts": float(len(trajectories)),
+        "rollout/sampled_tokens": float(sum(t.model_tokens + _branch_tokens(t) for t in trajectories)),
+        "rollout/error_tokens": float(
+            sum(t.model_tokens + _branch_tokens(t) for t in trajectories if t.finish_reason == "error")
+        ),
+        "rollout/branched_sessions": float(len(branched)),
+        "rollout/branches": float(sum(len(t.branches) for t in branched)),
+        "rollout/branch_tokens": float(sum(_branch_tokens(t) for t in branched)),
+    }
+
+
+def _branch_tokens(traj: Trajectory) -> int:
+    return sum(b.model_tokens for b in traj.branches)
 
 
 def sample_metrics(samples: Sequence[Sample]) -> dict[str, float]:
     """Shaped rewards, advantages, returns and values of the samples that were trained on."""
     out: dict[str, float] = {}
-    out.update(_stats("critic/rewards", [s.reward for s in samples]))
+    out.update(_stats("critic/rewards", [s.reward for s in samples if s.lead]))  # once per rollout
     for name in ("advantages", "returns", "values"):
         values = [v for s in samples if getattr(s, name) is not None for v in s.trained(getattr(s, name))]
         out.update(_stats(f"critic/{name}", values))

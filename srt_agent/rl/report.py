@@ -133,6 +133,41 @@ def _with_interval(r: dict, key: str) -> str:
     return interval_text(key, r.get(key, 0.0), r.get("intervals", {}).get(key))
 
 
+def token_totals(steps: Sequence[dict]) -> dict[str, float]:
+    """Over a run's steps: rollouts, sampled tokens, trained tokens, those of failed rollouts, those of
+    groups dropped by dynamic sampling (or a skipped update), and the sessions that branched with their
+    tokens outside the last branch (trained too)."""
+    total = {
+        key: sum(m.get(f"rollout/{key}", 0.0) for m in steps)
+        for key in ("rollouts", "sampled_tokens", "error_tokens", "branched_sessions", "branch_tokens")
+    }
+    total["trained_tokens"] = sum(m.get("perf/trained_tokens", 0.0) for m in steps)
+    total["filtered_tokens"] = max(total["sampled_tokens"] - total["error_tokens"] - total["trained_tokens"], 0.0)
+    return total
+
+
+def token_text(steps: Sequence[dict]) -> str:
+    """A sentence on where the run's sampled tokens went ("" for a run without the figures)."""
+    t = token_totals(steps)
+    if not t["sampled_tokens"]:
+        return ""
+    rollouts = max(t["rollouts"], 1.0)
+    untrained = [
+        f"{t[key]:,.0f} {why}"
+        for key, why in (("error_tokens", "in failed rollouts"), ("filtered_tokens", "in groups without signal"))
+        if t[key]
+    ]
+    text = (
+        f"trained {t['trained_tokens']:,.0f} of {t['sampled_tokens']:,.0f} sampled tokens "
+        f"({t['trained_tokens'] / rollouts:,.0f} per rollout); "
+        + (f"not trained: {', '.join(untrained)}" if untrained else "none dropped")
+    )
+    return text + (
+        f"; sessions with branches: {t['branched_sessions']:,.0f} of {t['rollouts']:,.0f}, "
+        f"{t['branch_tokens']:,.0f} tokens outside the last branch (trained with their session's advantage)"
+    )
+
+
 def summary_markdown(report: dict) -> str:
     """A short Markdown summary of a run (cold start, RL steps, speedups)."""
     lines = [f"# {report['name']}: {report['algorithm']} with `{report['drafter']}` rollouts", ""]
@@ -175,13 +210,17 @@ def summary_markdown(report: dict) -> str:
                 )
                 if totals.get(f"identical_vs_{d}_note"):
                     lines.append(f"Identical share: {totals[f'identical_vs_{d}_note']}.")
+        tokens = token_text(steps)
+        if tokens:
+            lines.append(f"\nTokens: {tokens}.")
     return "\n".join(lines) + "\n"
 
 
 def story_lines(report: dict) -> list[str]:
     """The run in a few console lines: tool use and accuracy before/after the cold start and before/after
-    RL (95% intervals, and whether the change is beyond them), and the drafter's generation time against
-    each compared one, per step and over first visits and revisits."""
+    RL (95% intervals, and whether the change is beyond them), where the sampled tokens went (trained, or
+    not and why; sessions with branches), and the drafter's generation time against each compared one, per
+    step and over first visits and revisits."""
     lines = []
     pairs = [
         ("cold start", report.get("cold_start") or {}, "before", "after"),
@@ -200,6 +239,9 @@ def story_lines(report: dict) -> list[str]:
             f"[bold]{phase}[/bold] (held-out): " + "; ".join(parts) + (f"; accuracy {verdict}" if verdict else "")
         )
     steps, totals, drafter = report.get("steps", []), report.get("totals", {}), report.get("drafter", "")
+    tokens = token_text(steps)
+    if tokens:
+        lines.append(f"[bold]tokens[/bold]: {tokens}")
     for name in report.get("compare", []):
         per_step = ", ".join(
             f"{m['step']:.0f} {visit_label(m.get('training/revisit', 0.0))} "

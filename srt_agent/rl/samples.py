@@ -1,5 +1,6 @@
-"""A step's training samples: each trajectory's reward (with DAPO's overlong shaping) and the GRPO groups
-that carry a learning signal (DAPO's dynamic sampling keeps only those)."""
+"""A step's training samples: each trajectory's reward (with DAPO's overlong shaping), the samples of its
+branches (a server session that branched trains every branch with that reward), and the GRPO groups that
+carry a learning signal (DAPO's dynamic sampling keeps only those)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,20 @@ def informative_groups(runs: Sequence[RolloutRun], config: EnvConfig) -> set:
     return algorithms.informative_groups(rewards, groups)
 
 
+def rollout_samples(traj: Trajectory, group, rollout, config: EnvConfig) -> list[Sample]:
+    """One rollout's samples: its trajectory and, where its session branched, one per earlier branch, all
+    with the trajectory's shaped reward; the last with a response leads (see :mod:`srt_agent.rl.batch`)."""
+    parts = [t for t in [*traj.branches, traj] if t.response_ids]
+    reward = shaped_reward(traj, config)
+    samples = []
+    for k, part in enumerate(parts):
+        sample = trajectory_sample(part, group=group)
+        sample.reward, sample.lead = reward, k == len(parts) - 1
+        sample.rollout = rollout if len(parts) > 1 else None
+        samples.append(sample)
+    return samples
+
+
 def step_samples(runs: Sequence[RolloutRun], config: EnvConfig) -> tuple[list[Sample], int]:
     """Training samples of the step's rollout rounds (errors dropped; with dynamic sampling only informative
     groups, at most a batch of them), and how many groups were dropped."""
@@ -38,10 +53,8 @@ def step_samples(runs: Sequence[RolloutRun], config: EnvConfig) -> tuple[list[Sa
     samples = []
     for r, run in enumerate(runs):
         for t in run.trajectories:
-            if t.finish_reason != "error" and t.response_ids:
-                sample = trajectory_sample(t, group=(r, t.task_index))
-                sample.reward = shaped_reward(t, config)
-                samples.append(sample)
+            if t.finish_reason != "error":
+                samples += rollout_samples(t, (r, t.task_index), (r, t.task_index, t.sample_index), config)
     groups = list(dict.fromkeys(s.group for s in samples))
     if not train.dynamic_sampling:
         return samples, 0

@@ -16,7 +16,7 @@ import torch
 from ..algorithm_registry import AdvantageEstimator
 from ..config import TrainConfig
 from .algorithms import AdvantageInputs, agg_loss, get_policy_loss_fn, kl_penalty, value_loss
-from .batch import Sample, pack
+from .batch import Sample, count_rollouts, mini_batches, pack, share_advantages
 from .metrics import sample_metrics
 from .policy import Policy
 
@@ -114,15 +114,14 @@ def update_policy(
             order = [trainable[i] for i in torch.randperm(len(trainable), generator=generator).tolist()]
         else:
             order = trainable
-        size = math.ceil(len(order) / cfg.mini_batches)
-        for lo in range(0, len(order), size):
-            chosen = order[lo : lo + size]
+        for chosen in mini_batches(samples, order, cfg.mini_batches):
             num_tokens = sum(samples[i].trained_tokens for i in chosen)
+            num_seqs = count_rollouts(samples, chosen)  # a session's branches are one sequence
             optimizer.zero_grad(set_to_none=True)
             finite = True
             for batch in pack(samples, cfg.micro_batch_tokens, chosen):
                 loss, parts, weight, logprobs = _micro_loss(
-                    policy, samples, batch, cfg, num_tokens, len(chosen), first_pass
+                    policy, samples, batch, cfg, num_tokens, num_seqs, first_pass
                 )
                 if first_pass:
                     for i, lp in batch.split(samples, logprobs):
@@ -258,9 +257,14 @@ def update_step(
 
 def compute_advantages(samples: Sequence[Sample], train: TrainConfig) -> None:
     """Fill every sample's per-token ``advantages`` (and ``returns`` where the estimator gives them) with
-    the registered estimator ``train.adv_estimator`` names."""
+    the registered estimator ``train.adv_estimator`` names.
+
+    A rollout's earlier branches (``lead=False``) stay out of an estimator that needs no values (an outcome
+    estimator's group statistics count each rollout once) and take their lead's advantage; a value-based
+    estimator (GAE) scores every branch as a sequence of its own that ends in the rollout's reward."""
     estimator = train.estimator
-    batch = advantage_inputs(samples, estimator)
+    scored = list(samples) if estimator.needs_values else [s for s in samples if s.lead]
+    batch = advantage_inputs(scored, estimator)
     advantages, returns = estimator.fn(batch, train)
     for name, out in (("advantages", advantages), ("returns", returns)):
         if out is not None and tuple(out.shape) != tuple(batch.mask.shape):
@@ -270,11 +274,13 @@ def compute_advantages(samples: Sequence[Sample], train: TrainConfig) -> None:
             )
     if estimator.needs_values and returns is None:
         raise ValueError(f"adv_estimator {estimator.name!r} needs values but returned no returns to train them on")
-    for i, s in enumerate(samples):
+    for i, s in enumerate(scored):
         n = len(s.response_ids)
         s.advantages = advantages[i, :n].tolist()
         if returns is not None:
             s.returns = returns[i, :n].tolist()
+    if len(scored) < len(samples):
+        share_advantages(samples)
 
 
 def advantage_inputs(samples: Sequence[Sample], estimator: AdvantageEstimator) -> AdvantageInputs:

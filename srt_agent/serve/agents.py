@@ -13,7 +13,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..agent.controller import ToolWaitStats, trajectory_seed
 from ..agent.rollout import RolloutSummary, summarize
@@ -28,12 +28,11 @@ AgentFunction = Callable[[str, Task], Awaitable[float]]
 @dataclass
 class AgentRun:
     """What :func:`run_agents` collected: one trajectory per rollout (ordered by task, then sample: its
-    session's current branch, with the agent's reward), the summary, and the earlier branches of sessions
-    whose requests did not extend their conversation (keyed by the trajectory's index)."""
+    session's last branch, with the agent's reward and the session's earlier branches in ``branches``) and
+    the summary."""
 
     trajectories: list[Trajectory]
     summary: RolloutSummary
-    branches: dict[int, list[Trajectory]] = field(default_factory=dict)
 
 
 def load_agent(spec: str) -> AgentFunction:
@@ -66,9 +65,8 @@ async def run_agents_async(
     and the (task, sample) indices, as the controller's episodes do."""
     start = time.perf_counter()
     limit = asyncio.Semaphore(max_concurrent or len(tasks) * n_samples or 1)
-    branches: dict[int, list[Trajectory]] = {}
 
-    async def one(index: int, task_index: int, sample_index: int) -> Trajectory:
+    async def one(task_index: int, sample_index: int) -> Trajectory:
         task = tasks[task_index]
         async with limit:
             began = time.perf_counter()
@@ -79,16 +77,14 @@ async def run_agents_async(
             except Exception as exc:  # noqa: BLE001 - isolation: one broken agent never stops the batch
                 error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             recorded = server.end_session(sid)
-        if recorded:
-            traj = recorded[-1]
-            if len(recorded) > 1:
-                branches[index] = recorded[:-1]
-        else:
-            traj = Trajectory(request_id=sid, task_index=0, sample_index=0, prompt_ids=[], finish_reason="error")
+        if not recorded:
+            recorded = [Trajectory(request_id=sid, task_index=0, sample_index=0, prompt_ids=[], finish_reason="error")]
             error = error or "the agent made no request"
-        traj.task_index, traj.sample_index = task_index, sample_index
-        traj.ground_truth, traj.data_source = task.ground_truth, task.data_source
-        traj.reward = reward
+        traj = recorded[-1]
+        traj.branches = recorded[:-1]  # every branch is this rollout's: its task, sample and reward
+        for branch in recorded:
+            branch.task_index, branch.sample_index, branch.reward = task_index, sample_index, reward
+            branch.ground_truth, branch.data_source = task.ground_truth, task.data_source
         if not traj.prompt:
             traj.prompt = [dict(m) for m in task.prompt]
         if error is not None:
@@ -99,9 +95,9 @@ async def run_agents_async(
         return traj
 
     pairs = [(t, s) for t in range(len(tasks)) for s in range(n_samples)]
-    trajectories = list(await asyncio.gather(*(one(i, t, s) for i, (t, s) in enumerate(pairs))))
+    trajectories = list(await asyncio.gather(*(one(t, s) for t, s in pairs)))
     summary = summarize(trajectories, ToolWaitStats(), time.perf_counter() - start)
-    return AgentRun(trajectories, summary, branches)
+    return AgentRun(trajectories, summary)
 
 
 def run_agents(
