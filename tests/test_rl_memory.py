@@ -159,3 +159,10 @@ def test_train_refuses_a_gpu_plan_that_does_not_fit_before_any_engine_starts(tmp
     monkeypatch.setattr(memory, "device_capacity_bytes", lambda device: 10**6)
     with pytest.raises(ConfigError, match=r"^this run needs about .* GB on cuda \(.*more than the 0.0 GB it can have"):
         Trainer(load_env_config(tiny_env_file(tmp_path)), tmp_path / "run", loaded=tiny).run()
+
+
+def test_the_closing_line_names_the_gpu_peak_beside_its_plan():
+    report = {"peak_gb": 1.0, "plan_gb": {"total": 2.0, "cuda:0: gradients": 1.0, "cuda:0 total": 3.0}}
+    assert "GPU" not in memory_line(report)  # a CPU run (CUDA never used) has no device peak
+    line = memory_line({**report, "device_peak_gb": 2.5})
+    assert line.endswith("planned 2.0 GB; GPU peak 2.5 GB, planned 3.0 GB")

@@ -296,6 +296,8 @@ class MemoryMeter:
             "peak_main_process_gb": round(max(self.peak_own, peak_self_bytes()) / GB, 2),
             "at": {name: round(b / GB, 2) for name, b in self.marks.items()},
         }
+        if torch.cuda.is_initialized():  # the GPU's high-water mark, as torch's allocator reserved it
+            out["device_peak_gb"] = round(torch.cuda.max_memory_reserved() / GB, 2)
         if plan is not None:
             out["plan_gb"] = plan.as_dict()
         if limit_gb is not None:
@@ -311,4 +313,8 @@ def memory_line(report: Mapping) -> str:
         text += f"; planned {plan['total']:.1f} GB"
     if report.get("max_memory_gb") is not None:
         text += f", limit {report['max_memory_gb']:g} GB"
+    device_total = next((v for k, v in (plan or {}).items() if k.endswith(" total") and k != "total"), None)
+    if report.get("device_peak_gb") is not None:
+        text += f"; GPU peak {report['device_peak_gb']:.1f} GB"
+        text += f", planned {device_total:.1f} GB" if device_total is not None else ""
     return text
