@@ -133,9 +133,9 @@ def reply_difference(sent: dict, kept: dict, stop: str | None = None) -> str | N
     same tool calls by name and parsed arguments; other fields are ignored."""
     if sent["role"] != "assistant":
         return f"a {sent['role']} message where the session holds the assistant's reply"
-    text = sent["content"].strip()
-    if text not in {kept["content"].strip(), (kept["content"] + (stop or "")).strip()}:
-        return f"the assistant's text differs from the reply as returned: {_excerpt(sent['content'])}"
+    text, shown = sent["content"].strip(), kept["content"].strip()
+    if text not in {shown, (kept["content"] + (stop or "")).strip()}:
+        return f"the assistant's text differs from the reply as returned: {_difference(text, shown)}"
     if _calls(sent.get("tool_calls")) != _calls(kept.get("tool_calls")):
         return "the assistant's tool calls differ from the reply's (names or arguments)"
     return None
@@ -154,8 +154,11 @@ def message_difference(sent: dict, kept: dict, stop: str | None = None) -> str |
     return f"the {kept['role']} message's {', '.join(fields)} differ"
 
 
-def _excerpt(text: str, limit: int = 60) -> str:
-    return repr(text if len(text) <= limit else text[:limit] + "...")
+def _difference(sent: str, shown: str, context: int = 24) -> str:
+    """Where two texts part: the character, and a little of each from a few characters before it."""
+    at = next((i for i, (a, b) in enumerate(zip(sent, shown)) if a != b), min(len(sent), len(shown)))
+    start = max(at - 8, 0)
+    return f"from character {at}, sent {sent[start : at + context]!r}, returned {shown[start : at + context]!r}"
 
 
 @dataclass
