@@ -48,3 +48,36 @@ def test_cold_start_teaches_the_tool_and_a_grpo_step_runs(tmp_path, monkeypatch)
     assert step["compare/none/gen_s"] > 0
     assert step["training/rollout_logprob_diff_mean"] < 1e-3  # engine and trainer agree on the log-probs
     assert step["training/nonfinite_updates"] == 0.0
+
+
+@pytest.mark.slow
+def test_a_bfloat16_cold_start_teaches_the_tool_as_the_float32_one_does(tmp_path, monkeypatch):
+    """``train.dtype: bfloat16`` computes in bfloat16 over float32 weights and AdamW state. With bfloat16
+    weights the cold start's updates rounded away and held-out tool calls stayed at 0% (float32: most)."""
+    cache = tmp_path / "cache"  # an empty cold-start cache: this cold start trains, whatever ran before
+    cache.mkdir()
+    (cache / "models").symlink_to(cache_root() / "models")
+    monkeypatch.setenv("SRT_AGENT_CACHE_DIR", str(cache))
+    config = load_env_config(
+        ROOT / "envs" / "retool_train.yaml",
+        [
+            "cold_start.n=24",
+            "cold_start.lr=5e-5",
+            "cold_start.batch_size=4",
+            "cold_start.eval_tasks=4",
+            "max_tokens_per_turn=96",
+            "max_response_tokens=256",
+            "engine.backend=engine",
+            "engine.max_batch=4",
+            "engine.max_context=768",
+            "train.dtype=bfloat16",
+        ],
+    )
+    monkeypatch.setattr(Trainer, "_loop", lambda self, *args: None)  # the cold start and its report; no RL step
+    report = Trainer(config, tmp_path / "run", steps=1, loaded=load_model("smollm2", device="cpu")).run()
+    cold = report["cold_start"]
+    assert not cold["cached"]
+    losses = [s["loss"] for s in cold["sft"]]
+    assert losses[-1] < losses[0]
+    assert cold["before"]["tool_call_rate"] == 0.0
+    assert cold["after"]["tool_call_rate"] >= 0.5  # as the float32 cold start above

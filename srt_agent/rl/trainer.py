@@ -202,7 +202,8 @@ class Trainer:
             others = rollouts.drafters[1:]
             self._log(
                 f"[bold]{self.loaded.name}[/bold] on {main.capabilities.device}: "
-                f"{train.algorithm.upper()}, {train.steps} steps × {train.prompts_per_step} prompts × "
+                f"{train.algorithm.upper()} ({train.dtype} updates, {str(self.engine_dtype)[6:]} rollouts), "
+                f"{train.steps} steps × {train.prompts_per_step} prompts × "
                 f"{cfg.n_samples} samples, rollouts with [bold]{rollouts.main}[/bold]"
                 + (" and run-ahead" if self.variants[0].run_ahead is not None else "")
                 + (f", compared with {', '.join(others)}" if others else "")
