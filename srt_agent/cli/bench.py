@@ -510,3 +510,30 @@ def bench_replay(
         )
     console.print(sweep_table(result))
     write_json(result, json_path)
+
+
+@bench_app.command("gpu")
+def bench_gpu(
+    out: Path = typer.Option(..., "--out", help="Folder for one JSON per stage and summary.json."),
+    device: str = typer.Option("auto", help="auto (CUDA when present), cuda or cpu."),
+    quick: bool = typer.Option(False, "--quick", help="Tiny models and workloads: the dry run (seconds on a CPU)."),
+    stage: list[str] = typer.Option([], "--stage", help="Stages to run (default: exactness, speed, train, profile)."),
+    budget: float | None = typer.Option(None, min=10, help="Seconds for all stages (default 450; --quick: 120)."),
+):
+    """The GPU check: exactness on the device, the engine in bf16 on Qwen2.5-shaped random models (SRT vs none,
+    verification cost), one GRPO step and a profiled batch-64 step; exits 1 if a stage failed."""
+    from ..bench.gpu import run_gpu_check
+    from ..bench.gpu_setup import GpuCheckConfig
+
+    config = GpuCheckConfig.dry_run(device) if quick else GpuCheckConfig(device=device)
+    config.stages = tuple(stage) or config.stages
+    config.budget_s = budget or config.budget_s
+    with reported(ValueError, code=1, message=PLAIN):
+        summary = run_gpu_check(config, out, log=lambda line: console.print(line, highlight=False))
+    for name, row in summary["stages"].items():
+        console.print(
+            f"{name}: {row['status']} in {row['wall_s']:.0f} s {json.dumps(row['headline'])}", highlight=False
+        )
+    console.print(f"[green]wrote {out}[/green]")
+    if any(row["status"] == "error" for row in summary["stages"].values()):
+        raise typer.Exit(1)
