@@ -104,7 +104,7 @@ def run(model, drafter, params_kw, epochs=1, adaptive=False, max_tokens=24):
             engine.drafter.pass_cost = FixedCosts()
             engine.drafter.pass_cost.calibrate([(t, s / 5, n) for t, s, n in FIXED_COSTS])
     prompts = [p for p in PROMPTS for _ in range(N_SAMPLES)]
-    params = [SamplingParams(max_tokens=max_tokens, seed=100 + i, **params_kw) for i in range(len(prompts))]
+    params = [SamplingParams(max_tokens=max_tokens, seed=1000 + i, **params_kw) for i in range(len(prompts))]
     outs = []
     for _ in range(epochs):
         outs.append(engine.generate(prompts, params))

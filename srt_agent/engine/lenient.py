@@ -15,7 +15,7 @@ import random
 
 import torch
 
-from .sampler import RowSampling, position_key
+from .sampler import position_key
 
 _UNIFORM_SALT = 0x5EC_0001  # keeps the acceptance draws apart from the sampler's Gumbel noise
 
@@ -32,9 +32,11 @@ def lenient_accept(new_logprob: float, old_logprob: float, lenience: float, u: f
     return math.log(u) <= math.log(lenience) + new_logprob - old_logprob
 
 
-def target_logprob(logits: torch.Tensor, spec: RowSampling, token: int) -> float:
-    """log softmax(logits / temperature)[token]: the current policy's log-probability of `token`
-    (before top-k / top-p, like the log-probabilities the sampler reports)."""
+def target_logprobs(logits: torch.Tensor, temperatures: list[float], tokens: list[int]) -> torch.Tensor:
+    """log softmax(logits / temperature)[token] per row, left on the logits' device: the current policy's
+    log-probabilities of `tokens` (before top-k / top-p, like the log-probabilities the sampler reports)."""
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32  # as the sampler computes it
-    scaled = logits.to(dtype) / (spec.temperature or 1.0)
-    return float(scaled[token] - torch.logsumexp(scaled, dim=-1))
+    rows = [[t or 1.0, k] for t, k in zip(temperatures, tokens)]
+    table = torch.tensor(rows, dtype=torch.float64, device=logits.device)
+    scaled = logits.to(dtype) / table[:, :1].to(dtype)
+    return scaled.gather(1, table[:, 1:].long()).squeeze(1) - torch.logsumexp(scaled, dim=-1)

@@ -1,14 +1,24 @@
-"""Lossless sampling keyed by (seed, position).
+"""Lossless sampling keyed by (seed, position, token).
 
-The token at absolute position ``p`` of a request with seed ``s`` is
-``argmax(filtered_logits / temperature + G)`` where ``G`` is Gumbel noise drawn from a generator seeded
-by a hash of ``(s, p)`` (the Gumbel-max trick: an exact sample from the softmax). The noise depends on
-nothing else, so a position gets the same token whether it is reached by plain decoding or by
-verifying a draft node: speculation accepts a drafted token exactly when it equals this sample, and
-the emitted sequence is the one plain decoding emits. The noise is drawn on the CPU (float64 for float64
-models, float32 otherwise), so it is the same on every device and in every batch. Greedy (temperature 0)
-is a plain argmax. Filtering (top-k, then top-p) happens on the scaled logits; the returned
-log-probability is log_softmax(logits / temperature) of the chosen token, before filtering.
+The token at absolute position ``p`` of a request with seed ``s`` is ``argmax(filtered_logits / T + G)``
+where ``G[t] = -log(-log(u(s, p, t)))`` is Gumbel noise (the Gumbel-max trick: an exact sample from the
+softmax). The uniform ``u`` is a pure function of the seed, the position and the token id: a counter-based
+generator with no state, so a position gets the same token whether plain decoding or the verification of a
+draft node reaches it (speculation accepts a drafted token exactly when it equals this sample, and the
+emitted sequence is the one plain decoding emits), whatever the batch, the row order or the device.
+
+The generator (bit for bit the same on every device, computed where the logits are):
+``position_key(s, p)`` (splitmix64, on the host, once per row) gives a row key; a 32-bit word per token is
+``hash32((t · k1 + k0) mod 2^32)`` with ``k0`` the key's low 32 bits, ``k1`` its high 31 bits made odd, and
+``hash32`` Chris Wellons' lowbias32, computed in int64 on values below 2^32 with multipliers below 2^31, so
+no product overflows. A float32 uniform is ``(w >> 9 + 0.5) / 2^23``; a float64 one takes 52 bits from two
+words (the second keyed by ``position_key(key, 1)``): ``((w1 << 20 | w2 >> 12) + 0.5) / 2^52``; both are
+exact in their dtype and strictly inside (0, 1). ``log`` may round differently on another device, so the
+Gumbel noise agrees to the last bit or two.
+
+Greedy (temperature 0) is a plain argmax. Filtering (top-k, then top-p) happens on the scaled logits; the
+returned log-probability is log_softmax(logits / temperature) of the chosen token, before filtering.
+Sampling reads nothing back to the host (`draw`); `sample_rows` reads its result in one transfer.
 """
 
 from __future__ import annotations
@@ -18,14 +28,71 @@ from dataclasses import dataclass
 import torch
 
 MASK64 = (1 << 64) - 1
+MASK32 = (1 << 32) - 1
+HASH32_MULTIPLIERS = (0x21F0AAAD, 0x735A2D97)  # lowbias32's; below 2^31: a 32-bit value times one fits int64
+NOISE_CHUNK = 1 << 22  # noise elements computed at once (bounds the int64 scratch: 2 × 32 MiB)
+CANDIDATES = 1024  # tokens sorted for top-k / top-p unless a row's filter reaches beyond them
 
 
 def position_key(seed: int, position: int) -> int:
-    """A 63-bit generator seed mixing (seed, position) with splitmix64."""
+    """A 63-bit key mixing (seed, position) with splitmix64."""
     z = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
     return (z ^ (z >> 31)) & ((1 << 63) - 1)
+
+
+def key_words(seed: int, position: int, words: int) -> list[int]:
+    """The (offset, odd multiplier) pair of each noise word of a row, flattened: 2 × `words` ints < 2^32."""
+    key, out = position_key(seed, position), []
+    for _ in range(words):
+        out += [key & MASK32, (key >> 32) | 1]
+        key = position_key(key, 1)
+    return out
+
+
+def words_for(dtype: torch.dtype) -> int:
+    """Noise words per token: one for float32 (23 bits used), two for float64 (52 bits)."""
+    return 2 if dtype == torch.float64 else 1
+
+
+def _hash32_(x: torch.Tensor, scratch: torch.Tensor) -> None:
+    """lowbias32 in place on int64 values below 2^32 (`scratch`: a buffer of x's shape)."""
+    for multiplier, shift in zip(HASH32_MULTIPLIERS, (16, 15)):
+        x ^= torch.bitwise_right_shift(x, shift, out=scratch)
+        x.mul_(multiplier).bitwise_and_(MASK32)
+    x ^= torch.bitwise_right_shift(x, 15, out=scratch)
+
+
+def _word(keys: torch.Tensor, word: int, tokens: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """Noise word `word` of every (row, token): hash32((token · k1 + k0) mod 2^32), int64 [rows, vocab]."""
+    x = torch.addcmul(keys[:, 2 * word, None], tokens, keys[:, 2 * word + 1, None]).bitwise_and_(MASK32)
+    _hash32_(x, scratch)
+    return x
+
+
+def uniforms_into(out: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Fill `out` ([rows, vocab], float32 or float64) with each row's uniforms in (0, 1), keyed by the
+    int64 `keys` ([rows, 2 × words_for(out.dtype)], from `key_words`)."""
+    tokens = torch.arange(out.shape[1], device=out.device)
+    step = max(1, NOISE_CHUNK // max(1, out.shape[1]))
+    for start in range(0, out.shape[0], step):
+        block, part = keys[start : start + step], out[start : start + step]
+        scratch = torch.empty(part.shape, dtype=torch.int64, device=out.device)
+        high = _word(block, 0, tokens, scratch)
+        if out.dtype == torch.float64:
+            low = _word(block, 1, tokens, scratch).bitwise_right_shift_(12)
+            part.copy_(high.bitwise_left_shift_(20).bitwise_or_(low)).add_(0.5).mul_(2.0**-52)
+        else:
+            part.copy_(high.bitwise_right_shift_(9)).add_(0.5).mul_(2.0**-23)
+    return out
+
+
+def uniforms(seed_positions: list[tuple[int, int]], vocab: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """The uniforms of rows given by (seed, position), [rows, vocab]: what the sampler's noise is made of."""
+    words = words_for(dtype)
+    keys = torch.tensor([key_words(s, p, words) for s, p in seed_positions], dtype=torch.int64, device=device)
+    return uniforms_into(torch.empty(len(seed_positions), vocab, dtype=dtype, device=device), keys)
 
 
 @dataclass(frozen=True)
@@ -39,36 +106,133 @@ class RowSampling:
     position: int
 
 
+@dataclass(frozen=True)
+class Draws:
+    """One token per row, left on the logits' device: the tokens, their log-probabilities, and where a
+    row's top-p nucleus may have reached past the tokens sorted (`covered` False: draw it again with
+    ``exhaustive=True``; None: no row could)."""
+
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    covered: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Rows' options on the device, from one host → device copy."""
+
+    temperatures: torch.Tensor  # [rows, 1]; 1 for greedy rows
+    random: torch.Tensor  # [rows, 1] bool: temperature > 0
+    top_p: torch.Tensor  # [rows]
+    top_k: torch.Tensor  # [rows, 1] int64; the vocabulary size where off
+    keys: torch.Tensor  # [rows, 2 × words] int64
+
+    @classmethod
+    def of(cls, rows: list[RowSampling], vocab: int, dtype: torch.dtype, device: torch.device) -> _Rows:
+        words = words_for(dtype)
+        table = torch.tensor(  # float64 holds every value exactly (keys < 2^32)
+            [
+                [r.temperature or 1.0, float(r.temperature > 0), r.top_p, r.top_k if r.top_k > 0 else vocab]
+                + key_words(r.seed, r.position, words)
+                for r in rows
+            ],
+            dtype=torch.float64,
+            device=device,
+        )
+        return cls(
+            table[:, :1].to(dtype), table[:, 1:2] > 0, table[:, 2].to(dtype), table[:, 3:4].long(), table[:, 4:].long()
+        )
+
+
+def _nucleus(
+    scaled: torch.Tensor, lse: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor, m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(filtered, covered): `scaled` with logits outside each row's top-k / top-p set at -inf, judged among
+    its `m` best tokens; `covered` says per row whether those decided it. `lse`: logsumexp of the rows."""
+    vocab = scaled.shape[-1]
+    values, order = torch.topk(scaled, m, dim=-1, sorted=True)
+    in_top_k = torch.arange(m, device=scaled.device).unsqueeze(0) < k
+    # Probabilities renormalized over the top k (over the whole vocabulary when top_k is off).
+    topk_lse = torch.logsumexp(values.masked_fill(~in_top_k, float("-inf")), dim=-1, keepdim=True)
+    probs = torch.exp(values - torch.where(k < vocab, topk_lse, lse)).masked_fill(~in_top_k, 0.0)
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    unfiltered = (k >= vocab).squeeze(1) & (top_p >= 1)
+    covered = unfiltered | (k <= m).squeeze(1) | (mass_before[:, -1] + probs[:, -1] >= top_p)
+    keep = in_top_k & (mass_before < top_p.unsqueeze(1))
+    keep[:, 0] = True
+    kept = torch.full_like(scaled, float("-inf")).scatter(1, order, values.masked_fill(~keep, float("-inf")))
+    return torch.where(unfiltered.unsqueeze(1), scaled, kept), covered
+
+
+def _sorted_tokens(rows: list[RowSampling], vocab: int, exhaustive: bool) -> int | None:
+    """How many best tokens the filters sort (None: no row filters); every one where `exhaustive`."""
+    if not any(r.top_k > 0 or r.top_p < 1 for r in rows):
+        return None
+    widest = max(r.top_k for r in rows)
+    return vocab if exhaustive else min(vocab, max(CANDIDATES, widest))
+
+
+def _may_reach_past(rows: list[RowSampling], m: int, vocab: int) -> bool:
+    """Whether a row's top-p nucleus could need more than its `m` best tokens."""
+    return m < vocab and any(r.top_p < 1 and not 0 < r.top_k <= m for r in rows)
+
+
+def _perturb(scaled: torch.Tensor, opts: _Rows, rows: list[RowSampling]) -> torch.Tensor:
+    """`scaled` (already filtered) plus each random row's Gumbel noise, in a new tensor."""
+    if not any(r.temperature > 0 for r in rows):
+        return scaled
+    out = uniforms_into(torch.empty_like(scaled), opts.keys)
+    out.log_().neg_().log_()  # log(-log u) = -Gumbel
+    torch.sub(scaled, out, out=out)
+    if not all(r.temperature > 0 for r in rows):
+        out = torch.where(opts.random, out, scaled)
+    return out
+
+
+def _prepare(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[torch.Tensor, _Rows]:
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    opts = _Rows.of(rows, logits.shape[1], dtype, logits.device)
+    return logits.to(dtype) / opts.temperatures, opts
+
+
+def draw(logits: torch.Tensor, rows: list[RowSampling], exhaustive: bool = False) -> Draws:
+    """Sample one token per logits row without reading anything back to the host. Top-p sorts only the
+    CANDIDATES best tokens (every token where `exhaustive`); `Draws.covered` says where that sufficed."""
+    scaled, opts = _prepare(logits, rows)
+    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
+    filtered, covered = scaled, None
+    m = _sorted_tokens(rows, scaled.shape[1], exhaustive)
+    if m is not None:
+        filtered, covered = _nucleus(scaled, lse, opts.top_k, opts.top_p, m)
+        if not _may_reach_past(rows, m, scaled.shape[1]):
+            covered = None
+    tokens = torch.argmax(_perturb(filtered, opts, rows), dim=-1)
+    logprobs = (scaled.gather(1, tokens.unsqueeze(1)) - lse).squeeze(1)
+    return Draws(tokens, logprobs, covered)
+
+
 def filter_logits(
-    scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, candidates: int = 1024
+    scaled: torch.Tensor, top_k: list[int], top_p: list[float], candidates: int = CANDIDATES
 ) -> torch.Tensor:
     """Set logits outside each row's top-k / top-p (nucleus) set to -inf; 0 / 1 disable the filters.
 
     Top-p applies after top-k: the nucleus is the smallest set of most likely tokens (among the top k)
     whose renormalized probability reaches ``top_p``. Only the `candidates` best tokens are sorted unless
-    a row's filter reaches beyond them.
+    a row's filter reaches beyond them (which costs one read back to the host when it is not known from
+    the options).
     """
     vocab = scaled.shape[-1]
-    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(1)
-    m = min(vocab, max(candidates, int(k[top_k > 0].max()) if bool((top_k > 0).any()) else 0))
-    while True:
-        values, order = torch.topk(scaled, m, dim=-1, sorted=True)
-        ranks = torch.arange(m, device=scaled.device).unsqueeze(0)
-        in_top_k = ranks < k
-        # Probabilities renormalized over the top k (over the whole vocabulary when top_k is off).
-        full_lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
-        topk_lse = torch.logsumexp(values.masked_fill(~in_top_k, float("-inf")), dim=-1, keepdim=True)
-        lse = torch.where(k < vocab, topk_lse, full_lse)
-        probs = torch.exp(values - lse).masked_fill(~in_top_k, 0.0)
-        mass_before = torch.cumsum(probs, dim=-1) - probs
-        covered = (k <= m).squeeze(1) | (mass_before[:, -1] + probs[:, -1] >= top_p)
-        if m == vocab or bool(covered.all()):
-            break
-        m = vocab
-    keep = in_top_k & (mass_before < top_p.unsqueeze(1))
-    keep[:, 0] = True
-    kept = values.masked_fill(~keep, float("-inf"))
-    return torch.full_like(scaled, float("-inf")).scatter(1, order, kept)
+    m = min(vocab, max(candidates, *top_k))
+    options = torch.tensor(
+        [[k if k > 0 else vocab, p] for k, p in zip(top_k, top_p)], dtype=torch.float64, device=scaled.device
+    )
+    k, p = options[:, :1].long(), options[:, 1].to(scaled.dtype)
+    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
+    filtered, covered = _nucleus(scaled, lse, k, p, m)
+    fits = all(0 < kk <= m or pp >= 1 for kk, pp in zip(top_k, top_p))
+    if m < vocab and not fits and not bool(covered.all()):
+        filtered, _ = _nucleus(scaled, lse, k, p, vocab)
+    return filtered
 
 
 def perturbed_logits(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,30 +241,25 @@ def perturbed_logits(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[tor
 
     Works in float64 for float64 models and in float32 otherwise.
     """
-    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    dev = logits.device
-    temps = torch.tensor([r.temperature or 1.0 for r in rows], dtype=dtype, device=dev).unsqueeze(1)
-    scaled = logits.to(dtype) / temps
-    sampled = scaled
+    scaled, opts = _prepare(logits, rows)
+    filtered = scaled
     if any(r.top_k > 0 or r.top_p < 1 for r in rows):
-        top_k = torch.tensor([r.top_k for r in rows], device=dev)
-        top_p = torch.tensor([r.top_p for r in rows], dtype=dtype, device=dev)
-        sampled = filter_logits(scaled, top_k, top_p)
-    random_rows = [i for i, r in enumerate(rows) if r.temperature > 0]
-    if random_rows:
-        noise = torch.zeros(len(rows), logits.shape[1], dtype=dtype)
-        for i in random_rows:
-            gen = torch.Generator().manual_seed(position_key(rows[i].seed, rows[i].position))
-            torch.rand(logits.shape[1], generator=gen, dtype=dtype, out=noise[i])
-        picked = torch.tensor(random_rows)
-        noise[picked] = -torch.log(-torch.log(noise[picked]))
-        sampled = sampled + noise.to(dev)
-    return scaled, sampled
+        filtered = filter_logits(scaled, [r.top_k for r in rows], [r.top_p for r in rows])
+    return scaled, _perturb(filtered, opts, rows)
+
+
+def to_host(columns: list[torch.Tensor]) -> list[list[float]]:
+    """Equal-length vectors (tokens, log-probabilities, flags) read back in one transfer, as floats
+    (exact: float64 holds every int below 2^53 and every float32)."""
+    return torch.stack([c.to(torch.float64) for c in columns]).tolist()
 
 
 def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[list[int], list[float]]:
-    """Sample one token per logits row; returns the tokens and their target log-probabilities."""
-    scaled, sampled = perturbed_logits(logits, rows)
-    tokens = torch.argmax(sampled, dim=-1)
-    chosen = scaled.gather(1, tokens.unsqueeze(1)).squeeze(1) - torch.logsumexp(scaled, dim=-1)
-    return tokens.tolist(), chosen.tolist()
+    """Sample one token per logits row; returns the tokens and their target log-probabilities (read back in
+    one transfer, two where a top-p nucleus reached past the tokens sorted)."""
+    draws = draw(logits, rows)
+    host = to_host([draws.tokens, draws.logprobs] + ([draws.covered] if draws.covered is not None else []))
+    if draws.covered is not None and not all(host[2]):
+        draws = draw(logits, rows, exhaustive=True)
+        host = to_host([draws.tokens, draws.logprobs])
+    return [int(t) for t in host[0]], host[1]

@@ -11,13 +11,16 @@ token it keeps that the exact sampler would not have drawn is counted (``lenient
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
 import torch
 
 from ..cache.draft import Draft
 from ..cache.drafter import Drafter, capabilities
-from .lenient import acceptance_uniform, lenient_accept, target_logprob
+from .lenient import acceptance_uniform, lenient_accept, target_logprobs
 from .model_runner import Chunk, ModelRunner
-from .sampler import RowSampling, sample_rows
+from .sampler import RowSampling, draw, to_host
 from .sequence import Sequence
 from .stats import EngineStats
 
@@ -81,83 +84,154 @@ class Verifier:
         self.runner.move_kv(slots, src, dst)
 
     def _verify(self, seqs: list[Sequence], chunks: list[Chunk], drafts: list[Draft], hidden: torch.Tensor) -> Verified:
-        """Walk every sequence's draft tree level by level with the lossless sampler.
+        """Walk every sequence's draft tree with the lossless sampler.
 
         Returns per sequence the emitted (token, logprob) pairs and the accepted draft nodes, and the
         sequences (by index) whose next logits were not finite (NaN or +inf), with what went wrong: their
         walk stops there, after the tokens plain decoding would also have emitted.
         """
-        offsets, off = [], 0
-        for chunk in chunks:
-            offsets.append(off)
-            off += len(chunk)
-        children = [{(p, t): i for i, (p, t) in enumerate(zip(d.parents, d.token_ids))} for d in drafts]
-        emitted: list[list[tuple[int, float]]] = [[] for _ in seqs]
-        accepted: list[list[int]] = [[] for _ in seqs]
-        node = [-1] * len(seqs)
-        faults: dict[int, str] = {}
-        active = list(range(len(seqs)))
-        # Rows that may need logits: each chunk's last pending token and its draft nodes. Few of them:
-        # one LM-head pass over all (the head's weights are read once). Many: level by level, only
-        # the rows on accepted paths.
-        candidates = [
-            offsets[i] + c.num_pending - 1 + j for i, c in enumerate(chunks) for j in range(len(c.parents) + 1)
-        ]
-        eager = None
-        if len(candidates) <= max(EAGER_LOGITS_ROWS, 2 * len(seqs)):
-            eager = dict(zip(candidates, self.runner.logits(hidden[candidates])))
+        walks, row = [], 0
+        for seq, chunk, draft in zip(seqs, chunks, drafts):
+            walks.append(_Walk(seq, draft, row + chunk.num_pending - 1))
+            row += len(chunk)
+        # Rows that may need logits: each chunk's last pending token and its draft nodes. Few of them: one
+        # LM-head pass and one draw over all, read back at once. Many: level by level, only the rows on
+        # accepted paths.
+        if sum(len(d.parents) + 1 for d in drafts) <= max(EAGER_LOGITS_ROWS, 2 * len(seqs)):
+            self._walk_at_once(walks, hidden)
+        else:
+            self._walk_by_level(walks, hidden)
+        faults = {i: w.fault for i, w in enumerate(walks) if w.fault is not None}
+        return [w.emitted for w in walks], [w.accepted for w in walks], faults
+
+    def _walk_at_once(self, walks: list[_Walk], hidden: torch.Tensor) -> None:
+        """Sample every candidate row in one draw (a node's token depends only on its logits and its
+        position, so this gives the tokens a level-by-level walk would), then walk the trees on the host."""
+        nodes = [(w, node) for w in walks for node in range(-1, len(w.draft.parents))]
+        outcomes = self._outcomes(self.runner.logits(hidden[[w.row(node) for w, node in nodes]]), nodes)
+        base = 0
+        for w in walks:
+            while self._advance(w, outcomes[base + w.node + 1]):
+                pass
+            base += len(w.draft.parents) + 1
+
+    def _walk_by_level(self, walks: list[_Walk], hidden: torch.Tensor) -> None:
+        """One LM-head pass, draw and read back per tree level, over the rows the walks have reached."""
+        active = walks
         while active:
-            rows = [offsets[i] + chunks[i].num_pending - 1 + (node[i] + 1 if node[i] >= 0 else 0) for i in active]
-            logits = torch.stack([eager[r] for r in rows]) if eager is not None else self.runner.logits(hidden[rows])
-            broken = (torch.isnan(logits) | (logits == float("inf"))).any(dim=-1)
-            if bool(broken.any()):
-                fine = [j for j, bad in enumerate(broken.tolist()) if not bad]
-                for j, bad in enumerate(broken.tolist()):
-                    if bad:
-                        i = active[j]
-                        position = len(seqs[i].tokens) + len(emitted[i])
-                        faults[i] = f"the model produced non-finite logits (NaN or +inf) for position {position}"
-                active, logits = [active[j] for j in fine], logits[fine]
-                if not active:
-                    break
-            specs = []
-            for i in active:
-                p = seqs[i].params
-                position = len(seqs[i].tokens) + len(emitted[i])
-                specs.append(RowSampling(p.temperature, p.top_p, p.top_k, seqs[i].seed, position))
-            tokens, logprobs = sample_rows(logits, specs)
-            still = []
-            for j, (i, token, lp) in enumerate(zip(active, tokens, logprobs)):
-                if drafts[i].old_logprobs is None:
-                    child = children[i].get((node[i], token))
-                else:
-                    picked = self._lenient(drafts[i], node[i], logits[j], specs[j], token, lp)
-                    if picked is None:  # the reused draft ran out after accepted nodes: the next step goes on with it
-                        continue
-                    token, lp, child = picked
-                emitted[i].append((token, lp))
-                if child is not None:
-                    accepted[i].append(child)
-                    node[i] = child
-                    still.append(i)
-            active = still
-        return emitted, accepted, faults
+            nodes = [(w, w.node) for w in active]
+            outcomes = self._outcomes(self.runner.logits(hidden[[w.row(w.node) for w in active]]), nodes)
+            active = [w for w, outcome in zip(active, outcomes) if self._advance(w, outcome)]
+
+    def _outcomes(self, logits: torch.Tensor, nodes: list[tuple[_Walk, int]]) -> list[_Outcome]:
+        """Each row's sampled token, its log-probability, whether its logits are broken, and the log-probability
+        of the lenient child's token: sampled on the device, read back in one transfer (two where a top-p
+        nucleus reached past the tokens first sorted)."""
+        specs = [w.spec(node) for w, node in nodes]
+        broken = (torch.isnan(logits) | (logits == float("inf"))).any(dim=-1)
+        draws = draw(logits, specs)
+        columns = [draws.tokens, draws.logprobs, broken]
+        lenient = [w.lenient_child(node) for w, node in nodes]
+        judged = any(child is not None for child in lenient)
+        if judged:
+            tokens = [w.draft.token_ids[c] if c is not None else 0 for (w, _), c in zip(nodes, lenient)]
+            columns.append(target_logprobs(logits, [s.temperature for s in specs], tokens))
+        if draws.covered is not None:
+            columns.append(draws.covered | broken)
+        host = to_host(columns)
+        if draws.covered is not None and not all(host[-1]):
+            exact = draw(logits, specs, exhaustive=True)
+            host[:2] = to_host([exact.tokens, exact.logprobs])
+        news = host[3] if judged else [0.0] * len(nodes)
+        return [_Outcome(int(t), lp, bad > 0, new) for t, lp, bad, new in zip(host[0], host[1], host[2], news)]
+
+    def _advance(self, walk: _Walk, outcome: _Outcome) -> bool:
+        """One step of a walk at its node: emit the sampled token (or the lenient draft's), and go on to the
+        child with that token if the draft has one; False when the walk ends."""
+        if outcome.broken:
+            position = len(walk.seq.tokens) + len(walk.emitted)
+            walk.fault = f"the model produced non-finite logits (NaN or +inf) for position {position}"
+            return False
+        token, logprob = outcome.token, outcome.logprob
+        if walk.draft.old_logprobs is None:
+            child = walk.children.get((walk.node, token))
+        else:
+            picked = self._lenient(walk, token, logprob, outcome.lenient_logprob)
+            if picked is None:  # the reused draft ran out after accepted nodes: the next step goes on with it
+                return False
+            token, logprob, child = picked
+        walk.emitted.append((token, logprob))
+        if child is None:
+            return False
+        walk.accepted.append(child)
+        walk.node = child
+        return True
 
     def _lenient(
-        self, draft: Draft, node: int, logits: torch.Tensor, spec: RowSampling, sampled: int, sampled_lp: float
+        self, walk: _Walk, sampled: int, sampled_lp: float, child_lp: float
     ) -> tuple[int, float, int | None] | None:
-        """SPEC-RL's rule at the child of `node` in a reused draft (see `lenient`): the token emitted at
-        this position, its log-probability, and the accepted node (None: rejected, so the exact sample is
-        emitted and the walk stops). None when the draft ran out after an accepted node: every reused
-        position is judged leniently, so no exact token follows (the next step drafts on from there)."""
-        child = next((k for k, parent in enumerate(draft.parents) if parent == node), None)
+        """SPEC-RL's rule at the child of the walk's node in a reused draft (see `lenient`; `child_lp`: the
+        current policy's log-probability of that child's token): the token emitted at this position, its
+        log-probability, and the accepted node (None: rejected, so the exact sample is emitted and the walk
+        stops). None when the draft ran out after an accepted node: every reused position is judged
+        leniently, so no exact token follows (the next step drafts on from there)."""
+        child = walk.lenient_child(walk.node)
         if child is None:
-            return None if node >= 0 else (sampled, sampled_lp, None)
-        token = draft.token_ids[child]
-        new = target_logprob(logits, spec, token)
+            return None if walk.node >= 0 else (sampled, sampled_lp, None)
+        spec = walk.spec(walk.node)
+        token = walk.draft.token_ids[child]
         lenience = self.drafter.lenience if capabilities(self.drafter).lenient else 1.0
-        if not lenient_accept(new, draft.old_logprobs[child], lenience, acceptance_uniform(spec.seed, spec.position)):
+        u = acceptance_uniform(spec.seed, spec.position)
+        if not lenient_accept(child_lp, walk.draft.old_logprobs[child], lenience, u):
             return sampled, sampled_lp, None
         if token != sampled:
             self.totals.lenient_overrides += 1
-        return token, new, child
+        return token, child_lp, child
+
+
+class _Outcome(NamedTuple):
+    """What the draw at one row gave: the sampled token and its log-probability, whether the row's logits
+    were broken, and the log-probability of a lenient draft's child token there (0 where none)."""
+
+    token: int
+    logprob: float
+    broken: bool
+    lenient_logprob: float
+
+
+@dataclass
+class _Walk:
+    """One sequence's walk down its draft tree: the node reached (-1: the last pending token), and what it
+    emitted and accepted so far. `root_row`: the hidden row of the last pending token (node i's is
+    root_row + 1 + i)."""
+
+    seq: Sequence
+    draft: Draft
+    root_row: int
+    node: int = -1
+    emitted: list[tuple[int, float]] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    fault: str | None = None
+    children: dict[tuple[int, int], int] = field(init=False)
+    depths: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.children = {(p, t): i for i, (p, t) in enumerate(zip(self.draft.parents, self.draft.token_ids))}
+        self.depths = []
+        for parent in self.draft.parents:
+            self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
+
+    def row(self, node: int) -> int:
+        return self.root_row + node + 1
+
+    def spec(self, node: int) -> RowSampling:
+        """How the token after `node` is sampled: at the sequence's length plus the node's depth."""
+        p = self.seq.params
+        position = len(self.seq.tokens) + (self.depths[node] if node >= 0 else 0)
+        return RowSampling(p.temperature, p.top_p, p.top_k, self.seq.seed, position)
+
+    def lenient_child(self, node: int) -> int | None:
+        """The first child of `node` in a reused (lenient) draft; None for exact drafts or a leaf."""
+        if self.draft.old_logprobs is None:
+            return None
+        return next((k for k, parent in enumerate(self.draft.parents) if parent == node), None)

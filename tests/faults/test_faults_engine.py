@@ -233,7 +233,7 @@ class ModelFault:
     def __init__(self, kind: str, model, poison: int, seed: int, position: int):
         self.kind, self.poison, self.seed, self.position = kind, poison, seed, position
         self.embeddings = model.model.get_input_embeddings()
-        self.real_sample_rows = verification_module.sample_rows
+        self.real_sample_rows = verification_module.draw
         self.fired = 0
 
     def __enter__(self):
@@ -242,12 +242,12 @@ class ModelFault:
         elif self.kind == "NaN logits":
             self.handle = self.embeddings.register_forward_hook(self._nan)
         else:
-            verification_module.sample_rows = self._sample_rows
+            verification_module.draw = self._sample_rows
         return self
 
     def __exit__(self, *exc):
         if self.kind == "sampler raises":
-            verification_module.sample_rows = self.real_sample_rows
+            verification_module.draw = self.real_sample_rows
         else:
             self.handle.remove()
 
@@ -263,11 +263,11 @@ class ModelFault:
             return output.masked_fill(hit, float("nan"))
         return output
 
-    def _sample_rows(self, logits, rows):
+    def _sample_rows(self, logits, rows, **options):
         if any(r.seed == self.seed and r.position >= self.position for r in rows):
             self.fired += 1
             raise InjectedFault("sampling a row of the faulty request")
-        return self.real_sample_rows(logits, rows)
+        return self.real_sample_rows(logits, rows, **options)
 
 
 @pytest.mark.parametrize("kind", sorted(MODEL_FAULTS))
