@@ -9,6 +9,7 @@ import json
 import pytest
 
 from srt_agent.agent.chat import added_turns_text, render_prompt
+from srt_agent.agent.hermes import ChatFormat
 from srt_agent.agent.trajectory import Trajectory
 from srt_agent.serve.sessions import Session, Turn, message_difference, normalize_messages, reply_difference
 
@@ -120,7 +121,7 @@ def test_a_resent_reply_extends_the_session_by_the_new_messages_only(held):
     tok, opening, session = held
     observation = {"role": "user", "content": "Observation:\n42"}
     sent = opening + [normalized(TOLERATED["stripped, then the stop string"]), observation]
-    turn = session.plan_chat(tok, sent, None, encoder(tok))
+    turn = session.plan_chat(ChatFormat.of(tok), sent, None, encoder(tok))
     assert not turn.new_branch and turn.reason is None and turn.kept == 3
     suffix = added_turns_text(tok, [observation], session.closed_by_eos)
     assert turn.forced_ids == encoder(tok)(suffix) and turn.prompt_ids == session.tokens + turn.forced_ids
@@ -136,12 +137,14 @@ def test_a_resent_reply_extends_the_session_by_the_new_messages_only(held):
 def test_a_request_that_edits_history_branches_with_its_reason(held):
     tok, opening, session = held
     edited = opening + [{"role": "assistant", "content": "It is 43."}, {"role": "user", "content": "Sure?"}]
-    turn = session.plan_chat(tok, edited, None, encoder(tok))
+    turn = session.plan_chat(ChatFormat.of(tok), edited, None, encoder(tok))
     assert turn.new_branch and turn.request_id == "srt-session-s-b1"
     assert turn.reason.startswith("the messages do not extend the session's conversation: message 2:")
     assert turn.prompt_ids == encoder(tok)(render_prompt(tok, edited))
-    other_tools = session.plan_chat(tok, opening + [REPLY, {"role": "user", "content": "go"}], [{}], encoder(tok))
+    other_tools = session.plan_chat(
+        ChatFormat.of(tok), opening + [REPLY, {"role": "user", "content": "go"}], [{}], encoder(tok)
+    )
     assert other_tools.new_branch and "tools differ" in other_tools.reason
-    fewer = session.plan_chat(tok, opening, None, encoder(tok))
+    fewer = session.plan_chat(ChatFormat.of(tok), opening, None, encoder(tok))
     assert fewer.new_branch and "3 held" in fewer.reason
     json.dumps(turn.reason)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from srt_agent.agent.hermes import parse_tool_calls
 from srt_agent.config import EnvConfig
-from srt_agent.serve.sessions import parse_tool_calls
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

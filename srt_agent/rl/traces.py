@@ -5,7 +5,8 @@ generator instead of the model: the solution program is written as a ``<code>`` 
 the configured sandbox, its output is inserted as forced ``<interpreter>`` tokens exactly as during
 rollouts (same template, same tokenization boundaries, ``response_mask = 0``), and the answer is read
 from that output into ``\\boxed{}``. User traces come in verl's multi-turn SFT layout (``messages`` with
-assistant and tool turns) and are tokenized the same way.
+assistant and tool turns) and are tokenized the same way; a row that carries verl's ``tools`` holds OpenAI
+tool calls instead, tokenized as the OpenAI-compatible server tokenizes a session of that conversation.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from ..agent.chat import render_prompt, user_turn_text
 from ..agent.controller import MultiTurnController
+from ..agent.hermes import ChatFormat
 from ..agent.retool import interpreter_block
 from ..agent.trajectory import Trajectory
 from ..cache.keys import prompt_key
@@ -169,14 +171,47 @@ def messages_sample(messages: list[dict], tokenizer, end_token: int, where: str 
 
 
 def load_message_traces(path: str | Path, tokenizer, end_token: int) -> list[Sample]:
-    """Read a ``.jsonl`` or ``.parquet`` file of ``{"messages": [...]}`` rows into samples."""
+    """Read a ``.jsonl`` or ``.parquet`` file of ``{"messages": [...]}`` rows into samples (a row with verl's
+    ``tools`` key is a conversation in the chat template's tool-call format: :func:`tool_chat_sample`)."""
     rows = read_rows(path, "cold-start traces")
     samples = []
     for where, row in rows:
         messages = row.get("messages") if isinstance(row, dict) else None
         if messages is None:
             raise ValueError(f"{where}: missing 'messages'")
-        samples.append(messages_sample(messages, tokenizer, end_token, where))
+        if row.get("tools"):  # OpenAI tools: the chat template's own tool-call format, as the server renders it
+            samples.append(tool_chat_sample(messages, row["tools"], tokenizer, end_token, where))
+        else:
+            samples.append(messages_sample(messages, tokenizer, end_token, where))
     if not samples:
         raise ValueError(f"cold-start traces {path}: no rows")
     return samples
+
+
+def tool_chat_sample(messages: list[dict], tools: list[dict], tokenizer, end_token: int, where: str = "row") -> Sample:
+    """Tokenize a conversation with OpenAI `tools` and ``tool_calls`` as the OpenAI-compatible server
+    tokenizes a session of it: the prompt rendered with the tools (:class:`~srt_agent.agent.hermes.ChatFormat`:
+    Hermes text where the template cannot express them), each assistant turn (its calls in the template's
+    format) and its end-of-turn token trained, the messages between turns (tool results, user turns)
+    inserted as the chat template adds turns, masked out."""
+    chat = ChatFormat.of(tokenizer)
+    first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
+    if first is None or first == 0 or messages[-1].get("role") != "assistant":
+        raise ValueError(f"{where}: needs prompt messages, then turns that end with an assistant message")
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    prompt_ids = encode(chat.prompt(messages[:first], tools))
+    ids: list[int] = []
+    mask: list[int] = []
+    closed, i = tokenizer.decode([end_token]), first
+    while i < len(messages):
+        if messages[i]["role"] == "assistant":
+            piece, trained, i = encode(chat.messages([messages[i]], None)[0]["content"] or "") + [end_token], 1, i + 1
+        else:
+            j = next(k for k in range(i, len(messages)) if messages[k]["role"] == "assistant")
+            piece, trained, i = encode(chat.added_turns(messages[i:j], closed, tools)), 0, j
+        ids += piece
+        mask += [trained] * len(piece)
+    return Sample(prompt_ids=prompt_ids, response_ids=ids, response_mask=mask, engine_logprobs=[0.0] * len(ids))

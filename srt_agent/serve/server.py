@@ -28,12 +28,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ..agent.hermes import ChatFormat, parse_tool_calls
 from ..agent.trajectory import Trajectory
 from ..cache.keys import prompt_key
 from ..engine import RequestOutput, SamplingParams
 from ..threaded_server import served
 from ..tools.server import BodyLimit
-from .sessions import RequestError, Session, Sessions, Turn, normalize_messages, parse_tool_calls
+from .sessions import RequestError, Session, Sessions, Turn, normalize_messages
 
 if TYPE_CHECKING:
     import torch
@@ -124,6 +125,7 @@ class RolloutServer:
     ):
         self.backend = backend
         self.tokenizer = tokenizer
+        self.chat = ChatFormat.of(tokenizer)  # tools as Hermes text where the template cannot express them
         self.model_name = model_name
         self.max_context = max_context
         self.eos_token_ids = list(eos_token_ids)
@@ -471,7 +473,7 @@ class RolloutServer:
         messages = normalize_messages(req.messages)
         tools = req.tools or None
         async with self._using(sid) as session:
-            turn = session.plan_chat(self.tokenizer, messages, tools, self._encode)
+            turn = session.plan_chat(self.chat, messages, tools, self._encode)
             params = self._params(req, req.max_completion_tokens or req.max_tokens, session, turn)
             out = await self._generate(session, turn, params)
             content, cut = self._shown(out, req, skip_special=True)

@@ -27,7 +27,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..agent.chat import added_turns_text, render_prompt
+from ..agent.env import ToolCallRecord
+from ..agent.hermes import ChatFormat
 from ..agent.trajectory import Trajectory
 
 SESSION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
@@ -82,31 +83,6 @@ def normalize_messages(messages: list) -> list[dict]:
     if out[-1]["role"] == "assistant":
         raise RequestError("the last message is the assistant's: continuing a partial reply is not supported")
     return out
-
-
-TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-
-
-def parse_tool_calls(text: str, call_id: Callable[[], str]) -> tuple[str, list[dict]]:
-    """The reply's Hermes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks as OpenAI
-    ``tool_calls`` (ids from `call_id`), and the text outside them; a block that is not such JSON stays text."""
-    calls, kept, last = [], [], 0
-    for match in TOOL_CALL.finditer(text):
-        try:
-            call = json.loads(match.group(1))
-        except ValueError:
-            continue
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            continue
-        args = call.get("arguments", call.get("parameters", {}))
-        arguments = args if isinstance(args, str) else json.dumps(args)
-        calls.append({"id": call_id(), "type": "function", "function": {"name": call["name"], "arguments": arguments}})
-        kept.append(text[last : match.start()])
-        last = match.end()
-    if not calls:
-        return text, []
-    kept.append(text[last:])
-    return "".join(kept).strip(), calls
 
 
 def _calls(calls) -> list:
@@ -215,19 +191,20 @@ class Session:
             return f"the session switched from {self.kind} to {kind} requests"
         return None
 
-    def plan_chat(self, tokenizer, messages: list[dict], tools: list | None, encode: Callable) -> Turn:
-        """The turn for a chat request with `messages` (normalized); see the module docstring."""
+    def plan_chat(self, chat: ChatFormat, messages: list[dict], tools: list | None, encode: Callable) -> Turn:
+        """The turn for a chat request with `messages` (normalized), rendered as `chat` renders them; see the
+        module docstring."""
         reason = self._why_new("chat") or self._chat_difference(messages, tools)
         if reason is None:
             n = len(self.messages)
             try:
-                suffix = added_turns_text(tokenizer, messages[n:], self.closed_by_eos, tools)
+                suffix = chat.added_turns(messages[n:], self.closed_by_eos, tools)
             except ValueError as exc:
                 reason = str(exc)
             else:
                 forced = encode(suffix)
                 return Turn(self.current.request_id, self.tokens + forced, forced, False, kept=n)
-        prompt = encode(render_prompt(tokenizer, messages, tools))
+        prompt = encode(chat.prompt(messages, tools))
         return Turn(self._request_id(), prompt, [], True, reason)
 
     def _chat_difference(self, messages: list[dict], tools: list | None) -> str | None:
@@ -246,15 +223,32 @@ class Session:
         return None
 
     def record_chat(self, turn: Turn, messages: list[dict], tools: list | None, reply: dict, cut: str | None) -> None:
-        """After a chat turn: the conversation its tokens stand for. An extended session keeps its own messages
-        (replies as it returned them) and appends the new ones; a new branch holds the request's messages.
-        `cut` is the stop string left out of the reply's text (the sampled tokens hold it)."""
+        """After a chat turn: the conversation its tokens stand for, and the tool calls of its branch. An
+        extended session keeps its own messages (replies as it returned them) and appends the new ones; a new
+        branch holds the request's messages. `cut` is the stop string left out of the reply's text (the
+        sampled tokens hold it). Tool messages answer the branch's open calls in order (ids may be rewritten)."""
         if turn.new_branch:
             self.cut = {}
+        else:
+            answers = [m for m in messages[turn.kept :] if m["role"] == "tool"]
+            for call, answer in zip([c for c in self.current.tool_calls if c.status == "requested"], answers):
+                call.status, call.output = "ok", answer["content"]
         self.messages = self.messages[: turn.kept] + messages[turn.kept :] + [reply]
         if cut:
             self.cut[len(self.messages) - 1] = cut
         self.kind, self.tools = "chat", tools
+        for call in reply.get("tool_calls", []):
+            arguments = _calls([call])[0][1]
+            self.current.tool_calls.append(
+                ToolCallRecord(
+                    name=call["function"]["name"],
+                    arguments=arguments if isinstance(arguments, dict) else {"arguments": arguments},
+                    status="requested",  # until a tool message answers it
+                    output="",
+                    wall_s=0.0,
+                    turn=self.current.num_turns - 1,
+                )
+            )
 
     def plan_completion(self, prompt: str | list[int], encode: Callable) -> Turn:
         """The turn for a completion request: `prompt` extends the session when it starts with the session's
