@@ -46,7 +46,11 @@ def busy_us(events, lo: float, hi: float) -> float:
 def analyse(prof, device: torch.device) -> dict:
     """Top kernels (CUDA) or operators (CPU), the attention ones, and the host's share of the step."""
     averages = prof.key_averages()
-    ops = sorted((e for e in averages if e.self_cpu_time_total > 0), key=lambda e: e.self_cpu_time_total, reverse=True)
+    ops = sorted(
+        (e for e in averages if e.self_cpu_time_total > 0 and e.key != LABEL),
+        key=lambda e: e.self_cpu_time_total,
+        reverse=True,
+    )
     out = dict(
         top_cpu_ops=[dict(op=e.key, self_cpu_ms=e.self_cpu_time_total / 1e3, calls=e.count) for e in ops[:TOP]],
         attention_ops=[dict(op=e.key, calls=e.count) for e in ops if ATTENTION.search(e.key)],
@@ -116,9 +120,7 @@ def profile_method(loaded, config: GpuCheckConfig, device: torch.device, method:
     engine.step()
     synchronize(device)
     unprofiled = time.perf_counter() - t0
-    while engine.has_unfinished():
-        engine.step()
-    for _, j in rows:
+    for _, j in rows:  # cancels what still runs: the rest of the batch is not measured
         engine.release(f"r{j}")
     return dict(
         method=method,
