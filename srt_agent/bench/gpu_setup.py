@@ -66,7 +66,7 @@ class GpuCheckConfig:
             budget_s=300.0,  # a cap, far above the ~40 s it takes: no case is skipped on a busy machine
             exact_archs=("qwen2",),
             exact_settings=("greedy", "t1-top-p0.9"),
-            chi_square_samples=300,
+            chi_square_samples=600,
             shapes=(TINY,),
             batches=(1, 4),
             group=2,
