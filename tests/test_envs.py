@@ -23,7 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((ROOT / "envs").glob("*.yaml"))
 # verifiers environments bring their own tasks, tools and rewards: tests/test_verifiers_env.py runs them
 VERIFIERS_FILES = [p for p in SHIPPED if str(yaml.safe_load(p.read_text()).get("env", "")).startswith("verifiers:")]
-ENV_FILES = [p for p in SHIPPED if p not in VERIFIERS_FILES]
+# agents written against the openai client (agent:) run from examples/: tests/test_tool_agent.py runs them
+AGENT_FILES = [p for p in SHIPPED if yaml.safe_load(p.read_text()).get("agent")]
+ENV_FILES = [p for p in SHIPPED if p not in VERIFIERS_FILES + AGENT_FILES]
 runner = CliRunner()
 SMALL = [
     "--set", "max_tokens_per_turn=8", "--set", "max_response_tokens=48",
@@ -58,6 +60,7 @@ def test_the_shipped_env_files_are_all_covered():
         "reasoning_gym_mix.yaml",
     }
     assert [p.name for p in VERIFIERS_FILES] == ["vf_calculator.yaml"]
+    assert [p.name for p in AGENT_FILES] == ["openai_tools.yaml"]
 
 
 @pytest.mark.parametrize("path", ENV_FILES, ids=lambda p: p.stem)

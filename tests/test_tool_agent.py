@@ -13,6 +13,7 @@ import pytest
 from srt_agent.agent import arithmetic_tasks, load_env_config
 from srt_agent.agent.hermes import ChatFormat, call_text, parse_tool_calls
 from srt_agent.agent.trajectory import Trajectory
+from srt_agent.models import cache_root
 from srt_agent.rl.traces import load_message_traces, tool_chat_sample, turn_end_token
 from srt_agent.serve.sessions import Session, normalize_messages
 from srt_agent.tools.local import bwrap_path
@@ -131,3 +132,31 @@ def test_the_traces_are_the_example_conversations_whose_code_ran(example, rows):
             row["messages"][-2]["content"] == task.ground_truth
             and example.answer(row["messages"][-1]["content"]) == task.ground_truth
         )
+
+
+@pytest.mark.skipif(bwrap_path() is None, reason="machine: bubblewrap (bwrap) is not installed")
+def test_the_env_file_trains_one_step_on_the_tiny_model(tmp_path, monkeypatch):
+    """`srt-agent train envs/openai_tools.yaml` with its own settings but the model and the sizes: the cold
+    start on the shipped traces, the held-out reports, one GRPO step through the server, identical to
+    `--compare none`."""
+    from typer.testing import CliRunner
+
+    from srt_agent.cli import app
+
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "models").symlink_to(cache_root() / "models")
+    monkeypatch.setenv("SRT_AGENT_CACHE_DIR", str(tmp_path / "cache"))  # a cold start of its own
+    out = tmp_path / "run"
+    small = {
+        "n_samples": 2, "train.prompts_per_step": 2, "train.micro_batch_tokens": 512, "max_tokens_per_turn": 8,
+        "cold_start.epochs": 1, "cold_start.eval_tasks": 2, "engine.calibrate": "false", "engine.max_batch": 8,
+    }  # fmt: skip
+    sets = [arg for key, value in small.items() for arg in ("--set", f"{key}={value}")]
+    args = ["train", str(ROOT / "envs" / "openai_tools.yaml"), "--out", str(out), "--model", "tiny-llama"]
+    result = CliRunner().invoke(app, [*args, "--steps", "1", "--compare", "none", *sets])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["cold_start"]["traces"] == 96 and report["cold_start"]["after"]["trajectories"] == 2
+    (step,) = report["steps"]
+    assert step["compare/none/identical"] == 1.0 and step["rollout/sampled_tokens"] > 0
