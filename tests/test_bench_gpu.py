@@ -99,7 +99,8 @@ def test_dry_run_speed_train_and_profile(dry_run):
 
 
 def test_a_failing_stage_is_recorded_and_the_next_runs(tmp_path, monkeypatch):
-    def broken(*args):
+    def broken(config, device, deadline, save, log):
+        save(dict(runs=[1]))
         raise RuntimeError("no kernel image for this device")
 
     def fine(config, device, deadline, save, log):
@@ -115,6 +116,7 @@ def test_a_failing_stage_is_recorded_and_the_next_runs(tmp_path, monkeypatch):
     )
     error = json.loads((tmp_path / "exactness.json").read_text())
     assert "no kernel image" in error["error"] and "RuntimeError" in error["traceback"]
+    assert error["runs"] == [1]  # what the stage saved before it failed is kept
     assert json.loads((tmp_path / "speed.json").read_text())["value"] == 2
 
 

@@ -126,17 +126,20 @@ def run_stage(
     out: Path,
     log: Callable[[str], None],
 ) -> dict:
-    """One stage: its partial results are saved as they come, its error (if any) recorded, never raised."""
+    """One stage: its partial results are saved as they come; its error (if any) is recorded beside the last
+    of them, never raised."""
     t0 = time.monotonic()
+    partial: dict = {}
 
-    def save(partial: dict) -> None:
+    def save(results: dict) -> None:
+        partial.update(json.loads(json.dumps(results, default=str)))  # a copy: the stage goes on changing its own
         write_stage(out, name, dict(stage=name, status="running", wall_s=time.monotonic() - t0, **partial))
 
     try:
         result = fn(config, device, deadline, save, log)
         status = "skipped-some" if result.get("skipped") else "ok"
     except Exception as exc:  # a stage that fails must not stop the others: recorded, then the next runs
-        result = dict(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=8))
+        result = dict(partial, error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=8))
         status = "error"
         log(f"stage {name} failed: {result['error']}")
     finally:
