@@ -4,7 +4,8 @@ shapes and the sharpening that makes their samples repeat, the time budget, and 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -56,7 +57,6 @@ class GpuCheckConfig:
     train_shape: ModelShape = SMALL
     profile_batch: int = 64
     threads: int | None = None  # torch's CPU threads (None: torch's choice)
-    notes: list[str] = field(default_factory=list)
 
     @classmethod
     def dry_run(cls, device: str = "cpu") -> GpuCheckConfig:
@@ -168,13 +168,13 @@ def memory_figures(device: torch.device) -> dict:
             peak_allocated_mb=torch.cuda.max_memory_allocated(device) / 2**20,
             peak_reserved_mb=torch.cuda.max_memory_reserved(device) / 2**20,
         )
+    import os
     import resource
 
-    import psutil
-
+    statm = Path("/proc/self/statm")  # Linux: the current resident set in pages
     return dict(
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # the process's lifetime peak
-        rss_mb=psutil.Process().memory_info().rss / 2**20,
+        rss_mb=int(statm.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20 if statm.exists() else None,
     )
 
 

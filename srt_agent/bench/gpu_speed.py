@@ -161,7 +161,11 @@ def run_speed(
         if deadline.expired():
             result["skipped"].append(f"{name} verification costs: time budget")
             continue
-        result["models"][name]["verification"] = verification_costs(loaded, config, device, deadline)
+        verification = verification_costs(loaded, config, device, deadline)
+        result["models"][name]["verification"] = verification
+        result["skipped"] += [
+            f"{name} verification at batch {r['batch']}" for r in verification["shapes"] if "skipped" in r
+        ]
         save(result)
     result["summary"] = [
         dict(model=m, **row) for m in models for row in summarize([r for r in result["runs"] if r["model"] == m])
