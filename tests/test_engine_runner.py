@@ -3,12 +3,15 @@ for every verified architecture (its own layers, our tree attention)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
 from srt_agent.cache import Draft
 from srt_agent.engine import Engine, SamplingParams
 from srt_agent.engine.model_runner import Chunk, ModelRunner, check_model
+from srt_agent.engine.tree import draft_order
 from srt_agent.models import tiny_random_model
 from srt_agent.models.architectures import VERIFIED, UnsupportedModel
 
@@ -62,6 +65,47 @@ def test_tree_rows_equal_each_path(tiny):
     for node in range(len(draft)):
         path = prompt + draft.path_to(node)
         torch.testing.assert_close(logits[1 + node], hf_logits(model, path)[-1], rtol=0, atol=tol(model))
+
+
+def test_padded_groups_equal_each_sequence(tiny):
+    """Chunks of different lengths in one group (padded rows), a draft tree among them, each row's logits
+    equal to the sequence's own forward (sliding windows included)."""
+    model = tiny.model
+    runner = ModelRunner(model, num_slots=3, max_context=32, tree_margin=8, device=torch.device("cpu"))
+    first, second = TOKENS[:5], TOKENS[2:9]
+    hidden = runner.forward([Chunk(2, 0, second, 7), Chunk(0, 0, first, 5)])  # one group: 7 and 5 rows
+    torch.testing.assert_close(runner.logits(hidden[:7]), hf_logits(model, second), rtol=0, atol=tol(model))
+    torch.testing.assert_close(runner.logits(hidden[7:]), hf_logits(model, first), rtol=0, atol=tol(model))
+    draft = Draft([10, 11, 12, 13, 14], [-1, -1, 1, 0, 2], [1.0] * 5)
+    more = [40, 41, 42, 43, 44]
+    hidden = runner.forward([Chunk(0, 5, [6] + draft.token_ids, 1, draft.parents), Chunk(2, 7, more, 5)])
+    logits = runner.logits(hidden)
+    for node in range(len(draft)):
+        path = first + [6] + draft.path_to(node)
+        torch.testing.assert_close(logits[1 + node], hf_logits(model, path)[-1], rtol=0, atol=tol(model))
+    torch.testing.assert_close(logits[6:], hf_logits(model, second + more)[7:], rtol=0, atol=tol(model))
+
+
+def test_draft_order_intervals_are_the_ancestors():
+    """Entry j is an ancestor-or-self of entry i exactly when enter[j] <= enter[i] < exit[j], for random
+    trees in any node order below a run of pending tokens; depths count from the last pending token."""
+    rng = random.Random(0)
+    for _ in range(200):
+        pending, nodes = rng.randint(1, 3), rng.randint(0, 12)
+        parents = [rng.randint(-1, i - 1) for i in range(nodes)]
+        depth, enter, exit_ = draft_order(pending, parents)
+        enter, exit_ = list(range(pending)) + enter, [pending + nodes] * pending + exit_
+        parent_of = list(range(-1, pending - 1)) + [pending + p if p >= 0 else pending - 1 for p in parents]
+        for i in range(pending + nodes):
+            ancestors, node = set(), i
+            while node >= 0:
+                ancestors.add(node)
+                node = parent_of[node]
+            assert {j for j in range(pending + nodes) if enter[j] <= enter[i] < exit_[j]} == ancestors
+            if i >= pending:
+                assert depth[i - pending] == len(ancestors) - pending
+    with pytest.raises(ValueError, match="parents must precede"):
+        draft_order(1, [-1, 2, 0])
 
 
 def test_compaction_keeps_the_accepted_path(tiny):

@@ -74,10 +74,8 @@ class KVCache:
         """Copy entries (slots[i], src[i]) → (slots[i], dst[i]) in every layer."""
         if not slots:
             return
-        device = self.keys[0].device
-        s = torch.tensor(slots, device=device)
-        a = torch.tensor(src, device=device)
-        b = torch.tensor(dst, device=device)
+        # One non-blocking copy of all three index lists (pageable memory: staged at once, no wait).
+        s, a, b = torch.tensor([slots, src, dst]).to(self.keys[0].device, non_blocking=True).unbind(0)
         for keys, values in zip(self.keys, self.values):
             keys[s, :, b] = keys[s, :, a]
             values[s, :, b] = values[s, :, a]

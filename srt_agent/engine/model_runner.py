@@ -20,9 +20,10 @@ import torch
 
 from ..models.architectures import check_model
 from .device_info import detect_device
+from .forward_inputs import forward_inputs
 from .kv_cache import KVCache
 from .packed_linear import pack_model_linears, should_pack
-from .tree_attention import TreeBatch, build_groups, use_tree_attention
+from .tree_attention import use_tree_attention
 
 
 @dataclass
@@ -31,8 +32,9 @@ class Chunk:
 
     ``start`` tokens of the sequence are already in the KV cache of ``slot``. The chunk's first
     ``num_pending`` tokens continue the sequence (positions start, start+1, …); the rest are draft
-    nodes with ``parents`` (-1 = the last pending token), at position ``start + num_pending - 1 + depth``.
-    Entry i's key/value is written at cache position ``start + i``.
+    nodes with ``parents`` (-1 = the last pending token; parents precede their children), at rotary
+    position ``start + num_pending - 1 + depth``. Entry i's key/value is written at cache position
+    ``start + i``.
     """
 
     slot: int
@@ -47,15 +49,6 @@ class Chunk:
 
     def __len__(self) -> int:
         return len(self.token_ids)
-
-    def positions(self) -> list[int]:
-        """Rotary position of every entry: sequence order for pending tokens, depth for draft nodes."""
-        out = list(range(self.start, self.start + self.num_pending))
-        depths: list[int] = []
-        for parent in self.parents:
-            depths.append(1 if parent < 0 else depths[parent] + 1)
-        last = self.start + self.num_pending - 1
-        return out + [last + d for d in depths]
 
 
 class ModelRunner:
@@ -97,27 +90,13 @@ class ModelRunner:
         for chunk in chunks:
             if chunk.start + len(chunk) > self.capacity:
                 raise ValueError(f"chunk ends at {chunk.start + len(chunk)}, beyond the cache of {self.capacity}")
-        offsets, total = [], 0
-        for chunk in chunks:
-            offsets.append(total)
-            total += len(chunk)
-        dev = self.device
-        positions = [c.positions() for c in chunks]
-        tokens = torch.tensor([t for c in chunks for t in c.token_ids], device=dev)
-        batch = TreeBatch(
-            cache=self.kv,
-            slot_of=torch.tensor([c.slot for c in chunks for _ in c.token_ids], device=dev),
-            cache_pos=torch.tensor([c.start + i for c in chunks for i in range(len(c))], device=dev),
-            groups=build_groups(chunks, offsets, positions, dev),
-            total=total,
-            span=(chunks[0].slot, chunks[0].start) if len(chunks) == 1 else None,
-        )
+        inputs = forward_inputs(chunks, self.kv, self.device)
         out = self.decoder(
-            input_ids=tokens.unsqueeze(0),
-            position_ids=torch.tensor([p for ps in positions for p in ps], device=dev).unsqueeze(0),
+            input_ids=inputs.token_ids.unsqueeze(0),
+            position_ids=inputs.positions.unsqueeze(0),
             attention_mask=self._no_mask,
             use_cache=False,
-            tree_batch=batch,
+            tree_batch=inputs.batch,
         )
         return out.last_hidden_state[0]
 

@@ -6,11 +6,19 @@ name that also records the model's previous implementation: a forward pass that 
 :class:`TreeBatch` (plain transformers use of the same module, e.g. ``generate`` or training) falls
 through to that implementation unchanged.
 
-A :class:`TreeBatch` describes one engine forward pass: the tokens of all chunks are packed into one
-row block (batch 1 for transformers); this function writes every layer's new keys and values into the
-:class:`KVCache` and attends per group of chunks of similar length (padded within the group) with an
-explicit boolean mask: each entry sees its sequence's cached tokens plus its own ancestors in the
-chunk, and on sliding-window layers only keys whose position is within the window.
+A :class:`TreeBatch` describes one engine forward pass (built by `forward_inputs.py`): the tokens of
+all chunks are packed into one row block (batch 1 for transformers); this function writes every
+layer's new keys and values into the :class:`KVCache` and attends per group of chunks of similar length
+(padded within the group) with an additive mask: each entry sees its sequence's cached tokens plus its
+own ancestors in the chunk, and on sliding-window layers only keys whose position is within the window.
+The mask is derived on the device, once per pass, from each entry's preorder interval in its chunk's tree.
+
+Grouped-query attention folds the query heads that share a KV head into the query rows: queries
+``[B, kv_heads, L * group, D]`` against keys ``[B, kv_heads, K, D]``. Every key and value is then read
+once per KV head, and SDPA gets equal head counts and a float mask, which its memory-efficient CUDA
+kernel takes (a boolean mask with ``enable_gqa`` sends CUDA to the math kernel, which writes the
+scores out; expanding the KV heads instead would read keys and values ``group`` times). Same path on
+CPU, where its flash kernel runs it.
 """
 
 from __future__ import annotations
@@ -28,27 +36,19 @@ TREE_ATTENTION_PREFIX = "srt_tree_over_"
 
 @dataclass
 class AttentionGroup:
-    """Chunks attended together: padded rows, their slots, key length and masks."""
+    """Chunks attended together: padded rows, their slots, key length, and where their masks come from."""
 
-    rows: torch.Tensor  # [B, L] packed-row index of each entry (padding → 0)
+    rows: torch.Tensor  # [B, L] packed-row index of each entry (padding → the chunk's first entry)
     entries: torch.Tensor | None  # flat [B * L] indices of the real (non-padding) entries; None: all are
     packed: torch.Tensor  # their packed-row indices, in the same order
     slots: torch.Tensor  # [B]
     slot_range: tuple[int, int] | None  # (lo, hi) when slots are consecutive: the cache is sliced, not copied
     key_len: int
-    mask: torch.Tensor  # [B, 1, L, key_len] bool: cached context + ancestors
     in_order: bool  # rows are exactly 0 … N-1 without padding: the pass's only group, no gather needed
-    query_pos: torch.Tensor  # [B, 1, L, 1] rotary position of each entry
-    key_pos: torch.Tensor  # [B, 1, 1, key_len] rotary position of each key
-    windowed: dict[int, torch.Tensor] = field(default_factory=dict)  # sliding window → mask
-
-    def mask_for(self, window: int | None) -> torch.Tensor:
-        """The mask, restricted on sliding-window layers to keys with ``query_pos - key_pos < window``."""
-        if window is None:
-            return self.mask
-        if window not in self.windowed:
-            self.windowed[window] = self.mask & (self.key_pos > self.query_pos - window)
-        return self.windowed[window]
+    start: torch.Tensor  # [B] cached tokens of each chunk's sequence
+    offset: torch.Tensor  # [B] packed row of each chunk's first entry
+    length: torch.Tensor  # [B] entries of each chunk
+    biases: dict[tuple, torch.Tensor] = field(default_factory=dict)  # (group, window, dtype) → mask
 
 
 @dataclass
@@ -58,63 +58,52 @@ class TreeBatch:
     cache: KVCache
     slot_of: torch.Tensor  # [N] slot of every packed entry
     cache_pos: torch.Tensor  # [N] cache position its key/value is written at
+    enter: torch.Tensor  # [N] preorder index of the entry in its chunk's tree (`tree.draft_order`)
+    exit: torch.Tensor  # [N] end of its subtree: j is an ancestor-or-self of i iff enter[j] <= enter[i] < exit[j]
+    positions: torch.Tensor  # [N] rotary position
     groups: list[AttentionGroup]
     total: int
     span: tuple[int, int] | None = None  # (slot, start) when all entries are one slot's consecutive positions
 
+    def bias(self, g: AttentionGroup, group: int, window: int | None, dtype: torch.dtype) -> torch.Tensor:
+        """Additive mask ``[B, 1, L * group, key_len]`` (0 or -inf) of a group, query rows folded as in
+        :func:`fold_heads`: cached context and ancestors; with a `window`, only keys with
+        ``query_pos - key_pos < window``. Built on the first layer that asks, then reused."""
+        key = (group, window, dtype)
+        if key not in g.biases:
+            g.biases[key] = self._bias(g, group, window, dtype)
+        return g.biases[key]
 
-def build_groups(
-    chunks: list, offsets: list[int], positions: list[list[int]], device: torch.device
-) -> list[AttentionGroup]:
-    """Group chunks by length (powers of two) and build each group's rows and masks.
+    def _bias(self, g: AttentionGroup, group: int, window: int | None, dtype: torch.dtype) -> torch.Tensor:
+        keys = torch.arange(g.key_len, device=g.rows.device)
+        local = keys - g.start[:, None]  # [B, K] index of each key in the chunk (< 0: cached context)
+        inside = (local >= 0) & (local < g.length[:, None])
+        entry = (g.offset[:, None] + local).clamp(0, self.total - 1)
+        # Context keys come before every entry and contain them all; keys past the chunk come after all.
+        key_enter = torch.where(inside, self.enter[entry], torch.where(local < 0, -1, self.total))
+        key_exit = torch.where(inside, self.exit[entry], self.total)
+        query_enter = self.enter[g.rows][:, :, None]  # [B, L, 1]
+        visible = (key_enter[:, None, :] <= query_enter) & (query_enter < key_exit[:, None, :])  # [B, L, K]
+        if window is not None:  # cached token c sits at rotary position c
+            key_pos = torch.where(inside, self.positions[entry], keys)
+            visible &= key_pos[:, None, :] > self.positions[g.rows][:, :, None] - window
+        batch, length, key_len = visible.shape
+        bias = torch.zeros(batch, length, group, key_len, dtype=dtype, device=visible.device)
+        return bias.masked_fill_(~visible[:, :, None, :], float("-inf")).view(batch, 1, length * group, key_len)
 
-    `chunks` are :class:`~srt_agent.engine.model_runner.Chunk`; `positions[i]` the rotary positions of
-    chunk i's entries. Cached token c of a sequence sits at rotary position c.
-    """
-    from .tree import chunk_attention
 
-    buckets: dict[int, list[int]] = {}
-    for i, chunk in enumerate(chunks):
-        buckets.setdefault((len(chunk) - 1).bit_length(), []).append(i)
-    groups = []
-    for members in buckets.values():
-        members.sort(key=lambda i: chunks[i].slot)
-        width = max(len(chunks[i]) for i in members)
-        key_len = max(chunks[i].start + len(chunks[i]) for i in members)
-        rows = torch.zeros(len(members), width, dtype=torch.long)
-        valid = torch.zeros(len(members), width, dtype=torch.bool)
-        mask = torch.zeros(len(members), 1, width, key_len, dtype=torch.bool)
-        query_pos = torch.zeros(len(members), 1, width, 1, dtype=torch.long)
-        key_pos = torch.arange(key_len).repeat(len(members), 1, 1, 1)
-        for b, i in enumerate(members):
-            chunk, n = chunks[i], len(chunks[i])
-            rows[b, :n] = torch.arange(offsets[i], offsets[i] + n)
-            valid[b, :n] = True
-            mask[b, 0, :n, : chunk.start] = True
-            mask[b, 0, :n, chunk.start : chunk.start + n] = chunk_attention(chunk.num_pending, chunk.parents)
-            mask[b, 0, n:, 0] = True  # padding rows attend to something; their output is dropped
-            pos = torch.tensor(positions[i])
-            query_pos[b, 0, :n, 0] = pos
-            key_pos[b, 0, 0, chunk.start : chunk.start + n] = pos  # padding rows: position 0 sees key 0
-        slots = [chunks[i].slot for i in members]
-        consecutive = slots == list(range(slots[0], slots[0] + len(slots)))
-        flat = valid.flatten()
-        in_order = len(buckets) == 1 and bool(flat.all()) and torch.equal(rows.flatten(), torch.arange(rows.numel()))
-        groups.append(
-            AttentionGroup(
-                rows=rows.to(device),
-                entries=None if bool(flat.all()) else flat.nonzero().squeeze(1).to(device),
-                packed=rows.flatten()[flat].to(device),
-                slots=torch.tensor(slots, device=device),
-                slot_range=(slots[0], slots[0] + len(slots)) if consecutive else None,
-                key_len=key_len,
-                in_order=in_order,
-                mask=mask.to(device),
-                query_pos=query_pos.to(device),
-                key_pos=key_pos.to(device),
-            )
-        )
-    return groups
+def fold_heads(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """``[B, L, heads, D]`` → ``[B, kv_heads, L * group, D]``: the query heads that share a KV head
+    become that head's rows (row ``l * group + g``). A view for one query per sequence (decode)."""
+    b, length, heads, dim = q.shape
+    return q.view(b, length, kv_heads, heads // kv_heads, dim).transpose(1, 2).reshape(b, kv_heads, -1, dim)
+
+
+def unfold_heads(out: torch.Tensor, length: int) -> torch.Tensor:
+    """Inverse of :func:`fold_heads` on the output, flattened to ``[B * L, heads, D]``."""
+    b, kv_heads, rows, dim = out.shape
+    group = rows // length
+    return out.view(b, kv_heads, length, group, dim).transpose(1, 2).reshape(b * length, kv_heads * group, dim)
 
 
 def tree_attention(
@@ -150,18 +139,19 @@ def tree_attention(
         cache.write_span(layer, *tree_batch.span, k, v)
     else:
         cache.write(layer, tree_batch.slot_of, tree_batch.cache_pos, k, v)
-    heads, head_dim = q.shape[1], q.shape[2]
+    heads, head_dim, kv_heads = q.shape[1], q.shape[2], k.shape[1]
     scale = scaling if scaling is not None else head_dim**-0.5
     out = None
     for g in tree_batch.groups:
-        qg = (q.view(*g.rows.shape, heads, head_dim) if g.in_order else q[g.rows]).transpose(1, 2)  # [B, H, L, D]
+        width = g.rows.shape[1]
+        qg = fold_heads(q.view(*g.rows.shape, heads, head_dim) if g.in_order else q[g.rows], kv_heads)
         kg, vg = cache.read(layer, g.slots, g.slot_range, g.key_len)
-        mask = g.mask_for(sliding_window)
+        bias = tree_batch.bias(g, heads // kv_heads, sliding_window, q.dtype)
         if softcap is None and s_aux is None:
-            og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, scale=scale, enable_gqa=True)
+            og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=bias, scale=scale)
         else:
-            og = _attention_math(qg, kg, vg, mask, scale, softcap, s_aux)
-        og = og.transpose(1, 2).reshape(-1, heads, head_dim)
+            og = _attention_math(qg, kg, vg, bias, scale, softcap, s_aux)
+        og = unfold_heads(og, width)
         if g.in_order:
             return og.unsqueeze(0), None
         if out is None:
@@ -174,21 +164,21 @@ def _attention_math(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask: torch.Tensor,
+    bias: torch.Tensor,
     scale: float,
     softcap: float | None,
     sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Attention written out, for what SDPA lacks: logit soft-capping and attention sinks."""
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    """Attention written out, for what SDPA lacks: logit soft-capping and attention sinks. Query heads
+    folded as in :func:`fold_heads` (`q` ``[B, kv_heads, L * group, D]``, `sinks` one per query head)."""
     scores = (q @ k.transpose(-1, -2)) * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.masked_fill(~mask, float("-inf"))
+    scores = scores + bias
     if sinks is not None:  # one extra logit per head that takes probability mass and no value
-        sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        kv_heads, rows = q.shape[1], q.shape[2]
+        per_row = sinks.to(scores.dtype).view(kv_heads, -1).repeat(1, rows // (sinks.numel() // kv_heads))
+        sink = per_row.view(1, kv_heads, rows, 1).expand(*scores.shape[:-1], 1)
         scores = torch.cat([scores, sink], dim=-1)
         scores = scores - scores.max(dim=-1, keepdim=True).values
     probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
