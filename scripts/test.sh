@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 . scripts/missing.sh
 . scripts/phase.sh
+# A Docker engine and the Docker sandbox's image (its tests skip as a machine skip where Docker cannot run); an
+# engine started here stops when the run ends.
+docker version >/dev/null 2>&1 || trap 'bash scripts/install_docker.sh --stop' EXIT
+bash scripts/install_docker.sh || missing "the Docker sandbox's engine or image did not install (scripts/install_docker.sh)"
 # Snowflake's arctic-inference (the C++ SuffixDecoding drafter) builds from source in ~20 s.
 has_arctic() { .venv/bin/python -c "import arctic_inference.suffix_decoding" 2>/dev/null; }
 has_arctic || phase "arctic-inference 0.3.0 (built from source)" bash scripts/install_arctic.sh \
