@@ -7,11 +7,9 @@ srt-agent's own server in tests/test_server.py.
 
 from __future__ import annotations
 
-import io
 import json
 import socket
 import sys
-import tarfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,7 +22,6 @@ from srt_agent.tools import (
     SandboxUnavailable,
     make_sandbox,
 )
-from srt_agent.tools.docker_sandbox import _program_archive, _read_capped
 from srt_agent.tools.sandbox_fusion import result_from_response
 
 
@@ -187,18 +184,3 @@ class TestDocker:
     def test_bad_limits_are_rejected_before_contacting_docker(self):
         with pytest.raises(ValueError, match="cpus > 0"):
             DockerSandbox(cpus=0)
-
-    def test_output_is_read_up_to_the_cap(self):
-        def stream():
-            yield b"a" * 6, None
-            yield None, b"e" * 3
-            yield b"b" * 6, None
-            raise AssertionError("read past the cap")
-
-        assert _read_capped(stream(), 10) == (b"a" * 6 + b"b", b"e" * 3, True)
-        assert _read_capped(iter([(b"x", b"y")]), 10) == (b"x", b"y", False)
-
-    def test_program_archive_holds_the_program_and_stdin(self):
-        with tarfile.open(fileobj=io.BytesIO(_program_archive("print(1)", "data"))) as tar:
-            files = {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers()}
-        assert files == {"sandbox/main.py": "print(1)", "sandbox/stdin": "data"}

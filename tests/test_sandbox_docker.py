@@ -1,137 +1,219 @@
-"""DockerSandbox.run against a stand-in Docker client.
+"""DockerSandbox against a real Docker engine (as root, `bash scripts/install_docker.sh` starts one and builds
+the sandbox image; where no engine can answer, these tests skip as a machine skip).
 
-No Docker engine runs on the test machines, so `docker.from_env()` returns the fakes below (a test
-double): they replay what the engine's API gives back (attach stream chunks, wait status, OOM flag)
-so that the sandbox's own logic is checked — limits passed to `create`, status mapping, the deadline
-kill, the output cap, cleanup, and errors that must come back as results, never as exceptions.
-The unreachable-daemon error runs against the real SDK in test_sandbox_backends.py.
+Every case runs real containers, and every test checks that the containers it created are gone afterwards.
+A stand-in replaces one SDK call only where a real engine cannot be made to do what the case needs, and says
+so. The hostile battery runs through Docker in test_sandbox_hostile.py.
 """
 
 from __future__ import annotations
 
-import threading
+import io
+import json
+import tarfile
+import time
+from pathlib import Path
 
 import pytest
 
 docker = pytest.importorskip("docker", reason="the docker client is an optional extra: pip install 'srt-agent[docker]'")
 requests = pytest.importorskip("requests")
 
+from test_sandbox_hostile import containers_left, docker_client_or_skip, recorded_containers  # noqa: E402
+
 from srt_agent.tools import DockerSandbox, SandboxUnavailable  # noqa: E402
+from srt_agent.tools.docker_sandbox import DEFAULT_IMAGE, _Demux, _program_archive, _take_fetched  # noqa: E402
+from srt_agent.tools.server import ServerConfig, running_server  # noqa: E402
+
+CAP = 65536
+PINS = Path(__file__).resolve().parents[1] / "srt_agent" / "tools" / "sandbox_runtime.txt"
 
 
-class FakeContainer:
-    def __init__(self, chunks=(), status=0, oom=False, block=False, wait_error=None):
-        self.chunks, self.status, self.block, self.wait_error = list(chunks), status, block, wait_error
-        self.attrs = {"State": {"OOMKilled": oom}}
-        self.killed, self.removed, self.archive = threading.Event(), False, None
-
-    def put_archive(self, path, data):
-        self.archive = (path, data)
-
-    def attach(self, **kwargs):
-        assert kwargs["demux"] and kwargs["stream"]
-        yield from self.chunks
-        if self.block:  # a program still running: the stream ends when the container is killed
-            assert self.killed.wait(10)
-
-    def start(self):
-        pass
-
-    def kill(self):
-        self.killed.set()
-
-    def wait(self, timeout):
-        if self.wait_error is not None:
-            raise self.wait_error
-        return {"StatusCode": 137 if self.killed.is_set() else self.status}
-
-    def reload(self):
-        pass
-
-    def remove(self, force):
-        self.removed = True
+@pytest.fixture(scope="module")
+def client():
+    return docker_client_or_skip()
 
 
-class FakeImages:
-    def __init__(self, present=True, pull_error=None):
-        self.present, self.pull_error, self.pulled = present, pull_error, []
-
-    def get(self, name):
-        if not self.present:
-            raise docker.errors.ImageNotFound(f"no such image: {name}")
-
-    def pull(self, name):
-        if self.pull_error is not None:
-            raise self.pull_error
-        self.pulled.append(name)
+@pytest.fixture
+def sandbox(client):
+    """A DockerSandbox whose containers must all be gone when the test ends."""
+    box = DockerSandbox(timeout_s=10, memory_mb=256, max_output_bytes=CAP)
+    created = recorded_containers(box)
+    yield box
+    assert created and containers_left(client, created) == []
 
 
-class FakeClient:
-    def __init__(self, container=None, images=None):
-        self.container, self.images, self.created = container, images or FakeImages(), []
-        self.containers = self
-
-    def ping(self):
-        return True
-
-    def create(self, image, **kwargs):
-        self.created.append((image, kwargs))
-        return self.container
+def timed(sandbox: DockerSandbox, code: str, **options):
+    start = time.monotonic()
+    result = sandbox.run(code, **options)
+    return result, time.monotonic() - start
 
 
-def sandbox_with(monkeypatch, client, **options) -> DockerSandbox:
-    monkeypatch.setattr(docker, "from_env", lambda: client)
-    return DockerSandbox(**options)
+LOOK_AROUND = """\
+import json, os, resource
+def read(*paths):
+    for path in paths:
+        try:
+            return open(path).read().strip()
+        except OSError:
+            pass
+status = dict(line.split(":\\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\\t" in line)
+print(json.dumps({
+    "ids": [os.getuid(), os.getgid(), os.getgroups()], "cwd": os.getcwd(), "stdin": input(),
+    "net": sorted(os.listdir("/sys/class/net")), "caps": status["CapEff"], "no_new_privs": status["NoNewPrivs"],
+    "memory": read("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory.max"),
+    "pids": read("/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/pids.max"),
+    "fsize": resource.getrlimit(resource.RLIMIT_FSIZE)[0], "workdir": os.listdir("."),
+}))
+"""
 
 
-def test_a_clean_run_passes_the_limits_and_removes_the_container(monkeypatch):
-    container = FakeContainer(chunks=[(b"42\n", None)])
-    client = FakeClient(container)
-    result = sandbox_with(monkeypatch, client, memory_mb=256, cpus=0.5, max_processes=16).run("print(42)")
-    assert (result.status, result.stdout, result.exit_code) == ("ok", "42\n", 0)
-    ((image, kwargs),) = client.created
-    assert image == "python:3.11-slim" and kwargs["network_mode"] == "none"
-    assert (kwargs["mem_limit"], kwargs["nano_cpus"], kwargs["pids_limit"]) == ("256m", 500_000_000, 16)
-    assert kwargs["user"] != "root" and container.archive[0] == "/" and container.removed
+def test_a_run_is_a_locked_down_container(sandbox):
+    result = sandbox.run(LOOK_AROUND, stdin="hello\n")
+    assert result.status == "ok", result
+    seen = json.loads(result.stdout)
+    assert seen["ids"] == [65534, 65534, [65534]] and seen["cwd"] == "/tmp" and seen["stdin"] == "hello"
+    assert seen["net"] == ["lo"] and int(seen["caps"], 16) == 0 and seen["no_new_privs"] == "1"
+    assert int(seen["memory"]) == (256 + 64) << 20 and seen["pids"] == "64" and seen["fsize"] == 16 << 20
+    assert seen["workdir"] == []
+
+
+def test_a_flood_is_cut_at_the_cap_while_the_program_runs(sandbox):
+    """10 MB in 1 MB writes, then a long sleep: cut at the cap long before the deadline (the program still
+    ran), with the local sandbox's status (the battery's output_10mb_then_sleep)."""
+    code = "import sys, time\nfor _ in range(10):\n    sys.stdout.write('y' * (1 << 20))\ntime.sleep(60)\n"
+    result, elapsed = timed(sandbox, code, timeout_s=10)
+    assert (result.status, result.exit_code, result.truncated) == ("output_limit", None, True)
+    assert result.stdout == "y" * CAP and elapsed < 10
 
 
 @pytest.mark.parametrize(
-    "container,status,exit_code",
+    "code",
     [
-        (FakeContainer(chunks=[(None, b"Traceback\nZeroDivisionError\n")], status=1), "error", 1),
-        (FakeContainer(chunks=[(None, b"Killed\n")], status=137, oom=True), "memory", 137),
-        (FakeContainer(status=137), "killed", -9),
+        "import time\nprint('started', flush=True)\ntime.sleep(60)\n",
+        "import time\nwhile True:\n    print('started', flush=True)\n    time.sleep(0.01)\n",
+        "import os, time\nprint('started', flush=True)\nos.close(1)\nos.close(2)\ntime.sleep(60)\n",
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('started', flush=True)\ntime.sleep(60)\n",
     ],
+    ids=["sleep", "drip", "output_closed", "sigterm_ignored"],
 )
-def test_exit_statuses_map_to_ours(monkeypatch, container, status, exit_code):
-    result = sandbox_with(monkeypatch, FakeClient(container)).run("...")
-    assert (result.status, result.exit_code) == (status, exit_code) and container.removed
+def test_the_deadline_holds_within_a_second(sandbox, code):
+    result, elapsed = timed(sandbox, code, timeout_s=3)
+    assert (result.status, result.exit_code) == ("timeout", None) and result.stdout.startswith("started\n")
+    assert 3 - 0.1 <= elapsed < 3 + 1, elapsed
 
 
-def test_the_deadline_kills_the_container(monkeypatch):
-    container = FakeContainer(chunks=[(b"started\n", None)], block=True)
-    result = sandbox_with(monkeypatch, FakeClient(container), timeout_s=0.2).run("while True: pass")
-    assert result.status == "timeout" and container.killed.is_set() and result.stdout == "started\n"
-    assert container.removed
+def test_statuses_are_the_local_sandboxs(sandbox):
+    runs = {
+        "print(1)": ("ok", 0),
+        "import sys\nsys.exit(3)": ("error", 3),
+        "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)": ("killed", -11),
+        "x = bytearray(1 << 30)": ("memory", -9),  # the memory cgroup's kill
+        "import numpy, sympy\nprint(numpy.__version__, sympy.__version__)": ("ok", 0),
+    }
+    for code, expected in runs.items():
+        result = sandbox.run(code)
+        assert (result.status, result.exit_code) == expected, result
 
 
-def test_output_past_the_cap_kills_the_container(monkeypatch):
-    container = FakeContainer(chunks=[(b"x" * 60, None), (b"y" * 60, None)], block=True)
-    result = sandbox_with(monkeypatch, FakeClient(container), max_output_bytes=100).run("...")
-    assert result.status == "output_limit" and result.truncated and len(result.stdout) == 100
-    assert container.killed.is_set() and container.removed
+def test_files_go_in_and_come_back(sandbox):
+    files = {"data.txt": b"given\n", "sub/x.bin": bytes(range(256)), "/mnt/scratch": b"s"}
+    code = "cat data.txt /mnt/scratch; echo made > out.txt; mkdir -p deep; head -c 3 sub/x.bin > deep/y"
+    result = sandbox.run(code, language="bash", files=files, fetch_files=["out.txt", "deep/y", "sub/x.bin", "absent"])
+    assert (result.status, result.stdout) == ("ok", "given\ns"), result
+    assert result.files == {"out.txt": b"made\n", "deep/y": bytes(range(3)), "sub/x.bin": bytes(range(256))}
 
 
-def test_engine_errors_come_back_as_results(monkeypatch):
-    container = FakeContainer(chunks=[(b"ok", None)], wait_error=requests.exceptions.ReadTimeout("engine stalled"))
-    result = sandbox_with(monkeypatch, FakeClient(container)).run("print('ok')")
-    assert result.status == "sandbox_error" and "engine stalled" in result.stderr and container.removed
+def test_fetched_files_do_not_count_against_the_output_cap(sandbox):
+    code = f"import sys\nsys.stdout.write('o' * {CAP - 10})\nopen('big', 'wb').write(b'b' * {4 * CAP})\n"
+    result = sandbox.run(code, fetch_files=["big"])
+    assert (result.status, len(result.stdout), result.files) == ("ok", CAP - 10, {"big": b"b" * 4 * CAP})
+    result = sandbox.run(f"print('o' * {2 * CAP})\nopen('f', 'w').write('x')\n", fetch_files=["f"])
+    assert (result.status, len(result.stdout), result.files) == ("output_limit", CAP, {})
 
 
-def test_a_missing_image_is_pulled_once_or_named_in_the_error(monkeypatch):
-    images = FakeImages(present=False)
-    sandbox_with(monkeypatch, FakeClient(images=images), image="python:3.12-slim")
-    assert images.pulled == ["python:3.12-slim"]
-    images = FakeImages(present=False, pull_error=docker.errors.APIError("pull access denied"))
-    with pytest.raises(SandboxUnavailable, match="'python:3.12-slim' is missing and cannot be pulled"):
-        sandbox_with(monkeypatch, FakeClient(images=images), image="python:3.12-slim")
+@pytest.mark.parametrize("call", ["put_archive", "start", "wait", "reload"])
+def test_an_engine_failing_mid_run_is_a_sandbox_error_and_the_container_is_removed(sandbox, monkeypatch, call):
+    """Stand-in: one SDK call fails (a real engine cannot be made to fail one call on demand); the
+    container around it is real and must be removed."""
+
+    def fail(*args, **kwargs):
+        raise requests.exceptions.ConnectionError(f"engine went away during {call}")
+
+    monkeypatch.setattr(docker.models.containers.Container, call, fail)
+    result, elapsed = timed(sandbox, "print('hello')")
+    assert result.status == "sandbox_error" and f"engine went away during {call}" in result.stderr
+    assert elapsed < 10
+
+
+def test_the_default_image_is_built_here_never_pulled(client, monkeypatch):
+    monkeypatch.setattr("srt_agent.tools.docker_sandbox.DEFAULT_IMAGE", "srt-agent-sandbox:absent")
+    with pytest.raises(
+        SandboxUnavailable, match=r"'srt-agent-sandbox:absent' is not built: bash scripts/install_docker"
+    ):
+        DockerSandbox(image="srt-agent-sandbox:absent")
+
+
+def test_another_missing_image_is_pulled_or_named(client):
+    with pytest.raises(SandboxUnavailable, match=r"'srt-agent-absent:0' is missing and cannot be pulled"):
+        DockerSandbox(image="srt-agent-absent:0")
+
+
+def test_a_missing_image_is_pulled_once():
+    """Stand-in: no registry is reachable here, so a pull that succeeds is the stand-in's."""
+
+    class Images:
+        pulled: list[str] = []
+
+        def get(self, name):
+            raise docker.errors.ImageNotFound(name)
+
+        def pull(self, name):
+            self.pulled.append(name)
+
+    class Client:
+        images = Images()
+
+    DockerSandbox(image="python:3.12-slim", client=Client())
+    assert Client.images.pulled == ["python:3.12-slim"]
+
+
+def test_the_server_serves_with_docker_and_the_local_sandboxs_libraries(sandbox):
+    pins = dict(line.split("==") for line in PINS.read_text().splitlines() if "==" in line and not line.startswith("#"))
+    with running_server(ServerConfig(sandbox, workers=2)) as url:
+        runtime = requests.get(f"{url}/v1/runtime", timeout=60).json()
+        body = {"language": "python", "code": "print(input())", "stdin": "served"}
+        answer = requests.post(f"{url}/run_code", json=body, timeout=60).json()
+    assert runtime["python"]["image"] == DEFAULT_IMAGE and runtime["sandboxed"]
+    assert {name: runtime["python"]["packages"].get(name) for name in pins} == pins
+    assert (answer["status"], answer["run_result"]["stdout"]) == ("Success", "served\n")
+
+
+def test_the_stream_is_demultiplexed_at_any_boundary_up_to_the_cap():
+    def frame(stream: int, data: bytes) -> bytes:
+        return bytes([stream, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
+
+    stream = frame(1, b"out1") + frame(2, b"err") + frame(1, b"out2")
+    for cut in range(len(stream) + 1):
+        demux = _Demux(100)
+        assert not demux.feed(stream[:cut]) and not demux.feed(stream[cut:])
+        assert (demux.out, demux.err) == (b"out1out2", b"err")
+    demux = _Demux(6)
+    assert demux.feed(stream) and (demux.out, demux.err) == (b"out1", b"er")
+
+
+def test_the_archive_holds_the_program_its_stdin_and_files():
+    with tarfile.open(fileobj=io.BytesIO(_program_archive("echo", "in", "bash", {"/mnt/a": b"A"}, None))) as tar:
+        files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+        folders = {m.name for m in tar.getmembers() if m.isdir()}
+    assert files["sandbox/main.sh"] == b"echo" and files["sandbox/stdin"] == b"in"
+    assert files["sandbox/files/.mnt/a"] == b"A" and folders == {"sandbox", "sandbox/files", "sandbox/files/.mnt"}
+    assert json.loads(files["sandbox/run.json"])["argv"] == ["/bin/bash", "/sandbox/main.sh"]
+
+
+def test_fetched_files_come_off_the_end_of_stdout_only_with_the_mark():
+    payload = json.dumps({"f": "eA=="}).encode()
+    out = bytearray(b"printed" + payload + b"MARK" + b"%016x" % len(payload))
+    assert _take_fetched(out, b"MARK") == {"f": b"x"} and out == b"printed"
+    out = bytearray(b"printed, then killed")
+    assert _take_fetched(out, b"MARK") == {} and out == b"printed, then killed"
