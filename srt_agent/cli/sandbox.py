@@ -14,34 +14,41 @@ from .common import PLAIN, console, reported, sandbox_app, write_json
 def sandbox_serve(
     port: int = typer.Option(8080, help="TCP port."),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0 for all)."),
+    backend: str = typer.Option("local", help="Where programs run: local (bubblewrap) or docker (a container each)."),
     workers: int = typer.Option(4, min=1, help="Programs run at the same time."),
     timeout_s: float = typer.Option(10.0, help="Default run timeout; requests may ask for up to --max-timeout-s."),
     max_timeout_s: float = typer.Option(60.0, help="Cap on a request's run_timeout."),
-    memory_mb: int = typer.Option(512, help="Default address-space limit; requests may ask for up to --max-memory-mb."),
+    memory_mb: int = typer.Option(512, help="Default memory limit; requests may ask for up to --max-memory-mb."),
     max_memory_mb: int = typer.Option(4096, help="Cap on a request's memory_limit_MB."),
     max_output_bytes: int = typer.Option(65536, help="Cap on stdout+stderr per run."),
     max_request_bytes: int = typer.Option(8 << 20, min=1, help="Larger request bodies are refused (413)."),
-    allow_unsandboxed: bool = typer.Option(False, help="Run without bubblewrap if it is missing (no isolation)."),
+    allow_unsandboxed: bool = typer.Option(
+        False, help="local: run without bubblewrap if it is missing (no isolation)."
+    ),
     python: str | None = typer.Option(
         None,
-        help="Interpreter or venv programs run with (default: the sandbox runtime when built, see docs/sandbox.md).",
+        help="local: interpreter or venv programs run with (default: the sandbox runtime when built, see docs/sandbox.md).",
+    ),
+    image: str | None = typer.Option(
+        None, help="docker: the image (default: the one scripts/install_docker.sh builds)."
     ),
 ):
-    """A SandboxFusion-compatible server (/run_code, /v1/ping, /v1/runtime) on the local bubblewrap sandbox."""
-    from ..tools import LocalSandbox, SandboxUnavailable
+    """A SandboxFusion-compatible server (/run_code, /v1/ping, /v1/runtime) on the local bubblewrap sandbox or Docker."""
+    from ..tools import DockerSandbox, LocalSandbox, SandboxUnavailable
     from ..tools.server import ServerConfig, serve
 
-    with reported(SandboxUnavailable, code=1, message=PLAIN):
-        sandbox = LocalSandbox(
-            timeout_s=timeout_s,
-            memory_mb=memory_mb,
-            max_output_bytes=max_output_bytes,
-            allow_unsandboxed=allow_unsandboxed,
-            python=python,
-        )
-    inside = sandbox.interpreter_inside
-    where = f" (inside: {inside})" if inside != sandbox.interpreter else ""
-    console.print(f"sandbox python: {sandbox.interpreter}{where}", highlight=False)
+    limits = {"timeout_s": timeout_s, "memory_mb": memory_mb, "max_output_bytes": max_output_bytes}
+    with reported(SandboxUnavailable, ValueError, code=1, message=PLAIN):
+        if backend == "docker":
+            sandbox = DockerSandbox(**limits, **({"image": image} if image else {}))
+            console.print(f"sandbox image: {sandbox.image}", highlight=False)
+        elif backend == "local":
+            sandbox = LocalSandbox(**limits, allow_unsandboxed=allow_unsandboxed, python=python)
+            inside = sandbox.interpreter_inside
+            where = f" (inside: {inside})" if inside != sandbox.interpreter else ""
+            console.print(f"sandbox python: {sandbox.interpreter}{where}", highlight=False)
+        else:
+            raise ValueError(f"--backend {backend!r}: choose local or docker")
     config = ServerConfig(
         sandbox,
         workers=workers,

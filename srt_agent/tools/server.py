@@ -1,4 +1,4 @@
-"""A SandboxFusion-compatible HTTP server on top of the local sandbox: `srt-agent sandbox serve`.
+"""A SandboxFusion-compatible HTTP server on top of the local sandbox (or Docker): `srt-agent sandbox serve`.
 
 Speaks SandboxFusion's `POST /run_code` and `GET /v1/ping`, so verl's SandboxFusion tool and the
 `sandbox-fusion` client work on a machine without Docker. Runs `python` (alias `python3`) and `bash`,
@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from ..threaded_server import served
 from .base import SandboxResult, SandboxStatus
+from .docker_sandbox import DockerSandbox
 from .files import check_names, decode_files, encode_files
 from .local import LocalSandbox
 from .runtime import DESCRIBE_PROGRAM
@@ -123,9 +124,9 @@ def _timed_out_at_once() -> RunCodeResponse:
 
 @dataclasses.dataclass
 class ServerConfig:
-    """What the server runs with: the base sandbox, the pool size, caps on what requests may ask."""
+    """What the server runs with: the base sandbox (local or Docker), the pool size, caps on what requests may ask."""
 
-    sandbox: LocalSandbox
+    sandbox: LocalSandbox | DockerSandbox
     workers: int = 4
     max_timeout_s: float = 60.0
     max_memory_mb: int = 4096
@@ -168,12 +169,15 @@ def create_app(config: ServerConfig) -> FastAPI:
                 raise HTTPException(
                     503, f"the sandbox could not report its runtime ({result.status}): {result.stderr[-2000:]}"
                 )
-            python = json.loads(result.stdout)  # `executable` as programs see it; the host's folder beside it
-            python["host_executable"] = str(config.sandbox.interpreter)
+            python = json.loads(result.stdout)  # `executable` as programs see it; where it comes from beside it
+            if isinstance(config.sandbox, DockerSandbox):
+                python["image"], sandboxed = config.sandbox.image, True
+            else:
+                python["host_executable"], sandboxed = str(config.sandbox.interpreter), config.sandbox.sandboxed
             runtime.update(
                 languages=sorted(RUNNABLE),
                 python=python,
-                sandboxed=config.sandbox.sandboxed,
+                sandboxed=sandboxed,
                 limits={
                     "default_timeout_s": config.sandbox.timeout_s, "max_timeout_s": config.max_timeout_s,
                     "default_memory_mb": config.sandbox.memory_mb, "max_memory_mb": config.max_memory_mb,
