@@ -1,5 +1,6 @@
 """`srt-agent sandbox serve`: SandboxFusion's API on the local sandbox, driven by the real
-`sandbox-fusion` client, raw HTTP and SandboxFusionSandbox; the security battery through it."""
+`sandbox-fusion` client, raw HTTP and SandboxFusionSandbox (the hostile battery through it, on the local
+sandbox and on Docker: test_sandbox_hostile.py)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_sandbox_security import (
-    MAX_OUTPUT,
-    MEMORY_MB,
-    TIMEOUT_S,
-    battery,
-    check_case,
-    listener,
-    run_battery,
-)
+from sandbox_hostile import MAX_OUTPUT
 
 from srt_agent.tools import LocalSandbox, SandboxFusionSandbox
 from srt_agent.tools.local import RUNTIME_MOUNT, bwrap_path
@@ -31,7 +24,6 @@ from srt_agent.tools.runtime import runtime_python
 from srt_agent.tools.server import ServerConfig, running_server
 
 pytestmark = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed")
-__all__ = ["listener"]  # the battery's host listener fixture, shared with test_sandbox_security
 
 WORKERS = 6
 MAX_TIMEOUT_S = 12.0
@@ -355,21 +347,3 @@ class TestRawHttp:
         spans = [tuple(map(float, r.stdout.split())) for r in results]
         overlapping = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
         assert all(r.status == "ok" for r in results) and overlapping >= 2
-
-
-@pytest.fixture(scope="module")
-def battery_through_server(endpoint, listener):
-    sandbox = SandboxFusionSandbox(endpoint, timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB, retries=1)
-    return run_battery(sandbox, battery(listener[0]), workers=WORKERS)
-
-
-@pytest.mark.parametrize("name", [case.name for case in battery(0)])
-def test_battery_through_the_server(name, battery_through_server, listener):
-    case = {case.name: case for case in battery(listener[0])}[name]
-    check_case(case, battery_through_server)
-
-
-def test_server_survives_the_battery(endpoint, battery_through_server, listener):
-    assert listener[1] == []
-    body = post(endpoint, code="print('still serving')", run_timeout=MAX_TIMEOUT_S)
-    assert body["run_result"]["stdout"] == "still serving\n"
