@@ -41,6 +41,15 @@ TRAIN = [
 needs_bwrap = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed")
 
 
+def docker_engine_if_used(path: Path) -> None:
+    """An env file whose tools run on Docker needs an engine: a machine skip where none answers."""
+    tools = yaml.safe_load(Path(load_env_config(path).tools).read_text())["tools"]
+    if any(tool["config"].get("sandbox") == "docker" for tool in tools):
+        from test_sandbox_hostile import docker_client_or_skip
+
+        docker_client_or_skip()
+
+
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch) -> Path:
     """An empty cache dir (no cold start from an earlier run) that still sees the converted SmolLM2."""
@@ -73,6 +82,7 @@ def test_env_file_validates(path):
 @needs_bwrap
 @pytest.mark.parametrize("path", ENV_FILES, ids=lambda p: p.stem)
 def test_env_file_rolls_out(path, tmp_path):
+    docker_engine_if_used(path)
     out = tmp_path / "r.jsonl"
     args = ["rollout", str(path), "--model", "tiny-llama", "--limit", "1", "--n", "2", "--backend", "engine"]
     result = runner.invoke(app, [*args, "--out", str(out)])
@@ -85,6 +95,7 @@ def test_env_file_rolls_out(path, tmp_path):
 @pytest.mark.parametrize("path", ENV_FILES, ids=lambda p: p.stem)
 def test_env_file_trains_one_step(path, tmp_path, fresh_cache):
     """The cold start's traces really run in the sandbox and come out right, then one RL step."""
+    docker_engine_if_used(path)
     out = tmp_path / "run"
     result = runner.invoke(app, ["train", str(path), "--out", str(out), *TRAIN])
     assert result.exit_code == 0, result.output
