@@ -51,7 +51,7 @@ def train(
 ):
     """RL training: ReTool cold start, then GRPO / DAPO / PPO with SRT rollouts (the main job)."""
     from ..config import load_env_config
-    from ..rl.checkpoint import fresh_run_folder, run_folder
+    from ..rl.checkpoint import claim_out_dir, fresh_run_folder, run_folder
     from ..rl.coldstart import ColdStartError
     from ..rl.trainer import Trainer
 
@@ -72,6 +72,7 @@ def train(
                 if out.name != config.name:
                     console.print(f"runs/{config.name} holds an earlier run: this one goes to {out}", highlight=False)
             out = out or run_folder(resume)
+            claim_out_dir(out, resume, replace_run=False)  # before its log: another run's folder stays untouched
             with third_party_output_to(out / LOG_NAME, console, verbose):
                 trainer = Trainer(
                     config,
