@@ -294,3 +294,26 @@ def test_greedy_and_random_rows_mix():
     assert tokens[0] == int(logits[0].argmax()) and tokens[2] == int(logits[2].argmax())
     alone = [sample_rows(logits[i : i + 1], [r])[0][0] for i, r in enumerate(rows)]
     assert tokens == alone
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_filtered_rows_draw_the_same_tokens_alone_and_beside_an_unfiltered_row(dtype):
+    """A batch whose rows all filter draws noise for their candidates only; beside an unfiltered row the
+    whole vocabulary gets noise. Same tokens either way, ties going to the smallest token id."""
+    gen = torch.Generator().manual_seed(8)
+    logits = torch.randn(6, 400, generator=gen, dtype=dtype)
+    logits[:, 250] = logits[:, 3]  # exact ties
+    logits[0, 9] = logits[0, 301] = logits[0].max() + 1
+    rows = [
+        RowSampling(0.0, 1.0, 5, 1, 1),  # greedy, a tie at the top: token 9
+        RowSampling(1.0, 0.9, 0, 2, 2),
+        RowSampling(0.7, 1.0, 40, 3, 3),
+        RowSampling(1.3, 0.5, 10, 4, 4),
+        RowSampling(1.0, 0.99, 0, 5, 5),
+        RowSampling(0.0, 0.8, 0, 6, 6),
+    ]
+    alone = draw(logits, rows)
+    beside = draw(torch.cat([logits, logits[:1]]), rows + [RowSampling(1.0, 1.0, 0, 7, 7)])
+    assert alone.tokens.tolist() == beside.tokens[:-1].tolist() == perturbed_logits(logits, rows)[1].argmax(-1).tolist()
+    assert alone.tokens[0] == 9
+    assert torch.equal(alone.logprobs, beside.logprobs[:-1])
