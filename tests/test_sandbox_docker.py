@@ -90,18 +90,21 @@ def test_a_flood_is_cut_at_the_cap_while_the_program_runs(sandbox):
 @pytest.mark.parametrize(
     "code",
     [
-        "import time\nprint('started', flush=True)\ntime.sleep(60)\n",
-        "import time\nwhile True:\n    print('started', flush=True)\n    time.sleep(0.01)\n",
-        "import os, time\nprint('started', flush=True)\nos.close(1)\nos.close(2)\ntime.sleep(60)\n",
-        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('started', flush=True)\ntime.sleep(60)\n",
+        "import time\nprint(time.time(), flush=True)\ntime.sleep(60)\n",
+        "import time\nprint(time.time(), flush=True)\nwhile True:\n    print('tick', flush=True)\n    time.sleep(0.01)\n",
+        "import os, time\nprint(time.time(), flush=True)\nos.close(1)\nos.close(2)\ntime.sleep(60)\n",
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint(time.time(), flush=True)\ntime.sleep(60)\n",
     ],
     ids=["sleep", "drip", "output_closed", "sigterm_ignored"],
 )
 def test_the_deadline_holds_within_a_second(sandbox, code):
-    """The deadline covers the call, container set-up included: 5 s leave a loaded machine time to start it."""
-    result, elapsed = timed(sandbox, code, timeout_s=5)
-    assert (result.status, result.exit_code) == ("timeout", None) and result.stdout.startswith("started\n")
-    assert 5 - 0.1 <= elapsed < 5 + 1, elapsed
+    """The program's run ends within its deadline plus a second (the deadline counts from its start, as the
+    local sandbox's; the container's set-up comes before)."""
+    called = time.time()
+    result = sandbox.run(code, timeout_s=3)
+    returned = time.time()
+    assert (result.status, result.exit_code) == ("timeout", None), result
+    assert returned - called >= 3 - 0.1 and returned - float(result.stdout.split()[0]) < 3 + 1
 
 
 def test_statuses_are_the_local_sandboxs(sandbox):

@@ -12,8 +12,9 @@ after the program's output, from the local sandbox's collector (the engine canno
 container, its files with it, is removed when the run ends, whatever ended it. Output comes over the
 container's raw attach socket, read without blocking: past `max_output_bytes` or at the deadline the
 container is killed and the socket closed at once (an engine whose output nobody reads holds the
-container's exit back). The deadline counts from the call, container set-up included, so a call returns
-within its timeout plus the kill and removal.
+container's exit back). As the local sandbox's, the deadline counts from the program's start: a call
+returns within the container's set-up, the timeout, and the kill and removal. (Counting the set-up too
+turned concurrent calls queued at the engine into timeouts before their programs ran.)
 """
 
 from __future__ import annotations
@@ -282,7 +283,7 @@ class DockerSandbox:
         try:
             container = self.client.containers.create(self.image, **self._create_options(timeout))
             container.put_archive("/", archive)
-            outcome, oom, fetched = self._attach_and_wait(container, start, start + timeout, fetch)
+            outcome, oom, fetched = self._attach_and_wait(container, start, timeout, fetch)
         except _engine_errors() as exc:
             return SandboxResult(status="sandbox_error", stderr=f"docker: {exc}", wall_s=time.monotonic() - start)
         finally:
@@ -319,11 +320,12 @@ class DockerSandbox:
         }  # fmt: skip
 
     def _attach_and_wait(
-        self, container: Any, start: float, deadline: float, fetch: dict | None
+        self, container: Any, start: float, timeout: float, fetch: dict | None
     ) -> tuple[ProcessOutcome, bool, dict[str, bytes]]:
-        """Start the container and read its output until it exits, passes the cap or meets the deadline
-        (then it is killed); returns the outcome, whether the kernel killed it for memory, and the files
-        fetched. With files to fetch, the stream may run past the cap by the files' room: they come last."""
+        """Start the container and read its output until it exits, passes the cap or meets the deadline,
+        `timeout` after the start (then it is killed); returns the outcome, whether the kernel killed it for
+        memory, and the files fetched. With files to fetch, the stream may run past the cap by the files'
+        room: they come last."""
         import requests
 
         cap = self.max_output_bytes
@@ -332,6 +334,7 @@ class DockerSandbox:
         raw = getattr(sock, "_sock", sock)  # the connection under the SDK's reader: nothing is buffered yet
         demux = _Demux(cap + room)
         try:
+            deadline = time.monotonic() + timeout
             container.start()
             ended = _read_until(raw, demux, deadline)
         finally:
