@@ -15,7 +15,7 @@ import random
 
 import torch
 
-from .sampler import position_key
+from .sampler import position_key, upload
 
 _UNIFORM_SALT = 0x5EC_0001  # keeps the acceptance draws apart from the sampler's Gumbel noise
 
@@ -37,6 +37,6 @@ def target_logprobs(logits: torch.Tensor, temperatures: list[float], tokens: lis
     log-probabilities of `tokens` (before top-k / top-p, like the log-probabilities the sampler reports)."""
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32  # as the sampler computes it
     rows = [[t or 1.0, k] for t, k in zip(temperatures, tokens)]
-    table = torch.tensor(rows, dtype=torch.float64, device=logits.device)
+    table = upload(torch.tensor(rows, dtype=torch.float64), logits.device)
     scaled = logits.to(dtype) / table[:, :1].to(dtype)
     return scaled.gather(1, table[:, 1:].long()).squeeze(1) - torch.logsumexp(scaled, dim=-1)

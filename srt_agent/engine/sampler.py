@@ -51,6 +51,12 @@ def key_words(seed: int, position: int, words: int) -> list[int]:
     return out
 
 
+def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`, copied without waiting for the device's queue (a pageable copy is staged at
+    once; a blocking one would wait for every kernel queued before it)."""
+    return host.to(device, non_blocking=True)
+
+
 def words_for(dtype: torch.dtype) -> int:
     """Noise words per token: one for float32 (23 bits used), two for float64 (52 bits)."""
     return 2 if dtype == torch.float64 else 1
@@ -139,15 +145,15 @@ class _Rows:
 
     def __init__(self, rows: list[RowSampling], vocab: int, dtype: torch.dtype, device: torch.device):
         self.dtype = dtype
-        self.table = torch.tensor(  # float64 holds every value exactly (keys < 2^32)
+        table = torch.tensor(  # float64 holds every value exactly (keys < 2^32)
             [
                 [r.temperature or 1.0, float(r.temperature > 0), r.top_p, r.top_k if r.top_k > 0 else vocab]
                 + key_words(r.seed, r.position, words_for(dtype))
                 for r in rows
             ],
             dtype=torch.float64,
-            device=device,
         )
+        self.table = upload(table, device)
 
     @cached_property
     def temperatures(self) -> torch.Tensor:
@@ -283,8 +289,8 @@ def filter_logits(
     """
     vocab = scaled.shape[-1]
     m = min(vocab, max(candidates, *top_k))
-    options = torch.tensor(
-        [[k if k > 0 else vocab, p] for k, p in zip(top_k, top_p)], dtype=torch.float64, device=scaled.device
+    options = upload(
+        torch.tensor([[k if k > 0 else vocab, p] for k, p in zip(top_k, top_p)], dtype=torch.float64), scaled.device
     )
     k, p = options[:, :1].long(), options[:, 1].to(scaled.dtype)
     lse = torch.logsumexp(scaled, dim=-1, keepdim=True)

@@ -20,7 +20,7 @@ from ..cache.draft import Draft
 from ..cache.drafter import Drafter, capabilities
 from .lenient import acceptance_uniform, lenient_accept, target_logprobs
 from .model_runner import Chunk, ModelRunner
-from .sampler import RowSampling, draw, to_host
+from .sampler import RowSampling, draw, to_host, upload
 from .sequence import Sequence
 from .stats import EngineStats
 
@@ -108,7 +108,7 @@ class Verifier:
         """Sample every candidate row in one draw (a node's token depends only on its logits and its
         position, so this gives the tokens a level-by-level walk would), then walk the trees on the host."""
         nodes = [(w, node) for w in walks for node in range(-1, len(w.draft.parents))]
-        outcomes = self._outcomes(self.runner.logits(hidden[[w.row(node) for w, node in nodes]]), nodes)
+        outcomes = self._outcomes(self._logits(hidden, [w.row(node) for w, node in nodes]), nodes)
         base = 0
         for w in walks:
             while self._advance(w, outcomes[base + w.node + 1]):
@@ -120,8 +120,12 @@ class Verifier:
         active = walks
         while active:
             nodes = [(w, w.node) for w in active]
-            outcomes = self._outcomes(self.runner.logits(hidden[[w.row(w.node) for w in active]]), nodes)
+            outcomes = self._outcomes(self._logits(hidden, [w.row(w.node) for w in active]), nodes)
             active = [w for w, outcome in zip(active, outcomes) if self._advance(w, outcome)]
+
+    def _logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """LM-head logits of some hidden rows (their indices copied over without waiting for the device)."""
+        return self.runner.logits(hidden[upload(torch.tensor(rows), hidden.device)])
 
     def _outcomes(self, logits: torch.Tensor, nodes: list[tuple[_Walk, int]]) -> list[_Outcome]:
         """Each row's sampled token, its log-probability, whether its logits are broken, and the log-probability
