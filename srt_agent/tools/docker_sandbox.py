@@ -12,9 +12,9 @@ after the program's output, from the local sandbox's collector (the engine canno
 container, its files with it, is removed when the run ends, whatever ended it. Output comes over the
 container's raw attach socket, read without blocking: past `max_output_bytes` or at the deadline the
 container is killed and the socket closed at once (an engine whose output nobody reads holds the
-container's exit back). As the local sandbox's, the deadline counts from the program's start: a call
-returns within the container's set-up, the timeout, and the kill and removal. (Counting the set-up too
-turned concurrent calls queued at the engine into timeouts before their programs ran.)
+container's exit back). As the local sandbox's, the deadline counts from the program's start (once the
+engine says it runs): a call returns within the container's set-up, the timeout, and the kill and removal.
+(Counting the set-up too turned calls queued at a busy engine into timeouts before their programs ran.)
 """
 
 from __future__ import annotations
@@ -334,8 +334,8 @@ class DockerSandbox:
         raw = getattr(sock, "_sock", sock)  # the connection under the SDK's reader: nothing is buffered yet
         demux = _Demux(cap + room)
         try:
+            container.start()  # returns once the program runs (under load, seconds after the request)
             deadline = time.monotonic() + timeout
-            container.start()
             ended = _read_until(raw, demux, deadline)
         finally:
             _hang_up(sock, raw)
@@ -345,7 +345,8 @@ class DockerSandbox:
             except requests.exceptions.RequestException:
                 if time.monotonic() < deadline:
                     raise
-                ended = "timeout"
+                container.reload()  # a busy engine may answer late for a program that ended in time
+                ended = "timeout" if container.attrs["State"].get("Running") else ended
         if ended != "ended":
             _kill(container)
         container.reload()
