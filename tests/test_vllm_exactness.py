@@ -10,27 +10,13 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-import torch
 from vllm_engines import engine, generate, srt_engine, tokens
+
+from srt_agent.bench.gpu_exactness import chi_square_p
 
 pytestmark = pytest.mark.slow  # starting a vLLM engine takes ~10 s here
 
 SAMPLES = 1200
-MIN_CELL = 10  # outcomes rarer than this (both runs together) are pooled into one cell
-
-
-def chi_square_p(a: Counter, b: Counter) -> float:
-    """p-value of Pearson's chi-square test that two samples come from one distribution."""
-    common = [k for k in set(a) | set(b) if a[k] + b[k] >= MIN_CELL]
-    rows = [[a[k] for k in common], [b[k] for k in common]]
-    rows[0].append(sum(a.values()) - sum(rows[0]))
-    rows[1].append(sum(b.values()) - sum(rows[1]))
-    table = torch.tensor(rows, dtype=torch.float64)
-    table = table[:, table.sum(0) > 0]
-    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
-    stat = ((table - expected) ** 2 / expected).sum()
-    dof = table.shape[1] - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat / 2))
 
 
 def test_greedy_outputs_match_vllm_without_speculation_and_drafts_are_accepted():
