@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import traceback
 from collections.abc import Iterator
 
 import pytest
 import torch
+from device_tracking import device_arg, package_line, runner_state, tensors_in
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -44,28 +44,9 @@ DATA_FACTORIES = {"tensor", "as_tensor", "asarray", "from_numpy"}
 INDEXING = {"__getitem__", "__setitem__", "index_put_", "index_put"}
 
 
-def _tensors(value: object) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-
-
 def _has_list(value: object) -> bool:
     """A Python list inside an index (``t[[1, 2]]``, ``t[a, [1, 2]]``): a GPU copies it over as a tensor."""
     return isinstance(value, list) or (isinstance(value, tuple) and any(isinstance(v, list) for v in value))
-
-
-def _device_arg(args: tuple, kwargs: dict) -> object:
-    """The device a ``Tensor.to`` call or a factory names, or None."""
-    for value in (*args[1:], kwargs.get("device")):
-        if isinstance(value, (str, torch.device)):
-            return value
-    return None
 
 
 class HostToDevice(TorchFunctionMode):
@@ -83,20 +64,20 @@ class HostToDevice(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        tensors = list(_tensors((args, kwargs)))
+        tensors = list(tensors_in((args, kwargs)))
         device_in = [t for t in tensors if t in self.on_device]
         host_in = [t for t in tensors if t not in self.on_device and t.dim() > 0]
-        device = _device_arg(args, kwargs) if name in ("to", "cuda") or "device" in kwargs else None
+        device = device_arg(args, kwargs) if name in ("to", "cuda") or "device" in kwargs else None
         named = device is not None and device != "cpu"
         in_place = name.endswith("_") or name == "__setitem__"
         target_on_host = in_place and bool(tensors) and args[0] not in self.on_device
         if self._uploads(name, args, named, device_in, host_in, tensors) and not target_on_host:
-            self.sites[f"{name} at {_package_line()}"] += 1
+            self.sites[f"{name} at {package_line()}"] += 1
         out = func(*args, **kwargs)
         if named and name in ("to", "cuda") and out is args[0]:
             out = out.clone()
         if device_in or named:
-            for t in _tensors(out):
+            for t in tensors_in(out):
                 self.on_device[t] = True
             if in_place and not target_on_host:
                 self.on_device[args[0]] = True
@@ -111,19 +92,10 @@ class HostToDevice(TorchFunctionMode):
         return bool(device_in) and name in INDEXING and len(args) > 1 and _has_list(args[1])
 
 
-def _package_line() -> str:
-    for frame in reversed(traceback.extract_stack()[:-2]):
-        if "srt_agent" in frame.filename:
-            return f"{frame.filename.rsplit('srt_agent/', 1)[-1]}:{frame.lineno}"
-    return "?"
-
-
 @contextlib.contextmanager
 def counting(runner: ModelRunner, *outputs: torch.Tensor) -> Iterator[HostToDevice]:
     """Count while the runner's state (and earlier `outputs` of it) live on the device."""
-    model = runner.model
-    state = [*model.parameters(), *model.buffers(), *runner.kv.keys, *runner.kv.values, *outputs]
-    with HostToDevice(state) as copies:
+    with HostToDevice([*runner_state(runner), *outputs]) as copies:
         yield copies
 
 

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import traceback
 from collections.abc import Iterator
 
 import pytest
 import torch
+from device_tracking import device_arg, package_line, runner_state, tensors_in
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -39,25 +39,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 STEP_BUDGET = 1
 READS = {"item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__", "equal", "nonzero"}
 MASKED = {"__getitem__", "__setitem__", "index_put_", "masked_select"}  # a boolean index's size is data
-
-
-def _tensors(value: object) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-
-
-def _device_arg(args: tuple, kwargs: dict) -> object:
-    """The device a ``Tensor.to`` call or a factory names, or None."""
-    for value in (*args[1:], kwargs.get("device")):
-        if isinstance(value, (str, torch.device)):
-            return value
-    return None
 
 
 class HostReads(TorchFunctionMode):
@@ -77,21 +58,21 @@ class HostReads(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        tainted = any(t in self.on_device for t in _tensors((args, kwargs)))
-        device = _device_arg(args, kwargs) if name in ("to", "cuda") or "device" in kwargs else None
+        tainted = any(t in self.on_device for t in tensors_in((args, kwargs)))
+        device = device_arg(args, kwargs) if name in ("to", "cuda") or "device" in kwargs else None
         if tainted and self._reads(name, args, device):
-            self.sites[f"{name} at {_engine_line()}"] += 1
+            self.sites[f"{name} at {package_line()}"] += 1
         out = func(*args, **kwargs)
         upload = not tainted and device is not None and device != "cpu"
         if upload and name == "to" and out is args[0]:
             out = out.clone()
         if tainted or upload:
-            for t in _tensors(out):
+            for t in tensors_in(out):
                 self.on_device[t] = True
         if tainted and (name.endswith("_") or name == "__setitem__"):
             self.on_device[args[0]] = True
         if tainted:
-            for t in _tensors(kwargs.get("out")):
+            for t in tensors_in(kwargs.get("out")):
                 self.on_device[t] = True
         return out
 
@@ -99,21 +80,12 @@ class HostReads(TorchFunctionMode):
         if name in READS or (name == "to" and device == "cpu"):
             return True
         index = args[1:2] if name != "masked_select" else args[1:]
-        return name in MASKED and any(t.dtype == torch.bool and t in self.on_device for t in _tensors(index))
-
-
-def _engine_line() -> str:
-    for frame in reversed(traceback.extract_stack()[:-2]):
-        if "srt_agent" in frame.filename:
-            return f"{frame.filename.rsplit('srt_agent/', 1)[-1]}:{frame.lineno}"
-    return "?"
+        return name in MASKED and any(t.dtype == torch.bool and t in self.on_device for t in tensors_in(index))
 
 
 @contextlib.contextmanager
 def counting(engine: Engine) -> Iterator[HostReads]:
-    model = engine.runner.model
-    state = [*model.parameters(), *model.buffers(), *engine.runner.kv.keys, *engine.runner.kv.values]
-    with HostReads(state) as reads:
+    with HostReads(runner_state(engine.runner)) as reads:
         yield reads
 
 
