@@ -13,27 +13,36 @@ from srt_agent.rl.trainer import Trainer
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
-def test_cold_start_teaches_the_tool_and_a_grpo_step_runs(tmp_path, monkeypatch):
+SMALL_COLD_START = [
+    "cold_start.n=24",
+    "cold_start.lr=5e-5",
+    "cold_start.batch_size=4",
+    "cold_start.eval_tasks=4",
+    "max_tokens_per_turn=96",
+    "max_response_tokens=256",
+    "engine.max_batch=4",
+    "engine.max_context=768",
+]
+
+
+@pytest.fixture
+def fresh_cold_start_cache(tmp_path, monkeypatch):
+    """An empty cold-start cache (so the cold start trains, whatever ran before) sharing the converted model."""
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "models").symlink_to(cache_root() / "models")
     monkeypatch.setenv("SRT_AGENT_CACHE_DIR", str(cache))
-    config = load_env_config(
-        ROOT / "envs" / "retool_train.yaml",
-        [
-            "cold_start.n=24",
-            "cold_start.lr=5e-5",
-            "cold_start.batch_size=4",
-            "cold_start.eval_tasks=4",
-            "train.prompts_per_step=2",
-            "n_samples=2",
-            "max_tokens_per_turn=96",
-            "max_response_tokens=256",
-            "engine.max_batch=4",
-            "engine.max_context=768",
-        ],
-    )
+
+
+def main_job(*overrides: str):
+    """The main job's env with a short cold start and small rollouts."""
+    return load_env_config(ROOT / "envs" / "retool_train.yaml", [*SMALL_COLD_START, *overrides])
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("fresh_cold_start_cache")
+def test_cold_start_teaches_the_tool_and_a_grpo_step_runs(tmp_path):
+    config = main_job("train.prompts_per_step=2", "n_samples=2")
     # Its own copy: training changes the weights of the model the engines run.
     report = Trainer(
         config, tmp_path / "run", steps=1, compare=["none"], loaded=load_model("smollm2", device="cpu")
@@ -51,28 +60,11 @@ def test_cold_start_teaches_the_tool_and_a_grpo_step_runs(tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("fresh_cold_start_cache")
 def test_a_bfloat16_cold_start_teaches_the_tool_as_the_float32_one_does(tmp_path, monkeypatch):
     """``train.dtype: bfloat16`` computes in bfloat16 over float32 weights and AdamW state. With bfloat16
     weights the cold start's updates rounded away and held-out tool calls stayed at 0% (float32: most)."""
-    cache = tmp_path / "cache"  # an empty cold-start cache: this cold start trains, whatever ran before
-    cache.mkdir()
-    (cache / "models").symlink_to(cache_root() / "models")
-    monkeypatch.setenv("SRT_AGENT_CACHE_DIR", str(cache))
-    config = load_env_config(
-        ROOT / "envs" / "retool_train.yaml",
-        [
-            "cold_start.n=24",
-            "cold_start.lr=5e-5",
-            "cold_start.batch_size=4",
-            "cold_start.eval_tasks=4",
-            "max_tokens_per_turn=96",
-            "max_response_tokens=256",
-            "engine.backend=engine",
-            "engine.max_batch=4",
-            "engine.max_context=768",
-            "train.dtype=bfloat16",
-        ],
-    )
+    config = main_job("engine.backend=engine", "train.dtype=bfloat16")
     monkeypatch.setattr(Trainer, "_loop", lambda self, *args: None)  # the cold start and its report; no RL step
     report = Trainer(config, tmp_path / "run", steps=1, loaded=load_model("smollm2", device="cpu")).run()
     cold = report["cold_start"]
