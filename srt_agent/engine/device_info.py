@@ -62,7 +62,12 @@ def resolve_engine_dtype(name: str, device: torch.device | str, loaded: torch.dt
     if name != "auto":
         return getattr(torch, name)
     device = torch.device(device)
-    # A branch on the device is the point of `auto`: the fast dtype differs between CPU and GPU.
-    if device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+    return auto_dtype(device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported(), loaded)
+
+
+def auto_dtype(gpu_with_bf16: bool, loaded: torch.dtype | None = None) -> torch.dtype:
+    """``engine.dtype: auto`` from the device's facts (the rule every backend follows): bfloat16 on a CUDA GPU
+    that supports it (the fast dtype differs between CPU and GPU), else `loaded`, or float32 when not given."""
+    if gpu_with_bf16:
         return torch.bfloat16
     return loaded if loaded is not None else torch.float32
