@@ -542,8 +542,9 @@ class RolloutServer:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    async def _completion(self, req: CompletionRequest, sid: str | None):
-        self._check(req)
+    @staticmethod
+    def _completion_prompt(req: CompletionRequest) -> str | list[int]:
+        """The request's one prompt (text or token ids); a 400 for what the endpoint does not support."""
         if req.echo:
             raise RequestError("echo is not supported", param="echo")
         if req.suffix:
@@ -557,6 +558,11 @@ class RolloutServer:
             prompt = prompt[0]
         if not prompt:
             raise RequestError("empty prompt", param="prompt")
+        return prompt
+
+    async def _completion(self, req: CompletionRequest, sid: str | None):
+        self._check(req)
+        prompt = self._completion_prompt(req)
         async with self._using(sid) as session:
             turn = session.plan_completion(prompt, self._encode)
             params = self._params(req, req.max_tokens, session, turn)
@@ -571,6 +577,10 @@ class RolloutServer:
             session.text += text
             session.kind = "completion"
             srt = self._srt(session, sid, turn, out)
+        return self._completion_answer(req, turn, out, text, srt)
+
+    def _completion_answer(self, req: CompletionRequest, turn: Turn, out: RequestOutput, text: str, srt: dict):
+        """The completion's answer in OpenAI's shape: one body, or its tokens as SSE events when streamed."""
         ids, lps = list(out.token_ids), list(out.logprobs)
         pieces = self._pieces(ids, text, False)
         usage = {"prompt_tokens": len(turn.prompt_ids), "completion_tokens": len(ids)}

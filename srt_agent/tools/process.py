@@ -75,9 +75,33 @@ def run_capped(
         except BaseException:
             _kill_group(proc)
             proc.wait()
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                stream.close()
+            _close_pipes(proc)
             raise
+    stdout, stderr, timed_out, output_limited = _pump(proc, stdin, deadline, max_output_bytes)
+    if timed_out or output_limited:
+        _kill_group(proc)
+    try:
+        returncode = proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+        returncode = proc.wait()
+    _close_pipes(proc)
+    return ProcessOutcome(
+        returncode=returncode,
+        stdout=stdout,
+        stderr=stderr,
+        wall_s=time.monotonic() - start,
+        timed_out=timed_out,
+        output_limited=output_limited,
+    )
+
+
+def _pump(
+    proc: subprocess.Popen, stdin: bytes, deadline: float, max_output_bytes: int
+) -> tuple[bytes, bytes, bool, bool]:
+    """Feed `stdin` and read stdout and stderr until both close, the deadline passes or the output passes
+    the cap: (stdout, stderr, timed out, output limited), the output cut at the cap."""
     in_fd, out_fd, err_fd = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
     chunks: dict[int, list[bytes]] = {out_fd: [], err_fd: []}
     total = 0
@@ -121,21 +145,9 @@ def run_capped(
                     output_limited = True
                     readers = 0
                     break
-    if timed_out or output_limited:
-        _kill_group(proc)
-    try:
-        returncode = proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc)
-        returncode = proc.wait()
+    return b"".join(chunks[out_fd]), b"".join(chunks[err_fd]), timed_out, output_limited
+
+
+def _close_pipes(proc: subprocess.Popen) -> None:
     for stream in (proc.stdin, proc.stdout, proc.stderr):
         stream.close()
-    return ProcessOutcome(
-        returncode=returncode,
-        stdout=b"".join(chunks[out_fd]),
-        stderr=b"".join(chunks[err_fd]),
-        wall_s=time.monotonic() - start,
-        timed_out=timed_out,
-        output_limited=output_limited,
-    )

@@ -163,60 +163,68 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def describe_runtime() -> dict:
         """What programs run with: languages, the sandbox's Python and its packages (as seen inside), limits."""
         if "python" not in runtime:  # asked inside the sandbox once, kept once it answered
-            run = lambda: config.sandbox.run(DESCRIBE_PROGRAM, timeout_s=max(config.sandbox.timeout_s, 30.0))  # noqa: E731
-            result = await asyncio.get_running_loop().run_in_executor(pool, run)
-            if not result.ok:
-                raise HTTPException(
-                    503, f"the sandbox could not report its runtime ({result.status}): {result.stderr[-2000:]}"
-                )
-            python = json.loads(result.stdout)  # `executable` as programs see it; where it comes from beside it
-            if isinstance(config.sandbox, DockerSandbox):
-                python["image"], sandboxed = config.sandbox.image, True
-            else:
-                python["host_executable"], sandboxed = str(config.sandbox.interpreter), config.sandbox.sandboxed
-            runtime.update(
-                languages=sorted(RUNNABLE),
-                python=python,
-                sandboxed=sandboxed,
-                limits={
-                    "default_timeout_s": config.sandbox.timeout_s, "max_timeout_s": config.max_timeout_s,
-                    "default_memory_mb": config.sandbox.memory_mb, "max_memory_mb": config.max_memory_mb,
-                    "max_output_bytes": config.sandbox.max_output_bytes, "workdir_mb": config.sandbox.tmp_mb,
-                    "max_fetch_bytes": config.sandbox.max_file_mb << 20, "max_request_bytes": config.max_request_bytes,
-                },
-            )  # fmt: skip
+            runtime.update(await _runtime(config, pool))
         return runtime
 
     @app.post("/run_code", response_model=RunCodeResponse)
     async def run_code(request: RunCodeRequest) -> RunCodeResponse:
-        if request.language not in RUNNABLE:
-            message = f"language {request.language!r} is not supported by this server (it runs {', '.join(RUNNABLE)})"
-            return RunCodeResponse(status="Failed", message=message)
-        if request.run_timeout is not None and request.run_timeout <= 0:
-            return _timed_out_at_once()
-        try:
-            files = decode_files(request.files)
-        except ValueError as exc:
-            raise HTTPException(422, str(exc)) from exc
-        if sum(map(len, files.values())) > config.sandbox.tmp_mb << 20:
-            raise HTTPException(413, f"the files take over the run's {config.sandbox.tmp_mb} MB working directory")
-        sandbox = config.sandbox
-        if request.memory_limit_MB > 0 and request.memory_limit_MB != sandbox.memory_mb:
-            sandbox = dataclasses.replace(sandbox, memory_mb=min(request.memory_limit_MB, config.max_memory_mb))
-        timeout = min(request.run_timeout or sandbox.timeout_s, config.max_timeout_s)
-        fetch = tuple(dict.fromkeys(request.fetch_files))
-        extra = {"files": files, "fetch_files": fetch, "language": RUNNABLE[request.language]}
-        extra = {key: value for key, value in extra.items() if value and value != "python"}  # plain runs: run(code, …)
-        loop = asyncio.get_running_loop()
-        try:
-            result = await loop.run_in_executor(
-                pool, lambda: sandbox.run(request.code, stdin=request.stdin or "", timeout_s=timeout, **extra)
-            )
-        except Exception as exc:  # noqa: BLE001 - the sandbox failed for this request only
-            return _rejected(f"the sandbox failed: {type(exc).__name__}: {exc}")
-        return response_from_result(result, fetch)
+        return await _run_code(config, pool, request)
 
     return app
+
+
+async def _runtime(config: ServerConfig, pool: ThreadPoolExecutor) -> dict:
+    """Languages, the sandbox's Python as programs inside it see it, whether runs are sandboxed, and limits."""
+    run = lambda: config.sandbox.run(DESCRIBE_PROGRAM, timeout_s=max(config.sandbox.timeout_s, 30.0))  # noqa: E731
+    result = await asyncio.get_running_loop().run_in_executor(pool, run)
+    if not result.ok:
+        raise HTTPException(503, f"the sandbox could not report its runtime ({result.status}): {result.stderr[-2000:]}")
+    python = json.loads(result.stdout)  # `executable` as programs see it; where it comes from beside it
+    if isinstance(config.sandbox, DockerSandbox):
+        python["image"], sandboxed = config.sandbox.image, True
+    else:
+        python["host_executable"], sandboxed = str(config.sandbox.interpreter), config.sandbox.sandboxed
+    return dict(
+        languages=sorted(RUNNABLE),
+        python=python,
+        sandboxed=sandboxed,
+        limits={
+            "default_timeout_s": config.sandbox.timeout_s, "max_timeout_s": config.max_timeout_s,
+            "default_memory_mb": config.sandbox.memory_mb, "max_memory_mb": config.max_memory_mb,
+            "max_output_bytes": config.sandbox.max_output_bytes, "workdir_mb": config.sandbox.tmp_mb,
+            "max_fetch_bytes": config.sandbox.max_file_mb << 20, "max_request_bytes": config.max_request_bytes,
+        },
+    )  # fmt: skip
+
+
+async def _run_code(config: ServerConfig, pool: ThreadPoolExecutor, request: RunCodeRequest) -> RunCodeResponse:
+    """One `/run_code` request on the pool, its timeout and memory held to the config's caps."""
+    if request.language not in RUNNABLE:
+        message = f"language {request.language!r} is not supported by this server (it runs {', '.join(RUNNABLE)})"
+        return RunCodeResponse(status="Failed", message=message)
+    if request.run_timeout is not None and request.run_timeout <= 0:
+        return _timed_out_at_once()
+    try:
+        files = decode_files(request.files)
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from exc
+    if sum(map(len, files.values())) > config.sandbox.tmp_mb << 20:
+        raise HTTPException(413, f"the files take over the run's {config.sandbox.tmp_mb} MB working directory")
+    sandbox = config.sandbox
+    if request.memory_limit_MB > 0 and request.memory_limit_MB != sandbox.memory_mb:
+        sandbox = dataclasses.replace(sandbox, memory_mb=min(request.memory_limit_MB, config.max_memory_mb))
+    timeout = min(request.run_timeout or sandbox.timeout_s, config.max_timeout_s)
+    fetch = tuple(dict.fromkeys(request.fetch_files))
+    extra = {"files": files, "fetch_files": fetch, "language": RUNNABLE[request.language]}
+    extra = {key: value for key, value in extra.items() if value and value != "python"}  # plain runs: run(code, …)
+    loop = asyncio.get_running_loop()
+    try:
+        result = await loop.run_in_executor(
+            pool, lambda: sandbox.run(request.code, stdin=request.stdin or "", timeout_s=timeout, **extra)
+        )
+    except Exception as exc:  # noqa: BLE001 - the sandbox failed for this request only
+        return _rejected(f"the sandbox failed: {type(exc).__name__}: {exc}")
+    return response_from_result(result, fetch)
 
 
 class BodyLimit:
