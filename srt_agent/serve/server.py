@@ -32,8 +32,8 @@ from ..agent.hermes import ChatFormat, parse_tool_calls
 from ..agent.trajectory import Trajectory
 from ..cache.keys import prompt_key
 from ..engine import RequestOutput, SamplingParams
-from ..threaded_server import served
 from ..tools.server import BodyLimit
+from ..tools.threaded_server import served
 from .sessions import RequestError, Session, Sessions, Turn, normalize_messages
 
 if TYPE_CHECKING:

@@ -22,12 +22,12 @@ from typing import Literal
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field, field_validator
 
-from ..threaded_server import served
 from .base import SandboxResult, SandboxStatus
 from .docker_sandbox import DockerSandbox
 from .files import check_names, decode_files, encode_files
 from .local import LocalSandbox
 from .runtime import DESCRIBE_PROGRAM
+from .threaded_server import served
 
 # SandboxFusion's languages (its server's and its PyPI client's lists), plus our alias `python3`.
 SANDBOX_FUSION_LANGUAGES = (
