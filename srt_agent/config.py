@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from .datasets import Task, arithmetic_tasks, load_tasks, reasoning_gym_tasks
+from .sources.registry import EnvSource, episode_source, names_source, task_source
+from .sources.tasks import Task
 
 if TYPE_CHECKING:
     from .algorithm_registry import AdvantageEstimator
@@ -65,15 +66,10 @@ class ReasoningGymFamily(_Strict):
     config: dict[str, Any] = Field(default_factory=dict, description="the family's config (min_terms, ...)")
 
 
-#: dataset sources that generate their tasks (any other source is a .jsonl/.parquet path)
-PROCEDURAL_SOURCES = ("arithmetic", "reasoning_gym")
-#: ``env: verifiers:<taskset id>``: a verifiers environment; its tasks become the dataset (source ``verifiers:<id>``)
-VERIFIERS_PREFIX = "verifiers:"
-
-
 class DatasetConfig(_Strict):
     """Where tasks come from: ``source: arithmetic`` (procedural, seeded), ``source: reasoning_gym`` (a weighted
-    mix of reasoning-gym task families, seeded) or a ``.jsonl``/``.parquet`` path in verl's layout."""
+    mix of reasoning-gym task families, seeded) or a ``.jsonl``/``.parquet`` path in verl's layout; a source
+    named by ``env:`` that brings its own tasks (``verifiers:<id>``) sets it. Sources: :mod:`srt_agent.sources`."""
 
     source: str = "arithmetic"
     n: int = Field(32, ge=1, description="number of procedural tasks")
@@ -86,47 +82,28 @@ class DatasetConfig(_Strict):
     reasoning_gym: list[ReasoningGymFamily] = Field(
         default_factory=list, description="source reasoning_gym: the task families of the mix"
     )
-    _verifiers_options: dict[str, Any] = PrivateAttr(default_factory=dict)  # env: verifiers:...'s env_options
+    _source_options: dict[str, Any] = PrivateAttr(default_factory=dict)  # env_options of the env that set source
 
     @model_validator(mode="after")
-    def _check_reasoning_gym(self) -> DatasetConfig:
-        if self.source != "reasoning_gym":
-            if self.reasoning_gym:
-                raise ValueError("reasoning_gym families are listed but source is not 'reasoning_gym'")
-            return self
-        if not self.reasoning_gym:
-            raise ValueError("source reasoning_gym needs a 'reasoning_gym:' list of task families")
-        names = [f.name for f in self.reasoning_gym]
-        if len(set(names)) != len(names):
-            raise ValueError(f"reasoning_gym: a task family is listed twice: {names}")
-        from .datasets import check_reasoning_gym_family, reasoning_gym_missing
-
-        missing = reasoning_gym_missing()
-        if missing:
-            raise ValueError(missing)
-        for family in self.reasoning_gym:
-            check_reasoning_gym_family(family.name, family.config)
+    def _check_source(self) -> DatasetConfig:
+        if self.source != "reasoning_gym" and self.reasoning_gym:
+            raise ValueError("reasoning_gym families are listed but source is not 'reasoning_gym'")
+        self.task_source().check(dataset=self)
         return self
 
-    def procedural_tasks(self, n: int, seed: int) -> list[Task]:
-        """`n` tasks of this section's procedural source drawn with `seed` (held-out sets use another seed)."""
-        prompt = {"system_prompt": self.system_prompt} if self.system_prompt is not None else {}
-        if self.source == "reasoning_gym":
-            families = [(f.name, f.weight, f.config) for f in self.reasoning_gym]
-            return reasoning_gym_tasks(families, n, seed, few_shot=self.few_shot, **prompt)
-        return arithmetic_tasks(n, seed, few_shot=self.few_shot, **prompt)
+    @property
+    def source_options(self) -> dict[str, Any]:
+        """The ``env_options`` of a source named by ``env:`` that brings its own tasks (else empty)."""
+        return self._source_options
+
+    def task_source(self) -> EnvSource:
+        """The environment source that loads this section's tasks."""
+        return task_source(self.source)
 
     def tasks(self, limit: int | None = None) -> list[Task]:
         """The tasks this section names (at most `limit`, or the section's own limit)."""
         caps = [x for x in (limit, self.limit) if x is not None]
-        limit = min(caps) if caps else None
-        if self.source in PROCEDURAL_SOURCES:
-            return self.procedural_tasks(self.n if limit is None else min(self.n, limit), self.seed)
-        if self.source.startswith(VERIFIERS_PREFIX):  # the verifiers environment's own tasks
-            from .verifiers_tasksets import verifiers_tasks
-
-            return verifiers_tasks(self.source[len(VERIFIERS_PREFIX) :], self._verifiers_options, limit)
-        return load_tasks(self.source, limit)
+        return self.task_source().load_tasks(self, min(caps) if caps else None)
 
 
 class SamplingConfig(_Strict):
@@ -535,7 +512,8 @@ class EnvConfig(_Strict):
     name: str = "env"
     env: str = Field(
         "srt_agent.agent.retool.ReToolEnv",
-        description="dotted path of the Env class, or verifiers:<taskset id> for a verifiers environment",
+        description="dotted path of the Env class, or a source it names: verifiers:<taskset id> for a verifiers "
+        "environment (srt_agent.sources)",
     )
     env_options: dict[str, Any] = Field(
         default_factory=dict, description="extra keyword arguments for the Env (verifiers: its EnvConfig data)"
@@ -564,9 +542,7 @@ class EnvConfig(_Strict):
     @field_validator("env")
     @classmethod
     def _dotted(cls, value: str) -> str:
-        if value.startswith(VERIFIERS_PREFIX):
-            if not value[len(VERIFIERS_PREFIX) :].strip():
-                raise ValueError("expected verifiers:<taskset id>, e.g. verifiers:vf_calculator")
+        if names_source(value):  # the source checks it (EnvConfig._sources)
             return value
         if "." not in value:
             raise ValueError(f"expected a dotted path like 'package.module.Class', got {value!r}")
@@ -580,31 +556,24 @@ class EnvConfig(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _agent_without_run_ahead(self) -> EnvConfig:
-        if self.agent is not None and self.verifiers is not None:
-            raise ValueError("give either agent: or env: verifiers:..., not both")
-        if self.runs_agent and self.engine.run_ahead.enabled:
-            raise ValueError("engine.run_ahead drafts from the Env's prompts: turn it off for an agent: env")
-        return self
-
-    @model_validator(mode="after")
-    def _verifiers_tasks(self) -> EnvConfig:
-        if self.verifiers is not None:  # the environment's own tasks are the dataset
+    def _sources(self) -> EnvConfig:
+        source = self.episode_source()  # ValueError when two sources claim the episodes (agent: and env: both)
+        source.check(config=self)
+        if self.engine.run_ahead.enabled and not source.run_ahead:
+            raise ValueError(
+                f"engine.run_ahead drafts from the Env's prompts, which {source.name} episodes do not open with: "
+                "turn it off"
+            )
+        if source.dataset is not None and source.dataset(self.env):  # the env brings its own tasks: the dataset
             if self.dataset.source not in (self.env, "arithmetic") or self.dataset.reasoning_gym:
-                raise ValueError("env: verifiers:... brings its own tasks: leave dataset.source out")
+                raise ValueError(f"env: {self.env} brings its own tasks: leave dataset.source out")
             self.dataset.source = self.env
-            self.dataset._verifiers_options = dict(self.env_options)
+            self.dataset._source_options = dict(self.env_options)
         return self
 
-    @property
-    def verifiers(self) -> str | None:
-        """The taskset id of ``env: verifiers:<id>``, else None."""
-        return self.env[len(VERIFIERS_PREFIX) :] if self.env.startswith(VERIFIERS_PREFIX) else None
-
-    @property
-    def runs_agent(self) -> bool:
-        """Whether rollouts run an agent against the OpenAI-compatible server (``agent:`` or a verifiers env)."""
-        return self.agent is not None or self.verifiers is not None
+    def episode_source(self) -> EnvSource:
+        """The environment source that runs this config's episodes (by ``env:`` and ``agent:``)."""
+        return episode_source(self.env, self.agent)
 
     @model_validator(mode="after")
     def _reward_fits_tasks(self) -> EnvConfig:
@@ -616,8 +585,8 @@ class EnvConfig(_Strict):
         return self
 
     def env_class(self) -> type:
-        """Import the Env class named by ``env`` (a verifiers env runs no srt-agent Env: the default one)."""
-        return import_dotted(self.env if self.verifiers is None else EnvConfig.model_fields["env"].default)
+        """Import the Env class named by ``env`` (an ``env:`` naming a source names no Env: the default one)."""
+        return import_dotted(EnvConfig.model_fields["env"].default if names_source(self.env) else self.env)
 
 
 def import_dotted(path: str) -> Any:
@@ -688,7 +657,7 @@ def load_env_config(path: str | Path, overrides: list[str] | None = None) -> Env
     base = path.resolve().parent
     if config.tools is not None and not config.tools.is_absolute():
         config.tools = (base / config.tools).resolve()
-    if config.dataset.source not in PROCEDURAL_SOURCES and not config.dataset.source.startswith(VERIFIERS_PREFIX):
+    if config.dataset.task_source().path:
         source = Path(config.dataset.source)
         config.dataset.source = str(source if source.is_absolute() else (base / source).resolve())
     traces = config.cold_start.source_path(base)

@@ -8,14 +8,8 @@ import re
 import pytest
 
 from srt_agent.agent.rewards import score_response
-from srt_agent.datasets import (
-    ARITHMETIC_KINDS,
-    RETOOL_SYSTEM_PROMPT,
-    Task,
-    arithmetic_tasks,
-    load_tasks,
-    save_tasks,
-)
+from srt_agent.sources.arithmetic import ARITHMETIC_KINDS, RETOOL_SYSTEM_PROMPT, arithmetic_tasks
+from srt_agent.sources.tasks import Task, load_tasks, save_tasks
 
 
 def test_arithmetic_tasks_are_seeded_and_cover_every_kind():
@@ -102,7 +96,7 @@ def test_missing_and_unknown_files(tmp_path):
 
 def test_few_shot_example_is_a_correct_retool_exchange():
     from srt_agent.agent.parsing import parse_tool_call
-    from srt_agent.datasets import RETOOL_EXAMPLE
+    from srt_agent.sources.arithmetic import RETOOL_EXAMPLE
 
     task = arithmetic_tasks(1, seed=0, few_shot=True)[0]
     assert [m["role"] for m in task.prompt] == ["system", "user", "assistant", "user"]

@@ -12,8 +12,9 @@ from srt_agent.agent.retool import ReToolEnv
 from srt_agent.agent.rewards import final_answer, score_response
 from srt_agent.agent.trajectory import Trajectory
 from srt_agent.config import ConfigError, DatasetConfig, EnvConfig, RewardConfig, load_env_config
-from srt_agent.datasets import arithmetic_tasks, reasoning_gym_score
 from srt_agent.rl.evaluate import held_out_tasks, is_correct
+from srt_agent.sources.arithmetic import arithmetic_tasks
+from srt_agent.sources.reasoning_gym import reasoning_gym_score
 
 pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed (pip install 'srt-agent[envs]')")
 

@@ -12,7 +12,6 @@ from srt_agent.agent.env import ToolCallRecord
 from srt_agent.agent.retool import interpreter_block
 from srt_agent.agent.trajectory import Trajectory
 from srt_agent.config import InterpreterConfig
-from srt_agent.datasets import ARITHMETIC_KINDS
 from srt_agent.models import end_token_ids, load_tokenizer
 from srt_agent.rl.batch import trajectory_sample
 from srt_agent.rl.coldstart import cold_start_failure
@@ -23,6 +22,7 @@ from srt_agent.rl.traces import (
     procedural_traces,
     turn_end_token,
 )
+from srt_agent.sources.arithmetic import ARITHMETIC_KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
 

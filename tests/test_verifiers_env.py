@@ -41,7 +41,7 @@ def vf_examples(monkeypatch):
 
 def test_a_verifiers_env_config_brings_its_own_tasks(vf_examples):
     config = EnvConfig(env="verifiers:vf_calculator", env_options={"num_tasks": 3})
-    assert config.verifiers == "vf_calculator" and config.runs_agent
+    assert config.episode_source().name == config.dataset.task_source().name == "verifiers"
     tasks = config.dataset.tasks()
     assert [t.ground_truth for t in tasks] == ["449", "186", "43"]
     assert tasks[0].prompt[0]["role"] == "system" and tasks[0].prompt[1]["content"] == "What is 37 * 12 + 5?"
@@ -56,7 +56,7 @@ def test_the_shipped_verifiers_env_file_validates(vf_examples):
     from srt_agent.config import load_env_config
 
     config = load_env_config(EXAMPLES.parent / "envs" / "vf_calculator.yaml")
-    assert config.verifiers == "vf_calculator" and len(config.dataset.tasks()) == 8
+    assert config.dataset.source == "verifiers:vf_calculator" and len(config.dataset.tasks()) == 8
 
 
 def test_train_and_eval_a_verifiers_env_on_the_tiny_model(vf_examples, tmp_path):

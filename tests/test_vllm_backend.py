@@ -23,12 +23,12 @@ from srt_agent.backends import VLLMUnavailable, choose_backend, make_backend  # 
 from srt_agent.backends.vllm import tiny_model_dir  # noqa: E402
 from srt_agent.cache.keys import prompt_key  # noqa: E402
 from srt_agent.config import EnvConfig, RunAheadOptions, load_env_config  # noqa: E402
-from srt_agent.datasets import arithmetic_tasks  # noqa: E402
 from srt_agent.engine import Engine, SamplingParams  # noqa: E402
 from srt_agent.engine.run_ahead import WindowPrompt  # noqa: E402
 from srt_agent.models import load_model  # noqa: E402
 from srt_agent.rl.checkpoint import load_checkpoint  # noqa: E402
 from srt_agent.rl.trainer import Trainer  # noqa: E402
+from srt_agent.sources.arithmetic import arithmetic_tasks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [[1, 2, 3, 4], [17, 400, 9, 9, 31], [2048, 7]]

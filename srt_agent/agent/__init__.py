@@ -1,7 +1,8 @@
 """Agent environments, the ReTool multi-turn controller, parsing, rewards, datasets and rollouts."""
 
 from ..config import ConfigError, EnvConfig, RewardConfig, load_env_config
-from ..datasets import Task, arithmetic_tasks, load_tasks, save_tasks
+from ..sources.arithmetic import arithmetic_tasks
+from ..sources.tasks import Task, load_tasks, save_tasks
 from .controller import MultiTurnController
 from .env import Env, FunctionTool, StepResult, Tool, ToolCallRecord, ToolResult
 from .parsing import ParseError, ToolCall, extract_boxed, parse_tool_call

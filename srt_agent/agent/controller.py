@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..cache.keys import prompt_key
 from ..config import EnvConfig
-from ..datasets import Task
+from ..sources.tasks import Task
 from .chat import render_prompt, user_turn_text
 from .env import Env, StepResult, Tool
 from .trajectory import Trajectory

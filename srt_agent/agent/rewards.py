@@ -7,7 +7,8 @@ import re
 import threading
 
 from ..config import RewardConfig
-from ..datasets import Task, reasoning_gym_score
+from ..sources.reasoning_gym import reasoning_gym_score
+from ..sources.tasks import Task
 from .parsing import extract_boxed
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)

@@ -21,8 +21,8 @@ from ..agent.toolconfig import require_sandbox_runtime
 from ..agent.trajectory import Trajectory
 from ..atomic import atomic_folder, write_atomic
 from ..config import EnvConfig
-from ..datasets import arithmetic_tasks
 from ..models import LoadedModel, cache_root
+from ..sources.arithmetic import arithmetic_tasks
 from .batch import Sample, trajectory_sample
 from .evaluate import ToolUseReport
 from .policy import Policy, autocast_dtype

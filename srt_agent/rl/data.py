@@ -6,7 +6,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..datasets import Task
+from ..sources.tasks import Task
 
 
 @dataclass

@@ -19,7 +19,7 @@ from ..agent.parsing import CODE_TOOL_NAME
 from ..agent.rewards import score_response
 from ..agent.trajectory import Trajectory
 from ..config import EnvConfig, RewardConfig
-from ..datasets import Task, arithmetic_tasks
+from ..sources.tasks import Task
 from .progress import Phase, no_bar
 
 if TYPE_CHECKING:
@@ -139,20 +139,11 @@ def tool_use_report(trajectories: Sequence[Trajectory]) -> ToolUseReport:
 
 
 def held_out_tasks(config: EnvConfig, n: int | None = None) -> list[Task]:
-    """`n` (default ``cold_start.eval_tasks``) procedural tasks seen neither in the RL dataset nor in the cold
-    start, drawn with ``cold_start.eval_seed``: from the dataset's own source when it generates tasks
-    (arithmetic, a reasoning-gym mix), else arithmetic ones. A verifiers environment's are its own first `n`."""
-    cs, dataset = config.cold_start, config.dataset
-    n = cs.eval_tasks if n is None else n
-    if config.verifiers is not None:  # a verifiers taskset has no held-out split: its own tasks, as listed
-        return dataset.tasks(limit=n)
-    seen = {t.prompt[-1]["content"] for t in dataset.tasks()}
-    seen |= {t.prompt[-1]["content"] for t in arithmetic_tasks(cs.n, cs.seed, few_shot=dataset.few_shot)}
-    if dataset.source == "reasoning_gym":
-        candidates = dataset.procedural_tasks(n * 2, cs.eval_seed)
-    else:
-        candidates = arithmetic_tasks(n * 2, cs.eval_seed, few_shot=dataset.few_shot)
-    return [t for t in candidates if t.prompt[-1]["content"] not in seen][:n]
+    """`n` (default ``cold_start.eval_tasks``) held-out tasks from the dataset's source: where it draws tasks
+    (arithmetic, a reasoning-gym mix), fresh ones under ``cold_start.eval_seed`` that neither the RL dataset nor
+    the cold start asks; a verl file, unseen arithmetic ones; a verifiers taskset, its own first `n`."""
+    n = config.cold_start.eval_tasks if n is None else n
+    return config.dataset.task_source().held_out_tasks(config, n)
 
 
 def evaluate_policy(

@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 import torch
 
 from ..agent.controller import MultiTurnController
-from ..agent.rollout import RolloutSummary, build_controller, run_rollouts
+from ..agent.rollout import RolloutSummary, build_controller
 from ..agent.trajectory import Trajectory
 from ..backends import RolloutBackend, RunAheadControl
 from ..cache import RolloutCache
 from ..cache.keys import prompt_key
 from ..config import EnvConfig
-from ..datasets import Task
 from ..engine.run_ahead import RunAheadOptions, WindowPrompt
 from ..models import LoadedModel
+from ..sources.tasks import Task
 
 
 @dataclass(frozen=True)
@@ -168,14 +168,8 @@ class PolicyRollouts:
             self.open_run_ahead(drafter, tasks, upcoming)
         try:
             controller = self.controllers[drafter]
-            if controller.config.runs_agent:  # an OpenAI-client agent (or a verifiers env): it runs against our server
-                from ..serve.agents import agent_rollouts
-
-                trajectories, summary = agent_rollouts(
-                    controller.engine, self.loaded, controller.config, tasks, n_samples, seed, on_done
-                )
-            else:
-                trajectories, summary = run_rollouts(controller, tasks, n_samples, on_done, seed)
+            source = controller.config.episode_source()
+            trajectories, summary = source.run(controller, self.loaded, tasks, n_samples, seed, on_done)
         finally:
             written = self.close_run_ahead(drafter) if ahead else []
         run = RolloutRun(

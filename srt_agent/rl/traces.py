@@ -24,8 +24,8 @@ from ..agent.hermes import ChatFormat
 from ..agent.retool import interpreter_block
 from ..agent.trajectory import Trajectory
 from ..cache.keys import prompt_key
-from ..datasets import Task, read_rows
 from ..engine.params import RequestOutput, SamplingParams
+from ..sources.tasks import Task, read_rows
 from .batch import Sample
 
 INTROS = (

@@ -19,7 +19,7 @@ from ..agent.controller import ToolWaitStats, trajectory_seed
 from ..agent.rollout import RolloutSummary, summarize
 from ..agent.trajectory import Trajectory
 from ..config import import_dotted
-from ..datasets import Task
+from ..sources.tasks import Task
 from .server import RolloutServer
 
 AgentFunction = Callable[[str, Task], Awaitable[float]]
@@ -138,21 +138,16 @@ def agent_rollouts(
     backend,
     loaded,
     config,
+    agent: AgentFunction,
     tasks: Sequence[Task],
     n_samples: int,
     seed: int | None = None,
     on_done: Callable[[Trajectory], None] | None = None,
-    agent: AgentFunction | None = None,
 ) -> tuple[list[Trajectory], RolloutSummary]:
-    """The trainer's rollout source for an env config with ``agent: module:function`` (or ``env:
-    verifiers:<id>``, whose episodes run as agents: :mod:`srt_agent.serve.verifiers_env`): the agent runs
-    against a server over `backend` (an already started backend, left open) with the config's turn and
-    response limits, seeded by `seed` per (task, sample); returns what `run_rollouts` returns."""
-    if agent is None and config.verifiers is not None:
-        from .verifiers_env import config_agent
-
-        agent = config_agent(config)
-    agent = agent or load_agent(config.agent)
+    """The trainer's rollouts of a source whose episodes are agents (``agent: module:function``, a verifiers
+    environment: :mod:`srt_agent.sources`): `agent` runs against a server over `backend` (an already started
+    backend, left open) with the config's turn and response limits, seeded by `seed` per (task, sample);
+    returns what `run_rollouts` returns."""
     vocab = getattr(getattr(loaded.model, "config", None), "vocab_size", None)
     server = RolloutServer(
         backend,

@@ -7,13 +7,13 @@ each request to an OpenAI-compatible endpoint. Here that endpoint is an srt-agen
 every rollout is one session (exact token ids, inserted tool/user tokens masked, log-probs) and its reward
 is the episode's rubric sum (``Trace.reward`` over the task's ``@vf.reward`` functions).
 
-- :func:`srt_agent.verifiers_tasksets.verifiers_tasks` maps the taskset's tasks to
-  :class:`~srt_agent.datasets.Task` (the prompt messages, the task's index and key in ``extra_info``);
+- :func:`srt_agent.sources.verifiers.tasksets.verifiers_tasks` maps the taskset's tasks to
+  :class:`~srt_agent.sources.tasks.Task` (the prompt messages, the task's index and key in ``extra_info``);
 - :func:`verifiers_agent` is an ``async def agent(base_url, task) -> float`` (what ``run_agents`` and the
   trainer's agent path run): it rebuilds the verifiers task from its index and runs
   ``Env.run_episode`` with the model client pointed at ``base_url``.
 
-The harness is :mod:`srt_agent.verifiers_harness` (verifiers' ``null`` chat loop under this Python,
+The harness is :mod:`srt_agent.sources.verifiers.harness` (verifiers' ``null`` chat loop under this Python,
 no ``uv``) unless ``env_options`` pins another (``agent: {harness: {id: ...}}``).
 """
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..datasets import Task
-from ..verifiers_tasksets import import_verifiers, load_verifiers_env, verifiers_id
+from ..tasks import Task
+from .tasksets import import_verifiers, load_verifiers_env, verifiers_id
 
 
 def verifiers_agent(

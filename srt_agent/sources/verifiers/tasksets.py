@@ -1,9 +1,9 @@
 """verifiers (>= 0.4, ``verifiers.v1``) tasksets as srt-agent tasks: ``env: verifiers:<taskset id>``.
 
-:func:`load_verifiers_env` loads the environment (with srt-agent's harness, :mod:`srt_agent.verifiers_harness`,
+:func:`load_verifiers_env` loads the environment (with srt-agent's harness, :mod:`srt_agent.sources.verifiers.harness`,
 on the local subprocess runtime unless ``env_options`` pins another); :func:`verifiers_tasks` maps its tasks to
-:class:`~srt_agent.datasets.Task` (the prompt messages, the task's index and key in ``extra_info``). The
-episodes themselves run as agents against the rollout server: :mod:`srt_agent.serve.verifiers_env`.
+:class:`~srt_agent.sources.tasks.Task` (the prompt messages, the task's index and key in ``extra_info``). The
+episodes themselves run as agents against the rollout server: :mod:`srt_agent.sources.verifiers.episodes`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from .datasets import Task
+from ..tasks import Task
 
 PREFIX = "verifiers:"
 DATA_SOURCE = "verifiers"
@@ -39,7 +39,7 @@ def _config_data(taskset_id: str, options: dict[str, Any]) -> dict:
     """verifiers' EnvConfig data: ``env_options`` (its own keys: ``taskset``, ``agent``, ``timeout``, ...;
     any other key is a taskset config field), the taskset id, and, unless pinned, our harness on the local
     subprocess runtime."""
-    from .verifiers_harness import HARNESS_ID
+    from .harness import HARNESS_ID
 
     env_keys = {"id", "taskset", "agent", "timeout", "retries", "max_concurrent_agents", "interception"}
     data = {k: v for k, v in options.items() if k in env_keys}
