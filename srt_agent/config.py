@@ -23,7 +23,7 @@ from .sources.registry import EnvSource, episode_source, names_source, task_sour
 from .sources.tasks import Task
 
 if TYPE_CHECKING:
-    from .algorithm_registry import AdvantageEstimator
+    from .rl.algorithm_registry import AdvantageEstimator
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -392,7 +392,7 @@ class TrainConfig(_Strict):
     lora: LoraConfig = Field(default_factory=LoraConfig)
     # policy loss
     adv_estimator: str | None = Field(
-        None, description="a registered advantage estimator (srt_agent.algorithm_registry)"
+        None, description="a registered advantage estimator (srt_agent.rl.algorithm_registry)"
     )
     norm_adv_by_std: bool = True
     loss_mode: str = Field("vanilla", description="a registered policy loss, as verl's loss_mode")
@@ -443,7 +443,7 @@ class TrainConfig(_Strict):
     @field_validator("adv_estimator")
     @classmethod
     def _registered_estimator(cls, value: str | None) -> str | None:
-        from .algorithm_registry import get_adv_estimator
+        from .rl.algorithm_registry import get_adv_estimator
 
         if value is not None:
             get_adv_estimator(value)  # ValueError naming the registered ones
@@ -452,7 +452,7 @@ class TrainConfig(_Strict):
     @field_validator("loss_mode")
     @classmethod
     def _registered_loss(cls, value: str) -> str:
-        from .algorithm_registry import get_policy_loss
+        from .rl.algorithm_registry import get_policy_loss
 
         get_policy_loss(value)
         return value
@@ -460,7 +460,7 @@ class TrainConfig(_Strict):
     @property
     def estimator(self) -> AdvantageEstimator:
         """The registered advantage estimator `adv_estimator` names, with what it needs."""
-        from .algorithm_registry import get_adv_estimator
+        from .rl.algorithm_registry import get_adv_estimator
 
         return get_adv_estimator(self.adv_estimator)
 
