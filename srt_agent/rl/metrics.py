@@ -106,27 +106,88 @@ def merged_summary(runs: Sequence[RolloutRun]) -> RolloutSummary:
     return merged
 
 
+@dataclass(frozen=True)
+class StepFigures:
+    """A variant's rollouts of one step, all its runs together: generation time, generated tokens,
+    verification steps, drafting, what run-ahead did (its figures summed; {} without run-ahead) and the
+    share of trajectories identical to a reference's token for token (None without a reference)."""
+
+    gen_s: float
+    model_tokens: int
+    forwards: int
+    draft_proposed: int
+    draft_accepted: int
+    run_ahead: dict
+    identical: float | None = None
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.model_tokens / self.forwards if self.forwards else 0.0
+
+    @property
+    def accepted_per_forward(self) -> float:
+        return self.draft_accepted / self.forwards if self.forwards else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.draft_accepted / self.draft_proposed if self.draft_proposed else 0.0
+
+    @property
+    def tok_s(self) -> float:
+        return self.model_tokens / self.gen_s if self.gen_s > 0 else 0.0
+
+
+def step_figures(runs: Sequence[RolloutRun], reference: Sequence[RolloutRun] | None = None) -> StepFigures:
+    """The figures of a variant's runs of one step (see `StepFigures`), identity against `reference`'s."""
+    trajectories = [t for run in runs for t in run.trajectories]
+    identical = None
+    if reference is not None:
+        identical = identical_share([t for run in reference for t in run.trajectories], trajectories)
+    return StepFigures(
+        gen_s=sum(run.wall_s for run in runs),
+        model_tokens=sum(t.model_tokens for t in trajectories),
+        forwards=sum(t.forwards for t in trajectories),
+        draft_proposed=sum(t.draft_proposed for t in trajectories),
+        draft_accepted=sum(t.draft_accepted for t in trajectories),
+        run_ahead=_summed([run.run_ahead for run in runs if run.run_ahead]),
+        identical=identical,
+    )
+
+
+def _summed(stats: Sequence[dict]) -> dict:
+    """Run-ahead figures (`RunAheadStats.as_dict`) of several runs added up; {} for none."""
+    if not stats:
+        return {}
+    out = {k: sum(s[k] for s in stats) for k in stats[0] if k != "tokens_by_bubble"}
+    out["tokens_by_bubble"] = {b: sum(s["tokens_by_bubble"][b] for s in stats) for b in stats[0]["tokens_by_bubble"]}
+    return out
+
+
+RUN_AHEAD_KEYS = (
+    "tokens",
+    "rows",
+    "real_rows",
+    "sequences",
+    "preempted",
+    "added_s",
+    "tokens_upcoming",
+    "prefill_tokens",
+    "copied_tokens",
+)
+
+
 def run_ahead_metrics(runs: Sequence[RolloutRun], gen_s: float) -> dict[str, float]:
     """What run-ahead did during these rollout runs: tokens put into the trees (per bubble), the
     share of the forward passes' rows it fed, and its predicted share of the generation time."""
-    stats = [run.run_ahead for run in runs if run.run_ahead is not None]
-    if not stats:
+    return _run_ahead_metrics(step_figures(runs).run_ahead, gen_s)
+
+
+def _run_ahead_metrics(total: dict, gen_s: float) -> dict[str, float]:
+    if not total:
         return {}
-    keys = (
-        "tokens",
-        "rows",
-        "real_rows",
-        "sequences",
-        "preempted",
-        "added_s",
-        "tokens_upcoming",
-        "prefill_tokens",
-        "copied_tokens",
-    )
-    total = {k: sum(s[k] for s in stats) for k in keys}
-    out = {f"run_ahead/{k}": float(v) for k, v in total.items()}
-    for bubble in stats[0]["tokens_by_bubble"]:
-        out[f"run_ahead/tokens_{bubble}"] = float(sum(s["tokens_by_bubble"][bubble] for s in stats))
+    out = {f"run_ahead/{k}": float(total[k]) for k in RUN_AHEAD_KEYS}
+    for bubble, tokens in total["tokens_by_bubble"].items():
+        out[f"run_ahead/tokens_{bubble}"] = float(tokens)
     out["run_ahead/row_share"] = total["rows"] / max(total["rows"] + total["real_rows"], 1)
     out["run_ahead/time_share"] = total["added_s"] / gen_s if gen_s > 0 else 0.0
     return out
@@ -136,22 +197,20 @@ def compare_metrics(name: str, main: Sequence[RolloutRun], runs: Sequence[Rollou
     """``compare/<name>/…``: a compared drafter's regeneration of the step (`runs`) against the training
     drafter's (`main`): its time, the speedup (its time / ours), time per generated token, drafting figures
     and the share of trajectories identical to ours."""
-    wall, main_wall = sum(run.wall_s for run in runs), sum(run.wall_s for run in main)
-    summary, main_tokens = merged_summary(runs), merged_summary(main).model_tokens
+    theirs, ours = step_figures(runs, main), step_figures(main)
+    wall, main_wall, main_tokens = theirs.gen_s, ours.gen_s, ours.model_tokens
     out = {
         f"compare/{name}/gen_s": wall,
         f"compare/{name}/speedup": wall / main_wall if main_wall > 0 else 0.0,
         # time per generated token, theirs over ours: what compares speed when the trajectories differ
-        f"compare/{name}/token_speedup": (wall / max(summary.model_tokens, 1)) / (main_wall / main_tokens)
+        f"compare/{name}/token_speedup": (wall / max(theirs.model_tokens, 1)) / (main_wall / main_tokens)
         if main_wall > 0 and main_tokens
         else 0.0,
-        f"compare/{name}/tokens_per_forward": summary.tokens_per_forward,
-        f"compare/{name}/accepted_per_forward": summary.draft_accepted / summary.forwards if summary.forwards else 0.0,
-        f"compare/{name}/identical": identical_share(
-            [t for r in main for t in r.trajectories], [t for r in runs for t in r.trajectories]
-        ),
+        f"compare/{name}/tokens_per_forward": theirs.tokens_per_forward,
+        f"compare/{name}/accepted_per_forward": theirs.accepted_per_forward,
+        f"compare/{name}/identical": theirs.identical,
     }
-    out.update({f"compare/{name}/{k}": v for k, v in run_ahead_metrics(runs, wall).items()})
+    out.update({f"compare/{name}/{k}": v for k, v in _run_ahead_metrics(theirs.run_ahead, wall).items()})
     return out
 
 
