@@ -1,23 +1,11 @@
 """`srt-agent bench paper`: SRT's Table 1 measured here — every rollout method side by side in real RL runs.
 
-For each algorithm (GRPO, DAPO, PPO) one short RL run of the env (cold-started, so the policy uses the
-tool) generates every step's rollouts with each method from the same weights and seeds; only plain
-decoding's rollouts feed training, so every method sees the same sequence of policies. Those training
-rollouts come from an unmeasured engine of their own (`TRAINER`) that runs first in each step: whatever
-runs first after a weight update pays costs no later run does (measured: the baseline ran ~15% slower per
-forward than `self`, which drafted nothing, when it was the one generating first), so every measured
-method, the baseline included, is a regeneration. Per method and
-algorithm: generation time per step, step time (its generation plus the step's shared rest: rewards,
-update, weight sync), time per generated token, accepted tokens per verification step, and whether its
-rollouts are token for token those of plain decoding: in every step, each method's rollouts are compared
-with the baseline's (the baseline's with the training rollouts), and an exact method that differs is
-flagged in the log, its cell (`mismatch`), the result (`mismatches`) and the table. SPEC-RL accepts
-leniently, so it is reported with its lenience and the share of trajectories and tokens that differ from
-plain decoding. A second GRPO run
-with n = 8 samples per prompt (the same rollouts per step) gives the samples-per-prompt ablation (SRT's
-Table 3).
-
-(Just over 400 lines: the runs, their per-step comparison and the table are one measurement protocol.)
+For each algorithm (GRPO, DAPO, PPO) one short RL run regenerates every step's prompts and seeds with each
+method from the same weights; the rollouts that train come from an unmeasured engine (`TRAINER`) that runs
+first, so no measured method pays for running first after a weight update. Per method: generation and step
+time, time per token, accepted tokens per verification step, and whether its rollouts are token for token
+plain decoding's (SPEC-RL, lenient, with its share of differing trajectories). A second GRPO run with n = 8
+gives SRT's Table 3. The protocol and the figures: docs/benchmarks/paper.md.
 """
 
 from __future__ import annotations
@@ -29,38 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cache import DRAFTERS, LENIENT_DRAFTERS, drafter_unavailable, make_drafter
-from ..config import EnvConfig, load_env_config
-from ..rl.rollouts import RolloutRun, RolloutVariant
-from .ablation import TraceRecorder
+from ..config import EnvConfig
+from ..rl.rollouts import RolloutVariant
+from ..spec import DRAFTERS, drafter_unavailable, make_drafter
+from .methods import METHODS as ALL_METHODS, Method, bench_env as load_bench_env, pick
+from .recorder import RecordedStep, StepRecorder
 
-
-@dataclass(frozen=True)
-class Method:
-    """A rollout method of the table: a drafter, with or without run-ahead."""
-
-    name: str
-    label: str
-    drafter: str
-    run_ahead: bool = False
-
-    @property
-    def exact(self) -> bool:
-        return self.drafter not in LENIENT_DRAFTERS
-
-
-METHODS = (
-    Method("none", "Baseline (no speculation)", "none"),
-    Method("ngram", "N-gram prompt lookup", "ngram"),
-    Method("suffix", "SuffixDecoding (ours)", "suffix"),
-    Method("arctic", "SuffixDecoding (arctic-inference)", "arctic"),
-    Method("history", "History trees (RhymeRL-style)", "history"),
-    Method("self", "EfficientRollout (quantized self-draft)", "self"),
-    Method("spec-rl", "SPEC-RL (lenient: not exactly on-policy)", "spec-rl"),
-    Method("srt", "SRT, no run-ahead", "srt"),
-    Method("srt+run-ahead", "SRT + run-ahead", "srt", run_ahead=True),
-    Method("srt+self", "SRT + self-drafter", "srt+self"),
-)
+METHODS = tuple(m for m in ALL_METHODS if m.backend is None)  # every drafter on the env's backend
 BASELINE = "none"
 TRAINER = "trainer"  # the variant whose rollouts train: plain decoding, first in every step, not measured
 ALGORITHMS = ("grpo", "dapo", "ppo")
@@ -90,18 +53,14 @@ class PaperBenchConfig:
 
 def available_methods(names: tuple[str, ...]) -> tuple[list[Method], dict[str, str]]:
     """The methods that can run here, and why each other one cannot (unknown drafter, missing package)."""
-    known = {m.name: m for m in METHODS}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; choose from {list(known)}")
-    names = [BASELINE] + [n for n in names if n != BASELINE]
     runnable, skipped = [], {}
-    for name in names:
-        method = known[name]
+    for method in pick(names, METHODS, BASELINE, as_named=True):
         if method.drafter not in DRAFTERS:
-            skipped[name] = f"drafter {method.drafter!r} is not in this build (drafters: {', '.join(sorted(DRAFTERS))})"
+            skipped[method.name] = (
+                f"drafter {method.drafter!r} is not in this build (drafters: {', '.join(sorted(DRAFTERS))})"
+            )
         elif (reason := drafter_unavailable(method.drafter)) is not None:  # e.g. arctic-inference not installed
-            skipped[name] = reason
+            skipped[method.name] = reason
         else:
             runnable.append(method)
     return runnable, skipped
@@ -111,26 +70,20 @@ def method_variants(methods: list[Method], config: EnvConfig) -> list[RolloutVar
     """The trainer's rollout variants: the unmeasured training rollouts first, then every method (run-ahead
     as the config sets it, on)."""
     run_ahead = config.engine.run_ahead.model_copy(update={"enabled": True}).options(config.train.seed)
-    return [RolloutVariant(TRAINER, "none")] + [
-        RolloutVariant(m.name, m.drafter, run_ahead if m.run_ahead else None) for m in methods
-    ]
+    return [RolloutVariant(TRAINER, "none")] + [m.variant(run_ahead) for m in methods]
 
 
 def bench_env(cfg: PaperBenchConfig, algorithm: str, samples: int, prompts: int) -> EnvConfig:
     """The env file with the bench's shape: `algorithm`, its steps, `prompts` × `samples` rollouts per step."""
     recur = max(1, cfg.dataset_n // cfg.prompts_per_step)  # steps between a prompt's visits, as in the main run
-    overrides = [
+    shape = [
         f"train.algorithm={algorithm}",
-        f"train.steps={cfg.steps}",
         f"train.prompts_per_step={prompts}",
         f"n_samples={samples}",
         f"dataset.n={prompts * recur}",
-        "train.compare=[]",
-        f"train.checkpoint_every={cfg.steps}",
         "train.keep_checkpoints=1",
-        "train.loggers=[]",
     ]
-    config = load_env_config(cfg.env, overrides + list(cfg.overrides))
+    config = load_bench_env(cfg.env, cfg.steps, shape, cfg.overrides)
     # Every method's engine keeps a KV cache of max_batch slots: no more than a step's rollouts need.
     config.engine.max_batch = min(config.engine.max_batch, prompts * samples)
     return config
@@ -150,37 +103,30 @@ def token_differences(reference: list, other: list) -> tuple[int, int]:
     return trajectories, tokens
 
 
-class StepRecorder(TraceRecorder):
-    """The ablation's per-step rows (generation and step time, accepted tokens per verification step),
-    plus how far each method's rollouts differ from the baseline's (the baseline's from the training
-    rollouts') in every step; logs a line per step, and one per exact method that differs."""
-
-    def __init__(
-        self, config: EnvConfig, variants: list[RolloutVariant], exact: set[str], log: Callable[[str], None] = print
-    ):
-        super().__init__(config, variants)
-        self.exact, self.log = exact, log
-
-    def __call__(self, step: int, metrics: dict[str, float], runs: dict[str, list[RolloutRun]]) -> None:
-        super().__call__(step, metrics, runs)
-        trajectories = {name: [t for run in rs for t in run.trajectories] for name, rs in runs.items()}
-        rows = [r for r in self.rows[-len(runs) :] if r["variant"] != TRAINER]
-        for row in rows:
-            name = row["variant"]
-            reference = trajectories[TRAINER if name == BASELINE else BASELINE]
-            row["differing_trajectories"], row["differing_tokens"] = token_differences(reference, trajectories[name])
-            row["trajectories"] = max(len(reference), len(trajectories[name]))
-            row["identical"] = 1 - row["differing_trajectories"] / row["trajectories"] if row["trajectories"] else 0.0
-            if name in self.exact and row["differing_trajectories"]:
-                self.log(
-                    f"  step {step}: MISMATCH: {name}'s rollouts differ from plain decoding's in "
-                    f"{row['differing_trajectories']} of {row['trajectories']} trajectories ({row['differing_tokens']} tokens)"
-                )
-        self.log(
-            f"  step {step}: generation s "
-            + ", ".join(f"{r['variant']} {r['gen_s']:.1f}" for r in rows)
-            + f"; reward {metrics.get('critic/score/mean', 0.0):.2f}"
-        )
+def compared_rows(record: RecordedStep, exact: set[str], log: Callable[[str], None] = print) -> list[dict]:
+    """Every variant's row of a step (`RecordedStep.row`), the measured ones with how far their rollouts
+    differ from the baseline's (the baseline's from the training rollouts'); logs a line for the step, and
+    one per exact method that differs."""
+    trajectories = {name: [t for run in rs for t in run.trajectories] for name, rs in record.runs.items()}
+    rows = [record.row(name) for name in record.runs]
+    measured = [r for r in rows if r["variant"] != TRAINER]
+    for row in measured:
+        name = row["variant"]
+        reference = trajectories[TRAINER if name == BASELINE else BASELINE]
+        row["differing_trajectories"], row["differing_tokens"] = token_differences(reference, trajectories[name])
+        row["trajectories"] = max(len(reference), len(trajectories[name]))
+        row["identical"] = 1 - row["differing_trajectories"] / row["trajectories"] if row["trajectories"] else 0.0
+        if name in exact and row["differing_trajectories"]:
+            log(
+                f"  step {record.step}: MISMATCH: {name}'s rollouts differ from plain decoding's in "
+                f"{row['differing_trajectories']} of {row['trajectories']} trajectories ({row['differing_tokens']} tokens)"
+            )
+    log(
+        f"  step {record.step}: generation s "
+        + ", ".join(f"{r['variant']} {r['gen_s']:.1f}" for r in measured)
+        + f"; reward {record.metrics.get('critic/score/mean', 0.0):.2f}"
+    )
+    return rows
 
 
 def run_algorithm(
@@ -200,7 +146,8 @@ def run_algorithm(
 
     config = bench_env(cfg, algorithm, samples, prompts)
     variants = method_variants(methods, config)
-    recorder = StepRecorder(config, variants, {m.name for m in methods if m.exact}, log)
+    exact, rows = {m.name for m in methods if m.exact}, []
+    recorder = StepRecorder(config, variants, lambda record: rows.extend(compared_rows(record, exact, log)))
     trainer = Trainer(
         config, out, loaded=loaded, variants=variants, on_step=recorder, console=Console(quiet=True), replace_run=True
     )
@@ -211,8 +158,8 @@ def run_algorithm(
         "samples": samples,
         "prompts_per_step": prompts,
         "wall_s": time.perf_counter() - start,
-        "rows": recorder.rows,
-        "cells": {m.name: cell(recorder.rows, m) for m in methods},
+        "rows": rows,
+        "cells": {m.name: cell(rows, m) for m in methods},
         "reward": [m.get("critic/score/mean") for m in report["steps"]],
         "cold_start": report.get("cold_start"),
     }
@@ -291,7 +238,10 @@ def run_paper_bench(
             "model": loaded.name,
             "threads": torch.get_num_threads(),
             "wall_s": time.perf_counter() - started,
-            "methods": [dataclasses.asdict(m) | {"exact": m.exact} for m in methods],
+            "methods": [
+                dict(name=m.name, label=m.label, drafter=m.drafter, run_ahead=m.run_ahead, exact=m.exact)
+                for m in methods
+            ],
             "skipped": skipped,
             "runs": runs,
             "ablation": ablation,

@@ -1,24 +1,10 @@
 """`srt-agent bench vllm`: the field's comparison inside one RL run — vLLM without speculation, vLLM's
 ``ngram`` and ``suffix`` (arctic-inference) proposers, SRT inside vLLM, and our engine without and with SRT.
 
-One RL run of the env per batch size: the policy is really updated every step and every engine receives
-the new weights in place (vLLM's trees survive the reload). The rollouts that train come from an
-unmeasured vLLM engine without speculation that generates first in each step; every measured method then
-regenerates the step from the same weights and seeds, so each sees the same sequence of policies and no
-method pays the first-after-update costs alone. Batch size B caps how many sequences each engine runs at
-once (``engine.max_batch``: our engine's slots, vLLM's ``max_num_seqs``): B = 1 runs the step's rollouts one
-after another, B = prompts × samples all at once. A step is a *revisit* when its prompts were rolled out in
-an earlier step (the trees hold their earlier rollouts).
-
-Every method samples exactly (``engine.vllm.exact_sampling``: the same tokens as the training rollouts)
-except ``vllm:stock``, vLLM without speculation and with its own sampler: the speed of vLLM as shipped, whose
-trajectories differ from the others' at T > 0 (its ``identical`` share says by how much).
-
-Each ratio comes with a 95% paired bootstrap interval over steps (`ratio_interval`): a draw resamples the
-steps with replacement and takes the ratio of the two methods' summed times over the drawn steps, the same
-statistic as the point estimate. What makes a step long for every method (its prompts, its rollouts'
-lengths) cancels in the pairing; what is left is how the ratio varies from step to step, noise that hit one
-method's run (another process on the CPUs) included. A difference is told apart when its interval excludes 1.
+One RL run per batch size; an unmeasured engine generates the rollouts that train, and every measured
+method regenerates each step from the same weights and seeds, exactly (all but ``vllm:stock``, vLLM as
+shipped). Each ratio comes with a 95% paired bootstrap interval over steps (`ratio_interval`). The
+protocol, the statistic and the figures: docs/benchmarks/vllm.md.
 """
 
 from __future__ import annotations
@@ -31,38 +17,15 @@ from pathlib import Path
 
 import torch
 
-from ..config import EnvConfig, RunAheadOptions, load_env_config
-from ..engine.device_info import detect_device
+from ..config import EnvConfig, RunAheadOptions
 from ..rl.evaluate import bootstrap_statistic, ratio_text
-from ..rl.metrics import identical_share
-from ..rl.rollouts import RolloutRun, RolloutVariant
+from ..rl.metrics import StepFigures
+from ..rl.rollouts import RolloutVariant
+from ..runner.device_info import detect_device
+from .methods import METHODS as ALL_METHODS, Method, bench_env as load_bench_env, pick
+from .recorder import RecordedStep, StepRecorder
 
-
-@dataclass(frozen=True)
-class BenchMethod:
-    """A measured method: a drafter on a backend, sampling exactly or (vLLM only) with vLLM's own sampler,
-    with or without run-ahead (the engine's defaults: ``RunAheadOptions()``)."""
-
-    name: str
-    backend: str
-    drafter: str
-    exact: bool = True
-    run_ahead: bool = False
-
-
-# Engines are built in this order. vLLM's ngram proposer imports numba, whose llvmlite holds an object
-# that vLLM 0.31's kernel re-binding scan (run whenever an engine starts) cannot read: no vLLM engine can
-# start in this process after it, so it comes last.
-METHODS = (
-    BenchMethod("vllm:none", "vllm", "none"),
-    BenchMethod("vllm:stock", "vllm", "none", exact=False),
-    BenchMethod("vllm:suffix", "vllm", "suffix"),
-    BenchMethod("vllm:srt", "vllm", "srt"),
-    BenchMethod("vllm:srt+ahead", "vllm", "srt", run_ahead=True),
-    BenchMethod("vllm:ngram", "vllm", "ngram"),
-    BenchMethod("engine:none", "engine", "none"),
-    BenchMethod("engine:srt", "engine", "srt"),
-)
+METHODS = tuple(m for m in ALL_METHODS if m.backend is not None)  # each names the backend it runs on
 BASELINE = "vllm:none"
 TRAINER = "trainer"  # vLLM without speculation, generating the training rollouts first in every step
 # Pairs of methods compared head to head (the first's time over the second's), when both ran: SRT against
@@ -91,104 +54,69 @@ class VLLMBenchConfig:
     overrides: list[str] = field(default_factory=list)  # KEY=VALUE on the env config
 
 
-def chosen_methods(names: Sequence[str]) -> list[BenchMethod]:
-    known = {m.name: m for m in METHODS}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; choose from {list(known)}")
-    return [known[BASELINE]] + [m for m in METHODS if m.name in names and m.name != BASELINE]
+def chosen_methods(names: Sequence[str]) -> list[Method]:
+    return pick(names, METHODS, BASELINE)
 
 
 def bench_env(cfg: VLLMBenchConfig, batch: int) -> EnvConfig:
     """The env file with the bench's shape; `batch` sequences at once in every engine."""
-    overrides = [
-        f"train.steps={cfg.steps}",
+    shape = [
         f"train.prompts_per_step={cfg.prompts_per_step}",
         f"n_samples={cfg.samples}",
         f"dataset.n={cfg.dataset_n}",
-        "train.compare=[]",
-        f"train.checkpoint_every={cfg.steps}",
         "train.keep_checkpoints=1",
-        "train.loggers=[]",
         f"engine.max_batch={batch}",
         "engine.run_ahead.enabled=false",
     ]
-    return load_env_config(cfg.env, overrides + list(cfg.overrides))
+    return load_bench_env(cfg.env, cfg.steps, shape, cfg.overrides)
 
 
-def method_figures(runs: Sequence[RolloutRun], reference: Sequence[RolloutRun]) -> dict[str, float]:
+def method_figures(figures: StepFigures) -> dict[str, float]:
     """Generation time, tokens, speed and draft figures of one method's rollouts in one step, and the share
-    of its trajectories identical to `reference`'s (the training rollouts) token for token."""
-    gen_s = sum(r.summary.wall_s for r in runs)
-    tokens = sum(r.summary.model_tokens for r in runs)
-    forwards = sum(r.summary.forwards for r in runs)
-    proposed = sum(r.summary.draft_proposed for r in runs)
-    accepted = sum(r.summary.draft_accepted for r in runs)
-    ahead = sum(r.run_ahead["tokens"] for r in runs if r.run_ahead)
+    of its trajectories identical to the training rollouts token for token."""
     return {
-        "run_ahead_tokens": float(ahead),  # generated for the trees only, never in `tokens`
-        "gen_s": gen_s,
-        "tokens": float(tokens),
-        "tok_s": tokens / gen_s if gen_s > 0 else 0.0,
-        "forwards": float(forwards),
-        "tokens_per_forward": tokens / forwards if forwards else 0.0,
-        "draft_proposed": float(proposed),
-        "draft_accepted": float(accepted),
-        "acceptance": accepted / proposed if proposed else 0.0,
-        "identical": identical_share(
-            [t for r in reference for t in r.trajectories], [t for r in runs for t in r.trajectories]
-        ),
+        "run_ahead_tokens": float(
+            figures.run_ahead.get("tokens", 0)
+        ),  # generated for the trees only, never in `tokens`
+        "gen_s": figures.gen_s,
+        "tokens": float(figures.model_tokens),
+        "tok_s": figures.tok_s,
+        "forwards": float(figures.forwards),
+        "tokens_per_forward": figures.tokens_per_forward,
+        "draft_proposed": float(figures.draft_proposed),
+        "draft_accepted": float(figures.draft_accepted),
+        "acceptance": figures.acceptance,
+        "identical": figures.identical,
     }
 
 
-class StepLog:
-    """The trainer's `on_step`: every method's figures per step, and whether the step revisits its prompts."""
-
-    def __init__(self, names: Sequence[str], log: Callable[[str], None]):
-        self.names, self.log = list(names), log
-        self.steps: list[dict] = []
-        self.seen: set = set()
-
-    def __call__(self, step: int, metrics: dict[str, float], runs: dict[str, list[RolloutRun]]) -> None:
-        keys = {t.key for run in runs[TRAINER] for t in run.tasks}
-        revisit = bool(keys) and keys <= self.seen
-        self.seen |= keys
-        methods = {name: method_figures(runs[name], runs[TRAINER]) for name in self.names}
-        base = methods[BASELINE]
-        for figures in methods.values():
-            figures["speedup_vs_vllm_none"] = base["gen_s"] / figures["gen_s"] if figures["gen_s"] > 0 else 0.0
-            figures["token_speedup_vs_vllm_none"] = figures["tok_s"] / base["tok_s"] if base["tok_s"] > 0 else 0.0
-        self.steps.append(
-            {"step": step, "revisit": revisit, "reward": metrics.get("critic/score/mean"), "methods": methods}
-        )
-        self.log(
-            f"step {step} ({'revisit' if revisit else 'first visit'}): "
-            + ", ".join(
-                f"{name} {m['gen_s']:.1f}s {m['tok_s']:.0f} tok/s ({m['token_speedup_vs_vllm_none']:.2f}x)"
-                for name, m in methods.items()
-            )
-        )
+def bench_step(record: RecordedStep, names: Sequence[str]) -> dict:
+    """A step's entry: every method's figures (with its speed-ups over vLLM without speculation), whether
+    the step revisits its prompts, its reward."""
+    methods = {name: method_figures(record.figures[name]) for name in names}
+    base = methods[BASELINE]
+    for figures in methods.values():
+        figures["speedup_vs_vllm_none"] = base["gen_s"] / figures["gen_s"] if figures["gen_s"] > 0 else 0.0
+        figures["token_speedup_vs_vllm_none"] = figures["tok_s"] / base["tok_s"] if base["tok_s"] > 0 else 0.0
+    return {"step": record.step, "revisit": record.revisit, "reward": record.reward, "methods": methods}
 
 
-def bench_variants(methods: Sequence[BenchMethod]) -> list[RolloutVariant]:
+def step_line(step: dict) -> str:
+    return f"step {step['step']} ({'revisit' if step['revisit'] else 'first visit'}): " + ", ".join(
+        f"{name} {m['gen_s']:.1f}s {m['tok_s']:.0f} tok/s ({m['token_speedup_vs_vllm_none']:.2f}x)"
+        for name, m in step["methods"].items()
+    )
+
+
+def bench_variants(methods: Sequence[Method]) -> list[RolloutVariant]:
     """The trainer's variant (vLLM without speculation, generating the training rollouts) and one per method,
     each on an engine of its own; a method that is not exact samples with vLLM's own sampler, the others as
     the env config says."""
-    variants = [RolloutVariant(TRAINER, "none", backend="vllm")]
-    return variants + [
-        RolloutVariant(
-            m.name,
-            m.drafter,
-            RunAheadOptions() if m.run_ahead else None,
-            backend=m.backend,
-            exact_sampling=None if m.exact else False,
-            own_engine=True,
-        )
-        for m in methods
-    ]
+    trainer = RolloutVariant(TRAINER, "none", backend="vllm")
+    return [trainer] + [m.variant(RunAheadOptions(), own_engine=True) for m in methods]
 
 
-def run_batch(cfg: VLLMBenchConfig, batch: int, methods: list[BenchMethod], loaded, log: Callable[[str], None]) -> dict:
+def run_batch(cfg: VLLMBenchConfig, batch: int, methods: list[Method], loaded, log: Callable[[str], None]) -> dict:
     """One RL run at batch size `batch` with every method regenerating each step."""
     from rich.console import Console
 
@@ -196,7 +124,13 @@ def run_batch(cfg: VLLMBenchConfig, batch: int, methods: list[BenchMethod], load
 
     config = bench_env(cfg, batch)
     variants = bench_variants(methods)
-    recorder = StepLog([m.name for m in methods], log)
+    names, steps = [m.name for m in methods], []
+
+    def record(step: RecordedStep) -> None:
+        steps.append(bench_step(step, names))
+        log(step_line(steps[-1]))
+
+    recorder = StepRecorder(config, variants, record)
     log(
         f"batch {batch}: {cfg.steps} steps of {config.name}, {cfg.prompts_per_step} prompts × n = {cfg.samples}; "
         f"methods {', '.join(m.name for m in methods)}"
@@ -215,16 +149,18 @@ def run_batch(cfg: VLLMBenchConfig, batch: int, methods: list[BenchMethod], load
     return {
         "batch": batch,
         "wall_s": time.perf_counter() - start,
-        "steps": recorder.steps,
-        "summary": summarize_steps(recorder.steps, inexact=inexact_methods(config, methods)),
-        "pairs": pair_ratios(recorder.steps),
+        "steps": steps,
+        "summary": summarize_steps(steps, inexact=inexact_methods(config, methods)),
+        "pairs": pair_ratios(steps),
     }
 
 
-def inexact_methods(config: EnvConfig, methods: Sequence[BenchMethod]) -> list[str]:
+def inexact_methods(config: EnvConfig, methods: Sequence[Method]) -> list[str]:
     """The methods whose trajectories need not be the training rollouts' at T > 0: vLLM's, sampling with
     vLLM's own sampler (``vllm:stock``, or all of them under ``engine.vllm.exact_sampling: false``)."""
-    return [m.name for m in methods if m.backend == "vllm" and not (m.exact and config.engine.vllm.exact_sampling)]
+    return [
+        m.name for m in methods if m.backend == "vllm" and not (m.exact_sampling and config.engine.vllm.exact_sampling)
+    ]
 
 
 def _sums(steps: Sequence[dict], name: str) -> tuple[list[float], list[float]]:
