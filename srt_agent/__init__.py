@@ -8,6 +8,9 @@ imports the benchmarks or the CLI.
 - ``rl/``: the trainer: cold start, algorithms (registries of advantage estimators and policy losses),
   the step loop, policy updates, checkpoints, reports.
 - ``integrations/``: verl and TRL (an outer layer: nothing below imports it).
+- ``sources/``: environment sources behind one registry (an Env class, an ``agent:`` function, verifiers,
+  arithmetic, reasoning-gym, verl files); its registry and ``Task`` import nothing above them, so every
+  layer reads them.
 - ``agent/``: the Env API, the multi-turn ReTool controller, parsing, rewards, rollouts.
 - ``backends/``: the rollout-backend seam, its registry and its two implementations, our engine and vLLM
   (``backends/vllm/``: everything vLLM, SRT as vLLM's speculative proposer included).
@@ -17,7 +20,7 @@ imports the benchmarks or the CLI.
 - ``cache/``: the per-prompt rollout trees and the drafters behind one interface.
 - ``models/``: model loading and the architectures the engine runs.
 - ``tools/``: the code interpreter and its sandboxes, and the SandboxFusion-compatible server.
-- ``datasets.py``: tasks (verl-layout rows, procedural arithmetic); ``atomic.py``: atomic file writes.
+- ``atomic.py``: atomic file writes.
 """
 
 __version__ = "0.1.0"
