@@ -4,29 +4,33 @@ without the model, to sweep draft budgets, tree limits and run-ahead settings in
 Speculation is lossless, so every sampled token is known in advance: the trace's. What drafting
 changes is how many of them each verification step accepts, and that is decided by the draft (the
 drafter's tree at that moment), the cost model's choice of nodes and the true next tokens. The replay
-runs the real drafter, `choose_drafts` and `AcceptanceModel` on a simulated clock: every episode
-starts when the step does, a batch step costs what the recorded cost table predicts for its shape, a
-finished turn waits its recorded tool time before its observation is fed, slots are shared as the
-scheduler shares them. Run-ahead content comes from the recorded continuations (real samples of the
-policy, never the tokens they are judged on), fed into the bubbles the simulated clock finds, sized by
-the same row-cost rule as the engine's.
-
-(Just over 400 lines: the replayed scheduler, drafting and sweep share one simulated clock.)
+runs the real drafter and the engine's own scheduler and draft choice (`Scheduler`, `Drafting`: budgets,
+the cost model's choice, the acceptance calibration) on a simulated clock: every episode starts when the
+step does, a batch step costs what the recorded cost table predicts for its shape, a finished turn waits
+its recorded tool time before its observation is fed. Run-ahead content comes from the recorded
+continuations (real samples of the policy, never the tokens they are judged on), fed into the bubbles the
+simulated clock finds, sized by the same row-cost rule as the engine's.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from ..cache import make_drafter
-from ..cache.draft import Draft
-from ..engine.acceptance import AcceptanceModel
-from ..engine.cost_model import choose_drafts
+from ..engine.drafting import Drafting
+from ..engine.params import SamplingParams
 from ..engine.run_ahead import RowCost, RunAheadOptions
+from ..engine.scheduler import Scheduler
+from ..engine.sequence import Sequence
+from ..engine.stats import EngineStats
+from ..spec import make_drafter
+from ..spec.choice.cost_model import ForwardCostModel
+from ..spec.draft import Draft
 from .rollout_trace import RolloutTrace, TracedRunAhead, TracedStep, TracedTrajectory, cost_model_of
 
 TREE_DRAFTERS = ("srt", "history")
+ANY_TOKEN = sys.maxsize  # the vocabulary bound drafts are checked against: a trace's trees hold only its tokens
 
 
 @dataclass
@@ -67,29 +71,29 @@ class ReplayedStep:
 
 @dataclass
 class _Episode:
-    rid: str
+    """A trajectory replayed: the engine's sequence of it, and where it stands in the recorded turns."""
+
+    seq: Sequence
     traj: TracedTrajectory
-    tokens: list[int]
     turn: int = 0
     pos: int = 0  # tokens of the current turn already produced
-    cached: int = 0
-    has_slot: bool = False
     resume_at: float = 0.0
-    call_max: int = 0
-    call_generated: int = 0
 
     @property
     def truth(self) -> list[int]:
         return self.traj.turns[self.turn][self.pos :]
 
-    @property
-    def response_len(self) -> int:
-        return len(self.tokens) - (len(self.traj.prompt_ids) - self.traj.prefix_len)
+
+def call_params(traj: TracedTrajectory, tokens: list[int], limits: dict) -> SamplingParams:
+    """The limits of a call that continues `tokens`: a turn's tokens, and what is left of the response's."""
+    response = len(tokens) - (len(traj.prompt_ids) - traj.prefix_len)
+    left = limits["max_response_tokens"] - response
+    return SamplingParams(max_tokens=max(1, min(limits["max_tokens_per_turn"], left)))
 
 
 @dataclass
 class _Ahead:
-    rid: str
+    seq: Sequence
     item: TracedRunAhead
     prefill: int
     pos: int = 0
@@ -97,6 +101,10 @@ class _Ahead:
 
 @dataclass
 class _Clock:
+    """A replayed step's simulated time and counts, its run-ahead content and sequences, and the engine's
+    scheduler, whose slots the real sequences and the run-ahead ones share."""
+
+    scheduler: Scheduler
     time: float = 0.0
     forwards: int = 0
     accepted: int = 0
@@ -104,6 +112,7 @@ class _Clock:
     spent: int = 0
     pool: deque = field(default_factory=deque)
     ahead: list[_Ahead] = field(default_factory=list)
+    parked: list[_Episode] = field(default_factory=list)  # waiting for their tool's output
 
 
 class Replay:
@@ -116,10 +125,6 @@ class Replay:
         self.trace = trace
         self.drafter_name = o.drafter or trace.drafter
         self.max_batch = o.max_batch or e["max_batch"]
-        self.max_context = e["max_context"]
-        self.max_draft_tokens = e["max_draft_tokens"] if o.max_draft_tokens is None else o.max_draft_tokens
-        self.min_gain = e["min_draft_gain"] if o.min_draft_gain is None else o.min_draft_gain
-        self.adaptive = e["adaptive_drafts"] if o.adaptive_drafts is None else o.adaptive_drafts
         self.limits = trace.limits
         self.run_ahead = o.run_ahead or (RunAheadOptions(**trace.run_ahead) if trace.run_ahead else None)
         if self.run_ahead is not None and self.drafter_name != "srt":
@@ -134,7 +139,17 @@ class Replay:
             }
         )
         self.drafter = make_drafter(self.drafter_name, **(cache if self.drafter_name in TREE_DRAFTERS else {}))
-        self.acceptance = AcceptanceModel()
+        self.drafting = Drafting(
+            self.drafter,
+            ForwardCostModel(),
+            EngineStats(),
+            ANY_TOKEN,
+            e["max_draft_tokens"] if o.max_draft_tokens is None else o.max_draft_tokens,
+            e["max_context"],
+            e["adaptive_drafts"] if o.adaptive_drafts is None else o.adaptive_drafts,
+            e["min_draft_gain"] if o.min_draft_gain is None else o.min_draft_gain,
+        )
+        self.episodes: dict[str, _Episode] = {}
         self._ids = 0
 
     def run(self) -> list[ReplayedStep]:
@@ -144,30 +159,31 @@ class Replay:
         ]
 
     def step(self, step: TracedStep, pool_step: TracedStep | None = None) -> ReplayedStep:
-        cost = cost_model_of(step.cost)
-        clock = _Clock()
+        self.drafting.cost_model = cost_model_of(step.cost)
+        clock = _Clock(Scheduler(self.max_batch))
         if self.run_ahead is not None and pool_step is not None:
             n = self.run_ahead.tokens_per_sequence
             clock.pool = deque(replace(r, tokens=r.tokens[:n]) for r in pool_step.run_ahead if r.tokens)
-        waiting: deque[_Episode] = deque()
         for traj in step.trajectories:
-            ep = _Episode(self._id("real"), traj, list(traj.prompt_ids))
-            self._begin_call(ep)
-            self.drafter.start_request(ep.rid, traj.prompt_key, ep.tokens)
-            waiting.append(ep)
-        running: list[_Episode] = []
-        parked: list[_Episode] = []
-        while waiting or running or parked:
-            for ep in sorted((p for p in parked if p.resume_at <= clock.time), key=lambda p: p.resume_at):
-                parked.remove(ep)
-                if self._resume(ep):
-                    (running if ep.has_slot else waiting).append(ep)
-            self._admit(waiting, running, parked, clock)
-            if not running:
-                if parked:
-                    self._idle_until(min(p.resume_at for p in parked), running, parked, clock, cost)
-                continue
-            self._batch_step(running, waiting, parked, clock, cost)
+            tokens = list(traj.prompt_ids)
+            seq = Sequence(
+                self._id("real"), traj.prompt_key, tokens, call_params(traj, tokens, self.limits), 0, len(tokens)
+            )
+            self.episodes[seq.request_id] = _Episode(seq, traj)
+            seq.drafting = True
+            self.drafter.start_request(seq.request_id, traj.prompt_key, seq.tokens)
+            clock.scheduler.add(seq)
+        sched = clock.scheduler
+        while sched.waiting or sched.running or clock.parked:
+            for ep in sorted((p for p in clock.parked if p.resume_at <= clock.time), key=lambda p: p.resume_at):
+                clock.parked.remove(ep)
+                self._resume(ep, sched)
+            self._make_room(clock)
+            seqs = sched.schedule()
+            if seqs:
+                self._batch_step(seqs, clock)
+            elif clock.parked:
+                self._idle_until(min(p.resume_at for p in clock.parked), clock)
         for a in list(clock.ahead):
             self._end_ahead(a, clock)
         self.drafter.end_step()
@@ -182,135 +198,110 @@ class Replay:
             clock.run_ahead_tokens,
         )
 
-    # ----- the simulated engine -------------------------------------------------------------------
+    # ----- the engine's schedule and draft choice on a simulated clock -----------------------------
 
     def _id(self, kind: str) -> str:
         self._ids += 1
         return f"{kind}-{self._ids}"
 
-    def _begin_call(self, ep: _Episode) -> None:
-        ep.call_max = max(
-            1, min(self.limits["max_tokens_per_turn"], self.limits["max_response_tokens"] - ep.response_len)
-        )
-        ep.call_generated = 0
+    def _make_room(self, clock: _Clock) -> None:
+        """Run-ahead yields the slots that waiting real sequences need, as the engine's does."""
+        sched = clock.scheduler
+        need = len(sched.waiting) - len(sched.free_slots)
+        while need > 0 and clock.ahead:
+            self._end_ahead(clock.ahead[-1], clock)
+            need -= 1
 
-    def _slots_used(self, running: list[_Episode], parked: list[_Episode], clock: _Clock) -> int:
-        return len(running) + sum(p.has_slot for p in parked) + len(clock.ahead)
-
-    def _admit(self, waiting: deque, running: list, parked: list, clock: _Clock) -> None:
-        while waiting:
-            if self._slots_used(running, parked, clock) >= self.max_batch:
-                if clock.ahead:  # run-ahead yields first
-                    self._end_ahead(clock.ahead[-1], clock)
-                    continue
-                held = [p for p in parked if p.has_slot]
-                if not held:
-                    return
-                held[0].has_slot, held[0].cached = False, 0  # evicted: prefills again
-                continue
-            ep = waiting.popleft()
-            ep.has_slot, ep.cached = True, 0
-            running.append(ep)
-
-    def _resume(self, ep: _Episode) -> bool:
-        """Feed a finished turn's observation; False when the episode ends instead."""
-        obs = ep.traj.observations[ep.turn]
-        ep.tokens += obs
-        self.drafter.add_tokens(ep.rid, obs)
+    def _resume(self, ep: _Episode, sched: Scheduler) -> None:
+        """Feed a finished turn's observation and continue (held: in its slot; evicted: prefills again),
+        or end the episode when no turn follows."""
+        seq, obs = ep.seq, ep.traj.observations[ep.turn]
+        seq.tokens += obs
+        self.drafter.add_tokens(seq.request_id, obs)
         ep.turn, ep.pos = ep.turn + 1, 0
         if ep.turn >= len(ep.traj.turns):
-            self._finish(ep)
-            return False
-        self._begin_call(ep)
-        return True
+            self._finish(ep, sched)
+            return
+        seq.begin_call(seq.tokens, call_params(ep.traj, seq.tokens, self.limits), 0)
+        if sched.take_held(seq.request_id) is not None:
+            sched.resume(seq)
+        else:
+            sched.add(seq)
 
-    def _finish(self, ep: _Episode) -> None:
-        self.drafter.stop_request(ep.rid)
-        ep.has_slot = False
+    def _finish(self, ep: _Episode, sched: Scheduler) -> None:
+        sched.take_held(ep.seq.request_id)
+        sched.release(ep.seq)
+        self.drafter.stop_request(ep.seq.request_id)
+        del self.episodes[ep.seq.request_id]
 
-    def _batch_step(self, running: list, waiting: deque, parked: list, clock: _Clock, cost) -> None:
-        drafts = [self._draft(ep) for ep in running]
-        base = sum(len(ep.tokens) - ep.cached for ep in running)
-        if self.adaptive and any(len(d) for d in drafts):
-            drafts = choose_drafts(drafts, base, cost, self.min_gain, not waiting, self.acceptance.calibrate)
-        fed = base + sum(len(d) for d in drafts)
-        added = self._run_ahead_rows("tail", fed, len(running), running, parked, clock, cost) if not waiting else 0.0
+    def _batch_step(self, seqs: list[Sequence], clock: _Clock) -> None:
+        """The engine's drafts and choice for the batch; each draft accepted as far as the recorded tokens
+        follow it; the step costs what the recorded cost table predicts for its shape."""
+        makespan = not clock.scheduler.waiting
+        drafts, _ = self.drafting.draft(seqs, makespan)
+        drafts = self.drafting.choose(seqs, drafts, makespan)
+        fed = sum(len(s.pending()) + len(d) for s, d in zip(seqs, drafts))
+        added = self._run_ahead_rows("tail", fed, len(seqs), clock) if makespan else 0.0
         accepted_nodes = []
-        for ep, draft in zip(running, drafts):
-            children = {(p, t): i for i, (p, t) in enumerate(zip(draft.parents, draft.token_ids))}
-            truth, node, path = ep.truth, -1, []
-            for token in truth:
-                child = children.get((node, token))
-                if child is None:
-                    break
-                path.append(child)
-                node = child
+        for seq, draft in zip(seqs, drafts):
+            ep = self.episodes[seq.request_id]
+            truth, path = ep.truth, accepted_path(draft, ep.truth)
             accepted_nodes.append(path)
             kept = min(len(path) + 1, len(truth))
             clock.forwards += 1
             clock.accepted += min(len(path), kept)
-            new = truth[:kept]
-            ep.tokens += new
+            seq.tokens += truth[:kept]
+            seq.num_cached = len(seq.tokens) - 1
             ep.pos += kept
-            ep.call_generated += kept
-            ep.cached = len(ep.tokens) - 1
-            self.drafter.add_tokens(ep.rid, new)
-        self.acceptance.observe(drafts, accepted_nodes)
-        clock.time += cost.predict(fed, len(running)) + added
-        for ep in list(running):
+            self.drafter.add_tokens(seq.request_id, truth[:kept])
+        self.drafting.observe(drafts, accepted_nodes)
+        clock.time += self.drafting.cost_model.predict(fed, len(seqs)) + added
+        for seq in seqs:
+            ep = self.episodes[seq.request_id]
             if ep.pos < len(ep.traj.turns[ep.turn]):
                 continue
-            running.remove(ep)
+            clock.scheduler.finish(seq)
             if ep.turn < len(ep.traj.observations):
                 ep.resume_at = clock.time + ep.traj.waits_s[ep.turn]
-                parked.append(ep)
+                clock.parked.append(ep)
             else:
-                self._finish(ep)
-
-    def _draft(self, ep: _Episode) -> Draft:
-        budget = min(self.max_draft_tokens, ep.call_max - ep.call_generated - 1, self.max_context - len(ep.tokens) - 1)
-        if budget <= 0 or self.drafter_name == "none":
-            return Draft()
-        draft = self.drafter.draft(ep.rid, ep.tokens, budget).truncated(budget)
-        if not draft.scores:
-            draft.scores = [1.0] * len(draft)
-        return draft
+                self._finish(ep, clock.scheduler)
 
     # ----- run-ahead in the simulated bubbles -----------------------------------------------------
 
-    def _idle_until(self, until: float, running: list, parked: list, clock: _Clock, cost) -> None:
+    def _idle_until(self, until: float, clock: _Clock) -> None:
         """Nothing real runs until `until`: run-ahead passes alone (the tools bubble), or just wait."""
         while clock.time < until:
-            added = self._run_ahead_rows("tools", 0, 0, running, parked, clock, cost)
+            added = self._run_ahead_rows("tools", 0, 0, clock)
             if added <= 0:
                 clock.time = until
                 return
             clock.time += added
 
-    def _run_ahead_rows(
-        self, bubble: str, tokens: int, seqs: int, running: list, parked: list, clock: _Clock, cost
-    ) -> float:
+    def _run_ahead_rows(self, bubble: str, tokens: int, seqs: int, clock: _Clock) -> float:
         """Advance run-ahead as the engine's row-cost rule allows; returns the seconds it adds."""
         o = self.run_ahead
         if o is None or bubble not in o.bubbles or clock.spent >= o.budget_tokens:
             return 0.0
-        rows = RowCost(cost, bubble, o, tokens, seqs)
+        rows = RowCost(self.drafting.cost_model, bubble, o, tokens, seqs)
         for a in list(clock.ahead):
             k = rows.fit(a.prefill or 1)
             if k == 0:
                 break
             self._advance(a, k, clock)
-        limit = o.max_sequences or self.max_batch
-        live = {ep.traj.prompt_key for ep in running + parked}
-        while clock.pool and len(clock.ahead) < limit and self._slots_used(running, parked, clock) < self.max_batch:
+        sched, limit = clock.scheduler, o.max_sequences or self.max_batch
+        live = {s.prompt_key for s in sched.running} | {ep.traj.prompt_key for ep in clock.parked}
+        while clock.pool and len(clock.ahead) < limit and sched.free_slots:
             item = clock.pool[0]
             # A prompt with a live sequence starts from a copy of its KV; others prefill their context.
-            a = _Ahead(self._id("ahead"), item, 0 if item.prompt_key in live else len(item.context) - 1)
+            seq = Sequence(self._id("ahead"), item.prompt_key, list(item.context), SamplingParams(), 0, 0)
+            a = _Ahead(seq, item, 0 if item.prompt_key in live else len(item.context) - 1)
             k = rows.fit(a.prefill or 1)
             if k == 0:
                 break
             clock.pool.popleft()
-            self.drafter.start_run_ahead(a.rid, item.prompt_key, item.context)
+            seq.slot = sched.free_slots.pop()
+            self.drafter.start_run_ahead(seq.request_id, item.prompt_key, item.context)
             clock.ahead.append(a)
             self._advance(a, k, clock)
         return rows.added()
@@ -320,7 +311,7 @@ class Replay:
         if a.prefill:
             a.prefill -= min(rows, a.prefill)
             return
-        self.drafter.add_tokens(a.rid, [a.item.tokens[a.pos]])
+        self.drafter.add_tokens(a.seq.request_id, [a.item.tokens[a.pos]])
         a.pos += 1
         clock.spent += 1
         clock.run_ahead_tokens += 1
@@ -329,7 +320,21 @@ class Replay:
 
     def _end_ahead(self, a: _Ahead, clock: _Clock) -> None:
         clock.ahead.remove(a)
-        self.drafter.stop_request(a.rid)
+        clock.scheduler.release(a.seq)
+        self.drafter.stop_request(a.seq.request_id)
+
+
+def accepted_path(draft: Draft, truth: list[int]) -> list[int]:
+    """The draft's nodes the recorded tokens follow from its root: what lossless verification accepts
+    when the sampled tokens are `truth`."""
+    children = {(p, t): i for i, (p, t) in enumerate(zip(draft.parents, draft.token_ids))}
+    node, path = -1, []
+    for token in truth:
+        node = children.get((node, token))
+        if node is None:
+            break
+        path.append(node)
+    return path
 
 
 def replay(
