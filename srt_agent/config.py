@@ -319,7 +319,7 @@ class VLLMOptions(_Strict):
 
 
 class EngineConfig(_Strict):
-    backend: Literal["engine", "vllm", "auto"] = Field(
+    backend: str = Field(
         "engine",
         description="engine: ours; vllm: vLLM in this process; auto: vLLM where installed and the drafter has a vLLM counterpart",
     )
@@ -339,6 +339,15 @@ class EngineConfig(_Strict):
         True, description="reuse the KV of cached prompt prefixes (GRPO siblings, system prompts)"
     )
     prefix_cache_tokens: int = Field(8192, ge=0, description="tokens of KV kept in the prefix cache's block pool")
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        from .backends import unknown_backend
+
+        if (unknown := unknown_backend(value)) is not None:
+            raise ValueError(unknown)
+        return value
 
     @field_validator("drafter")
     @classmethod

@@ -51,6 +51,13 @@ def test_bad_value_is_named(tmp_path):
     assert f"{path}: max_turns:" in message and f"{path}: sampling.top_p:" in message
 
 
+def test_unknown_backend_names_the_registered_ones(tmp_path):
+    """``engine.backend`` is checked against the backend registry's names, without importing a backend."""
+    path = _write(tmp_path, "engine:\n  backend: vlm\n")
+    with pytest.raises(ConfigError, match=r"engine.backend: .*unknown backend 'vlm'; choose one of vllm, engine, auto"):
+        load_env_config(path)
+
+
 def test_malformed_yaml_names_file_and_line(tmp_path):
     path = _write(tmp_path, "name: x\nsampling:\n  temperature: [1.0\nmax_turns: 2\n")
     with pytest.raises(ConfigError, match=r"env.yaml:4:\d+: malformed YAML"):

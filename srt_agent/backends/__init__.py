@@ -8,17 +8,38 @@ registered backend that can serve the run (:func:`choose_backend`). Adding a bac
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Iterator, Mapping
 
 from .base import Capabilities, Refusal, Registered, RolloutBackend, RunAheadControl
-from .engine import REGISTERED as ENGINE, EngineBackend
 from .vllm import DRAFTERS as VLLM_DRAFTERS, VLLMUnavailable, vllm_missing
-from .vllm.backend import REGISTERED as VLLM
-from .vllm.exact_sampling import VLLM_IDENTICAL_NOTE
 
-#: name → registered backend; ``auto`` tries them in this order (our engine, last, serves every run)
-REGISTRY: dict[str, Registered] = {"vllm": VLLM, "engine": ENGINE}
-BACKENDS = (*REGISTRY, "auto")  # what ``engine.backend`` may name (the config's schema lists the same)
+#: name → the module holding its entry (``REGISTERED``); ``auto`` tries them in this order (our engine, last,
+#: serves every run)
+_ENTRIES = {"vllm": ".vllm.backend", "engine": ".engine"}
+#: names this package exports from modules that import torch, loaded on first use
+_LAZY = {"EngineBackend": ".engine", "VLLM_IDENTICAL_NOTE": ".vllm.exact_sampling"}
+
+
+class _Registry(Mapping[str, Registered]):
+    """Name → registered backend. An entry's module (and torch) loads when the entry is first asked for, so
+    the names cost nothing: the config checks ``engine.backend`` against them when it is read."""
+
+    def __getitem__(self, name: str) -> Registered:
+        return importlib.import_module(_ENTRIES[name], __name__).REGISTERED
+
+    def __contains__(self, name: object) -> bool:
+        return name in _ENTRIES
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_ENTRIES)
+
+    def __len__(self) -> int:
+        return len(_ENTRIES)
+
+
+REGISTRY: Mapping[str, Registered] = _Registry()
+BACKENDS = (*REGISTRY, "auto")  # what ``engine.backend`` may name
 
 __all__ = [
     "BACKENDS",
@@ -34,8 +55,20 @@ __all__ = [
     "VLLMUnavailable",
     "choose_backend",
     "make_backend",
+    "unknown_backend",
     "vllm_missing",
 ]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def unknown_backend(name: str) -> str | None:
+    """Why ``engine.backend: name`` names no backend (None when it names one)."""
+    return None if name in BACKENDS else f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}"
 
 
 def choose_backend(requested: str, drafter: str, run_ahead: bool = False, loaded=None) -> tuple[str, str]:
@@ -43,8 +76,8 @@ def choose_backend(requested: str, drafter: str, run_ahead: bool = False, loaded
     `loaded`'s model (None: the model is not checked). A named backend that cannot serve the run fails with
     one line (vLLM: missing, no counterpart of the drafter, run-ahead, a model it cannot serve); ``auto``
     takes the first registered backend that can, and says why."""
-    if requested not in BACKENDS:
-        raise ValueError(f"unknown backend {requested!r}; choose one of {', '.join(BACKENDS)}")
+    if (unknown := unknown_backend(requested)) is not None:
+        raise ValueError(unknown)
     if requested != "auto":
         refused = REGISTRY[requested].refusal(drafter, run_ahead, loaded)
         if refused is not None:
