@@ -1,9 +1,8 @@
 """The env config (``envs/*.yaml``), the root of every run: pydantic models and a loader whose errors
 name the file and the bad key.
 
-One file holds the whole schema, in the order of an env YAML, so that a reader finds every key and its
-default in one place (which is why it runs a little over 400 lines): the rollout environment (model,
-tasks, tools, limits, sampling, rewards), the engine, and the ``train:`` and ``cold_start:`` sections.
+The whole schema in one place, in the order of an env YAML: the rollout environment (model, tasks, tools,
+limits, sampling, rewards), the engine, and the ``train:`` and ``cold_start:`` sections.
 It imports nothing heavy (no torch, no engine), so reading and checking a config costs milliseconds.
 Relative paths inside a config (dataset, tools, cold-start traces) are resolved against its folder.
 """

@@ -1,29 +1,11 @@
 """Headroom: how many tokens per forward a linear draft could have gained, per method and step, beside
 what the run achieved, from a finished run's rollouts (``OUT/rollouts/step-N.jsonl``) without the model.
 
-Speculation is lossless, so the sampled tokens are known: every trajectory's. At each generated position
-a method's structure (its trees as the step began, plus the request's own tokens so far) is asked two
-questions for the next ``k`` tokens of the same turn:
-
-* **oracle** (content): the longest prefix of the tokens actually sampled next that the structure holds
-  after some suffix of the context (any anchor of 1 … ``max_match`` tokens): what a linear draft of
-  length ``k`` could have had accepted had it picked the best path the structure offers;
-* **frequent** (choice): how many tokens of the structure's most frequent path (the chain draft SRT's
-  vLLM proposer offers, no cost gating) match the tokens sampled next.
-
-A forward that accepts ``m`` drafted tokens emits ``m + 1``; tokens per forward = generated tokens /
-forwards. The run's own figure (``achieved``: its trajectories' generated tokens over their forwards)
-adds the cost policy's choice of draft lengths and the siblings of a GRPO group feeding each other
-within the step. So: oracle − frequent is what path choice leaves, frequent − achieved what draft
-sizing (and the batch's cost) leaves, and oracle itself bounds what the content allows.
-
-Methods: ``srt`` (per-prompt trees of every earlier step of the run: SRT's history, each sequence led by
-the last ``max_match`` tokens of its prompt), ``suffix`` (SuffixDecoding's two trees: the request's whole
-prompt and own output, and one global tree over every earlier response of any prompt, as vLLM's ``suffix``
-method keeps them), ``srt+prompt`` (SRT's trees beside a tree of the request's whole prompt and own
-output: what SRT would hold if it also drafted copies of its prompt) and ``srt+global`` (what SRT's vLLM
-proposer holds with ``whole_prompt`` and ``global_fallback``: SRT's trees, a prompt's first sequence led
-by the whole prompt, beside the global tree of every earlier response; unbounded here).
+Speculation is lossless, so the sampled tokens are known; at each generated position a method's structure
+(``srt``, ``suffix``, ``srt+prompt``, ``srt+global``) is asked what the best path it holds (**oracle**) and
+its most frequent path (**frequent**) would have had accepted, so that oracle − frequent is what path
+choice leaves and frequent − achieved what draft sizing leaves. Definitions and figures:
+docs/benchmarks/headroom.md.
 """
 
 from __future__ import annotations

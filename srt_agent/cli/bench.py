@@ -1,7 +1,4 @@
-"""`srt-agent bench …`: the benchmarks of `srt_agent.bench`, each a thin shell that prints tables and writes JSON.
-
-(Over 400 lines: ten commands whose options are their benchmarks' knobs, each a few lines of parsing;
-one file keeps the `bench` group's help and its shared output handling together.)"""
+"""`srt-agent bench …`: the benchmarks of `srt_agent.bench`, each a thin shell that prints tables and writes JSON."""
 
 from __future__ import annotations
 

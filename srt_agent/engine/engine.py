@@ -1,8 +1,5 @@
 """The engine: continuous batching with lossless tree speculation (draft → verify in one pass → accept).
 
-(A little over 400 lines: the request API and the step, where scheduling, drafting, run-ahead and
-verification meet, stay in one place so that a step reads from top to bottom.)
-
 Each step the scheduler picks the running sequences (`scheduler.py`), drafting gives each a draft tree
 and sizes the drafts to the batch with the cost model (`drafting.py`), verification runs all of them in
 one tree-masked forward pass and walks each tree with the lossless sampler (`verification.py`), the KV

@@ -6,9 +6,8 @@ rewards (DAPO: overlong shaping, dynamic sampling that refills the batch) → ad
 ``end_step``. The per-prompt trees persist across steps. ``compare`` drafters regenerate every step from
 the same weights and seeds (their tokens must be identical; only their time differs).
 
-(A little over 400 lines: the Trainer is one run's lifecycle (cold start, steps, Ctrl-C, resume, report)
-over state its phases share; what a step computes lives in samples.py, update.py, metrics.py,
-checkpoint.py, evaluate.py and report.py.)
+The Trainer is one run's lifecycle (cold start, steps, Ctrl-C, resume, report); what a step computes
+lives in samples.py, update.py, metrics.py, checkpoint.py, evaluate.py and report.py.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ container's raw attach socket, read without blocking: past `max_output_bytes` or
 container is killed and the socket closed at once (an engine whose output nobody reads holds the
 container's exit back). As the local sandbox's, the deadline counts from the program's start (once the
 engine says it runs): a call returns within the container's set-up, the timeout, and the kill and removal.
-(Counting the set-up too turned calls queued at a busy engine into timeouts before their programs ran.)
 """
 
 from __future__ import annotations

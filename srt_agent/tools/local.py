@@ -1,31 +1,10 @@
 """The embedded code sandbox: bubblewrap namespaces plus rlimits, one throwaway sandbox per run.
 
-(Longer than 400 lines because a run's isolation is one sequence, from the bubblewrap arguments to the
-file descriptors, the cgroup and the classification of the outcome, and splitting it would scatter the
-security review of one boundary over several files.)
-
-Each run gets its own user, PID, network, IPC and UTS namespaces (no network at all), a read-only
-view of the system (`/usr`, the library directories, a few harmless files of `/etc`, and the
-interpreter's own prefix), a private size-capped `/tmp`, and rlimits on CPU time, address space,
-processes and file size, set inside the new user namespace so the process count covers only the
-sandbox. Home directories, the project and the rest of the file system are not there at all.
-
-A seccomp filter (seccomp.py) makes the kernel's usual exploit surfaces fail with EPERM.
-
-Where the host allows it (root with a writable cgroup tree), each run also gets its own cgroup that
-caps the RAM (`memory_mb + tmp_mb`) and task count of all its processes together; see cgroup.py.
-
-Run by root, the sandbox drops to a fresh unprivileged host uid per run: root ignores RLIMIT_NPROC,
-and a uid of its own gives every run its own process budget (one fork bomb cannot starve the
-others). Such a uid cannot read a root-only interpreter prefix (e.g. pyenv under /root), so the
-interpreter is then `/usr/bin/python3` unless another world-readable one is given.
-
-The interpreter is the sandbox runtime (runtime.py: a virtual environment with numpy, sympy, scipy…)
-when it is built, else the host's. A virtual environment is mounted at /opt/srt-runtime and extra
-`pythonpath` folders under /opt/srt-pythonpath, so the working directory starts empty wherever they live
-on the host (a checkout under /tmp used to show its top folder there); `runtime_problem` names a runtime
-that was asked for but cannot be used. `localhost` resolves to the sandbox's own loopback. A run may be
-given files and have files fetched back (files.py); `bash` programs run like Python ones.
+Each run gets its own user, PID, network, IPC and UTS namespaces (no network), a read-only view of the
+system, a private size-capped `/tmp`, rlimits, a seccomp filter (seccomp.py) and, where the host allows, a
+cgroup (cgroup.py); run by root, a fresh unprivileged uid. A run's isolation is one sequence, from the
+bubblewrap arguments to the classification of the outcome, kept in one file for one security review.
+What a program sees and why: docs/sandboxes.md ("The local sandbox") and docs/sandbox.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
 """vLLM V1's LLMEngine in this process behind our engine's stepping interface (:class:`VLLMEngine`), and
 what says whether vLLM can run here.
 
-Requests go in as token ids; each delta of sampled ids and their log-probabilities (log_softmax(logits /
-T) of the sampled token; with vLLM's own sampler, after top-k/top-p when those are on) is fed token by
-token through our engine's :class:`~srt_agent.engine.stops.StopChecker`, so a turn ends at exactly the
-token where our engine's would (a speculative step may overshoot; the rest is dropped and the vLLM
-request aborted). vLLM's own EOS rule is off (``ignore_eos``): the model's end-of-turn ids are passed as
-stop ids instead, as our engine uses them. A later turn of a request is a new vLLM request over the whole
-token list (tool output as forced ids); vLLM's prefix cache reuses the KV of what it has seen, in whole
-blocks of ``block_size`` tokens (32 here rather than vLLM's 128 on CPU: a ReTool prompt of ~120 tokens
-then shares three blocks with its GRPO siblings instead of none, and a later turn recomputes at most 31
-tokens of what the earlier turns computed).
-
-Sampling is exact by default (``exact_sampling``, see ``srt_agent.backends.vllm.exact_sampling``):
-the token at each absolute position is sampled with noise keyed by the request's seed and that position,
-as in our engine, so a seeded request emits the same tokens whatever was drafted, and the tokens our
-engine emits on the same weights (up to float32 near-ties). With ``exact_sampling=False`` vLLM's own
-sampler runs: a seeded request gets a vLLM seed derived from its seed and its prompt length (each turn
-draws fresh noise), and at T > 0 tokens with and without speculation agree in distribution only.
-The device decides the rest (``device_settings.py``): on a CPU float32 and vLLM's CPU thread binding; on
-a GPU ``engine.dtype`` (bfloat16 under ``auto``), CUDA graphs and a share of the card that leaves room for
-the trainer. New weights go in place through the worker's ``reload_weights`` (names of the Hugging Face
-state dict) and empty the prefix cache; the SRT proposer's trees stay.
+Requests go in as token ids; each delta of sampled ids goes through our engine's
+:class:`~srt_agent.engine.stops.StopChecker`, so a turn ends at exactly the token where our engine's would
+(vLLM's own EOS rule is off; what a speculative step overshoots is dropped). A later turn is a new vLLM
+request over the whole token list, its KV reused by vLLM's prefix cache. Sampling is exact by default
+(``exact_sampling.py``): a seeded request's tokens do not depend on the drafts and equal our engine's. New
+weights go in place (``reload_weights``); the SRT proposer's trees stay. The device decides the settings
+(``device_settings.py``). The whole contract: docs/vllm.md.
 """
 
 from __future__ import annotations

