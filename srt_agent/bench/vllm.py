@@ -55,6 +55,7 @@ class VLLMBenchConfig:
 
 
 def chosen_methods(names: Sequence[str]) -> list[Method]:
+    """The named methods, vLLM without speculation first, the others in the order engines can be built."""
     return pick(names, METHODS, BASELINE)
 
 
@@ -102,6 +103,7 @@ def bench_step(record: RecordedStep, names: Sequence[str]) -> dict:
 
 
 def step_line(step: dict) -> str:
+    """The log line of a step: every method's time, speed and speed-up per generated token."""
     return f"step {step['step']} ({'revisit' if step['revisit'] else 'first visit'}): " + ", ".join(
         f"{name} {m['gen_s']:.1f}s {m['tok_s']:.0f} tok/s ({m['token_speedup_vs_vllm_none']:.2f}x)"
         for name, m in step["methods"].items()
