@@ -8,13 +8,13 @@ import sys
 import pytest
 
 from srt_agent.bench.cache import available_drafters
-from srt_agent.cache import (
+from srt_agent.spec import (
     DRAFTERS,
-    LENIENT_DRAFTERS,
     Draft,
     Drafter,
     RolloutCache,
     SRTDrafter,
+    is_lenient,
     make_drafter,
 )
 
@@ -136,7 +136,7 @@ def test_srt_cache_is_shared_and_survives_steps():
     # window, which ends there, does not dilute what a wrote.
     assert second.draft("b", [5, 6], 8) == Draft([7, 8, 9], [-1, 0, 1], [1.0, 1.0, 1.0], 2)
     assert second.cache is cache
-    with pytest.raises(ValueError, match="either a cache or cache options"):
+    with pytest.raises(ValueError, match="either a cache or tree options"):
         SRTDrafter(cache=cache, max_depth=8)
 
 
@@ -167,18 +167,13 @@ def test_arctic_drafts_from_other_responses():
 @pytest.mark.parametrize("name", sorted(DRAFTERS))
 def test_every_drafter_declares_what_it_offers(name):
     """Capabilities are declared on the class, and each flag matches what the class has."""
-    import importlib
+    from srt_agent.spec import DrafterCapabilities, RolloutCache
 
-    from srt_agent.cache import DrafterCapabilities, RolloutCache
-
-    cls = DRAFTERS[name]
-    if isinstance(cls, str):
-        module, _, attr = cls.partition(":")
-        cls = getattr(importlib.import_module(module), attr)
+    cls = DRAFTERS[name].load()
     caps = vars(cls).get("capabilities")
     assert isinstance(caps, DrafterCapabilities), f"{cls.__name__} declares no capabilities"
     assert caps.run_ahead == hasattr(cls, "start_run_ahead")
     assert caps.model == all(hasattr(cls, m) for m in ("attach", "rebuild", "draft_batch", "draft_seconds"))
-    assert caps.lenient == caps.needs_logprobs == (name in LENIENT_DRAFTERS)
+    assert caps.lenient == caps.needs_logprobs == is_lenient(name)
     if name != "arctic" or "arctic" in available_drafters():
         assert caps.trees == isinstance(getattr(make_drafter(name), "cache", None), RolloutCache)

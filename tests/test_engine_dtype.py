@@ -10,9 +10,9 @@ import torch
 from srt_agent.backends.engine import engine_backend
 from srt_agent.config import EngineConfig, EnvConfig
 from srt_agent.engine import Engine
-from srt_agent.engine.device_info import ENGINE_DTYPES, resolve_engine_dtype
 from srt_agent.engine.params import SamplingParams
 from srt_agent.models import tiny_random_model
+from srt_agent.runner.device_info import ENGINE_DTYPES, resolve_engine_dtype
 
 
 def test_the_config_offers_the_names_the_engine_resolves():

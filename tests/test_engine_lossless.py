@@ -7,12 +7,12 @@ import random
 import pytest
 import torch
 
-from srt_agent.cache import DRAFTERS, LENIENT_DRAFTERS, Draft, make_drafter
 from srt_agent.engine import Engine, SamplingParams
-from srt_agent.engine.cost_model import ForwardCostModel
-from srt_agent.engine.model_drafting import ModelDrafter
 from srt_agent.models import tiny_random_model
 from srt_agent.models.architectures import VERIFIED
+from srt_agent.spec import DRAFTERS, Draft, is_lenient, make_drafter
+from srt_agent.spec.choice.cost_model import ForwardCostModel
+from srt_agent.spec.drafters.model_drafting import ModelDrafter
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
 N_SAMPLES = 3  # a GRPO group per prompt: siblings share the prompt key
@@ -140,9 +140,7 @@ _plain_runs: dict[tuple, list] = {}
 
 
 @pytest.mark.parametrize("adaptive", [False, True])
-@pytest.mark.parametrize(
-    "name", sorted(n for n in DRAFTERS if n != "arctic" and n not in LENIENT_DRAFTERS) + ["arctic"]
-)
+@pytest.mark.parametrize("name", sorted(n for n in DRAFTERS if n != "arctic" and not is_lenient(n)) + ["arctic"])
 @pytest.mark.parametrize("setting", ["greedy", "t0.5-top-p"])
 def test_every_drafter_is_lossless(tiny, name, adaptive, setting):
     """Two epochs over the same prompts (the second drafts from the first's trees): the same tokens as

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from srt_agent.engine import Engine, SamplingParams
-from srt_agent.engine.packed_linear import PackedLinear, linear_bytes, pack_model_linears, set_packing
 from srt_agent.models import tiny_random_model
+from srt_agent.runner.packed_linear import PackedLinear, linear_bytes, pack_model_linears, set_packing
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="hardware: needs oneDNN (mkldnn)")
 

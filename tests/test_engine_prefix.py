@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from srt_agent.cache import DRAFTERS, make_drafter
 from srt_agent.engine import Engine, SamplingParams
 from srt_agent.engine.prefix_cache import PrefixCache
 from srt_agent.models import tiny_random_model
+from srt_agent.spec import DRAFTERS, make_drafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -156,7 +156,7 @@ def test_pool_evicts_least_recently_used_blocks(tiny_llama):
 
 def test_prefix_cache_matches_exact_prefixes_only():
     pool = PrefixCache([(1, 2)], num_blocks=8, block_size=2, dtype=torch.float32, device=torch.device("cpu"))
-    from srt_agent.engine.kv_cache import KVCache
+    from srt_agent.runner.kv_cache import KVCache
 
     kv = KVCache([(1, 2)], num_slots=1, capacity=8, dtype=torch.float32, device=torch.device("cpu"))
     kv.keys[0][0, 0, :, 0] = torch.arange(8.0)

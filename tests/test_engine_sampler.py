@@ -7,9 +7,8 @@ import math
 import pytest
 import torch
 
-from srt_agent.cache import Draft
 from srt_agent.engine import Engine, SamplingParams
-from srt_agent.engine.sampler import (
+from srt_agent.runner.sampler import (
     RowSampling,
     draw,
     filter_logits,
@@ -18,6 +17,7 @@ from srt_agent.engine.sampler import (
     sample_rows,
     uniforms,
 )
+from srt_agent.spec import Draft
 
 CONTEXT = [3, 1, 4, 1, 5, 9, 2, 6]
 

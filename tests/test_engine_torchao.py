@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from srt_agent.engine.quantize import check_scheme
-from srt_agent.engine.self_drafter import SelfDrafter
 from srt_agent.models import tiny_random_model
+from srt_agent.runner.quantize import check_scheme
+from srt_agent.spec.drafters.self_drafter import SelfDrafter
 
 
 @pytest.mark.parametrize("scheme", ["int4", "fp8"])
 def test_the_cuda_self_drafter_without_torchao_is_refused_in_one_line(monkeypatch, scheme):
     """On CUDA the self drafters quantize with torchao; without it the engine refuses at start. The device
     is only named (nothing runs on it), so this holds on a CPU-only machine."""
-    import srt_agent.engine.quantize as quantize
+    import srt_agent.runner.quantize as quantize
 
     real = quantize.importlib.util.find_spec
     monkeypatch.setattr(quantize.importlib.util, "find_spec", lambda name: None if name == "torchao" else real(name))

@@ -34,8 +34,8 @@ from device_tracking import device_arg, package_line, runner_state, tensors_in
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from srt_agent.engine.model_runner import Chunk, ModelRunner
 from srt_agent.models import tiny_random_model
+from srt_agent.runner.model_runner import Chunk, ModelRunner
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

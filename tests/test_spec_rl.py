@@ -11,9 +11,10 @@ import math
 
 import pytest
 
-from srt_agent.cache import LENIENT_DRAFTERS, SpecRLDrafter
 from srt_agent.engine import Engine, SamplingParams
 from srt_agent.engine.lenient import acceptance_uniform, lenient_accept
+from srt_agent.spec import is_lenient
+from srt_agent.spec.drafters.spec_rl import SpecRLDrafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -36,7 +37,7 @@ def test_lenient_rule():
 
 def test_drafter_reuses_the_previous_epoch_by_start_order():
     d = SpecRLDrafter()
-    assert "spec-rl" in LENIENT_DRAFTERS and d.name == "spec-rl"
+    assert is_lenient("spec-rl") and d.name == "spec-rl"
     d.start_request("a", "p", [1, 2])
     d.start_request("b", "p", [1, 2])
     assert len(d.draft("a", [1, 2], 8)) == 0  # nothing from an earlier epoch yet

@@ -115,7 +115,11 @@ def test_a_trace_is_tokenized_as_the_server_tokenizes_the_agents_session(smollm2
 
 def test_the_env_and_its_traces_load(smollm2_tokenizer, rows):
     config = load_env_config(ROOT / "envs" / "openai_tools.yaml")
-    assert config.episode_source().name == "agent_function" and Path(config.cold_start.source) == TRACES and config.cold_start.n == len(rows) == 96
+    assert (
+        config.episode_source().name == "agent_function"
+        and Path(config.cold_start.source) == TRACES
+        and config.cold_start.n == len(rows) == 96
+    )
     end = turn_end_token(smollm2_tokenizer, [smollm2_tokenizer.convert_tokens_to_ids("<|im_end|>")])
     samples = load_message_traces(TRACES, smollm2_tokenizer, end)
     assert len(samples) == 96 and all(s.trained_tokens > 0 and 0 in s.response_mask for s in samples)

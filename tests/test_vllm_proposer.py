@@ -16,17 +16,17 @@ from srt_agent.backends.vllm import proposer_call, reload_weights, srt_proposer,
 from srt_agent.backends.vllm.engine import VLLMEngine, VLLMUnsupported
 from srt_agent.backends.vllm.plugin import expand_reference, fix_state
 from srt_agent.backends.vllm.proposer import (
-    GLOBAL,
     ProposerOptions,
     SRTProposer,
     check_seam,
     cost_model,
     step_cost_model,
 )
-from srt_agent.cache import RolloutCache
-from srt_agent.cache.draft import Draft
-from srt_agent.cache.keys import prompt_key
-from srt_agent.engine.acceptance import AcceptanceModel
+from srt_agent.spec import RolloutCache
+from srt_agent.spec.choice.acceptance import AcceptanceModel
+from srt_agent.spec.draft import Draft
+from srt_agent.spec.drafters.srt import GLOBAL_KEY
+from srt_agent.spec.trees.keys import prompt_key
 
 pytestmark = pytest.mark.slow  # starting a vLLM engine takes ~10 s here
 
@@ -98,11 +98,11 @@ def test_trees_save_and_load(tmp_path):
     assert p.stats()["accepted"] > accepted
     p.end_step()
     with pytest.raises(RuntimeError, match="between steps"):
-        p._active["running"] = None
+        p._rows["running"] = None
         try:
             p.load(str(path))
         finally:
-            del p._active["running"]
+            del p._rows["running"]
 
 
 def test_the_byte_budget_evicts_least_recently_used_prompts():
@@ -447,24 +447,24 @@ def test_trees_and_held_turns_are_bounded_and_saved_without_anyone_ending_the_st
     """As in verl's workers, where nobody calls end_step or save: held turns take at most an eighth of the byte
     budget and are released after held_ttl_s; the trees are saved to save_path whenever the batch drains."""
     llm, p = srt_engine()
-    assert p.cache.max_bytes + p.responses.max_bytes + p.turns.max_bytes == p.options.max_bytes
-    saved_options, saved_ttl = p.options, p.turns.ttl_s
+    assert p.cache.max_bytes + p.srt.responses.max_bytes + p.srt.turns.max_bytes == p.options.max_bytes
+    saved_options, saved_ttl = p.options, p.srt.turns.ttl_s
     p.options = dataclasses.replace(saved_options, save_path=str(tmp_path / "trees-{dp_rank}.bin"), save_interval_s=0)
     try:
         prompt = tokens("Served by a worker nobody calls end_step on:")
         generate(llm, [prompt] * 2)
         saves = p.stats()["saves"]
         generate(llm, [tokens("The next step's prompt")])  # the first batch drained: its turns held, trees saved
-        assert p.stats()["saves"] > saves and len(p.turns) >= 2
+        assert p.stats()["saves"] > saves and len(p.srt.turns) >= 2
         saved = RolloutCache.load(tmp_path / "trees-0.bin")
         assert saved.sequences(prompt_key(prompt)) == _sequences(p, prompt)
-        held = list(p._held)
-        p.turns.ttl_s = 1e-3
+        held = list(p.srt._held)
+        p.srt.turns.ttl_s = 1e-3
         time.sleep(0.01)
         generate(llm, [tokens("And a third one")])  # turns held longer than held_ttl_s are released
-        assert not any(cache_id in p.turns for cache_id in held) and len(p.turns) <= 1
+        assert not any(cache_id in p.srt.turns for cache_id in held) and len(p.srt.turns) <= 1
     finally:
-        p.options, p.turns.ttl_s = saved_options, saved_ttl
+        p.options, p.srt.turns.ttl_s = saved_options, saved_ttl
         p.end_step()
 
 
@@ -474,7 +474,7 @@ def test_proposer_options_reach_the_proposer_through_the_one_channel(monkeypatch
     monkeypatch.delenv(PROPOSER_ENV, raising=False)
     set_proposer_options({"max_bytes": 1 << 20, "held_ttl_s": 5.0})
     p = SRTProposer()
-    assert p.options.max_bytes == 1 << 20 and p.turns.ttl_s == 5.0 and p.turns.max_bytes == (1 << 20) // 8
+    assert p.options.max_bytes == 1 << 20 and p.srt.turns.ttl_s == 5.0 and p.srt.turns.max_bytes == (1 << 20) // 8
     with pytest.raises(ValueError, match=r"unknown SRT proposer option\(s\) \['max_byte'\]"):
         set_proposer_options({"max_byte": 1})
 
@@ -548,14 +548,14 @@ def test_the_byte_budget_bounds_the_trees_the_global_tree_and_the_held_turns():
     eighth) share max_bytes."""
     budget = 1 << 21
     p = SRTProposer(options=ProposerOptions(policy="always", max_bytes=budget))
-    assert p.cache.max_bytes + p.responses.max_bytes + p.turns.max_bytes == budget
+    assert p.cache.max_bytes + p.srt.responses.max_bytes + p.srt.turns.max_bytes == budget
     rng = np.random.default_rng(0)
     for i in range(60):
         prompt, response = rng.integers(0, 5000, 800).tolist(), rng.integers(0, 5000, 40).tolist()
         _decode(p, {f"r{i}": (prompt, response[:1])})
         _decode(p, {f"r{i}": (prompt, response)})
         stats = p.stats()
-        assert stats["cache"]["bytes"] + stats["global"]["bytes"] + p.turns.nbytes <= budget
+        assert stats["cache"]["bytes"] + stats["global"]["bytes"] + p.srt.turns.nbytes <= budget
     assert stats["cache"]["evicted_prompts"] > 0
-    kept = p.responses.sequences(GLOBAL)
+    kept = p.srt.responses.sequences(GLOBAL_KEY)
     assert 1 < len(kept) < 60 and kept[-1] == response  # the newest responses

@@ -111,7 +111,7 @@ def test_engine_dtype_on_each_device():
 
 
 def test_auto_resolves_as_the_engines_rule_on_this_cpu():
-    device_info = pytest.importorskip("srt_agent.engine.device_info")
+    device_info = pytest.importorskip("srt_agent.runner.device_info")
     resolve = getattr(device_info, "resolve_engine_dtype", None)
     if resolve is None:
         pytest.skip("resolve_engine_dtype is not there yet")

@@ -18,9 +18,9 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from ..cache.keys import prompt_key
 from ..config import EnvConfig
 from ..sources.tasks import Task
+from ..spec.trees.keys import prompt_key
 from .chat import render_prompt, user_turn_text
 from .env import Env, StepResult, Tool
 from .trajectory import Trajectory

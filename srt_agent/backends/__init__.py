@@ -11,8 +11,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator, Mapping
 
+from ..spec.registry import VLLM_DRAFTERS
 from .base import Capabilities, Refusal, Registered, RolloutBackend, RunAheadControl
-from .vllm import DRAFTERS as VLLM_DRAFTERS, VLLMUnavailable, vllm_missing
+from .vllm import VLLMUnavailable, vllm_missing
 
 #: name → the module holding its entry (``REGISTERED``); ``auto`` tries them in this order (our engine, last,
 #: serves every run)

@@ -18,9 +18,9 @@ from typing import Any
 
 from verl.workers.rollout.router import GlobalRequestLoadBalancer
 
-from ..cache import SRTDrafter
-from ..cache.draft import Draft
 from ..integrations.verl.affinity import PromptAffinityRouter
+from ..spec import SRTDrafter
+from ..spec.draft import Draft
 from .cache import WorkloadSpec, make_workload, run_drafter
 
 POLICIES = ("affinity", "affinity-bounded", "verl-default")

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..engine.model_runner import Chunk, ModelRunner
+from ..runner.model_runner import Chunk, ModelRunner
 from .engine import EngineBenchConfig, identical_share, run_batch, summarize
 from .gpu_setup import (
     Deadline,

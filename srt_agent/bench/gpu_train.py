@@ -20,10 +20,10 @@ import torch
 
 from ..config import EnvConfig, TrainConfig
 from ..engine import Engine, SamplingParams
-from ..engine.device_info import resolve_engine_dtype
 from ..rl.batch import Sample
 from ..rl.policy import build_policy
 from ..rl.update import update_step
+from ..runner.device_info import resolve_engine_dtype
 from .gpu_setup import (
     Deadline,
     GpuCheckConfig,

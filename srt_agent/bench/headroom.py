@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cache import RolloutCache
-from ..cache.keys import prompt_key
+from ..spec import RolloutCache
+from ..spec.trees.keys import prompt_key
 
 GLOBAL = "responses"
 

@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from ..engine.device_info import detect_device
-from ..engine.model_runner import Chunk, ModelRunner
-from ..engine.packed_linear import set_packing
 from ..models import LoadedModel
+from ..runner.device_info import detect_device
+from ..runner.model_runner import Chunk, ModelRunner
+from ..runner.packed_linear import set_packing
 
 STEP_SHAPES = [(1, 1), (1, 2), (1, 4), (1, 8), (1, 16), (1, 32), (8, 1), (32, 1)]  # (sequences, tokens each)
 GEMM_ROWS = (1, 2, 4, 8, 16, 32, 64, 256)

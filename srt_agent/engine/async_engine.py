@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from ..spec.request_kind import RequestKind
 from .params import RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ class SteppingEngine(Protocol):
         params: SamplingParams | None = None,
         request_id: str | None = None,
         prompt_key: Hashable | None = None,
+        kind: RequestKind = RequestKind.ROLLOUT,
     ) -> str:
         """Start one turn (a later turn of a request passes the whole token list so far); ValueError on bad input."""
 
@@ -55,6 +57,7 @@ class _Submission:
     prompt_ids: list[int]
     params: SamplingParams | None
     prompt_key: Hashable | None
+    kind: RequestKind
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
 
@@ -110,13 +113,14 @@ class AsyncEngine(Generic[E]):
         prompt_ids: list[int],
         params: SamplingParams | None = None,
         prompt_key: Hashable | None = None,
+        kind: RequestKind = RequestKind.ROLLOUT,
     ) -> RequestOutput:
-        """Generate one turn; bad input comes back as finish_reason "error" (never raises for it).
+        """Generate one turn (`kind`: what the drafter does with it); bad input comes back as finish_reason "error" (never raises for it).
 
         Raises RuntimeError when the front is closed (see `closed`).
         """
         loop = asyncio.get_running_loop()
-        submission = _Submission(request_id, prompt_ids, params, prompt_key, loop, loop.create_future())
+        submission = _Submission(request_id, prompt_ids, params, prompt_key, kind, loop, loop.create_future())
         self._put(submission)
         return await submission.future
 
@@ -184,7 +188,7 @@ class AsyncEngine(Generic[E]):
             return
         self._waiters[sub.request_id] = sub
         try:
-            self.engine.add_request(sub.prompt_ids, sub.params, sub.request_id, sub.prompt_key)
+            self.engine.add_request(sub.prompt_ids, sub.params, sub.request_id, sub.prompt_key, sub.kind)
         except Exception as exc:  # noqa: BLE001 - bad input (ValueError) or any other fault of this request
             message = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
             self._resolve(sub.request_id, _error_output(sub.request_id, message))

@@ -10,18 +10,19 @@ from.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 
-from ..cache.draft import Draft
-from ..cache.drafter import Drafter, capabilities
-from .acceptance import AcceptanceModel
-from .cost_model import ForwardCostModel, choose_drafts
-from .model_drafting import DraftRequest, plan_model_drafts
-from .sampler import RowSampling
+from ..runner.sampler import RowSampling
+from ..spec.choice.acceptance import AcceptanceModel
+from ..spec.choice.cost_model import ForwardCostModel, choose_drafts
+from ..spec.draft import Draft, validate_draft
+from ..spec.drafter import Drafter, capabilities
+from ..spec.drafters.model_drafting import DraftRequest, plan_model_drafts
 from .sequence import Sequence
 from .stats import EngineStats
-from .tree import validate_draft
 
 log = logging.getLogger(__name__)
 MODEL_ACCEPTANCE_PRIOR = 0.8  # a model drafter's per-token acceptance before any is observed
@@ -32,7 +33,7 @@ def resolve_drafter(drafter: str | Drafter | None) -> Drafter | None:
     if drafter is None:
         return None
     if isinstance(drafter, str):
-        from ..cache import make_drafter
+        from ..spec import make_drafter
 
         return make_drafter(drafter)
     if not isinstance(drafter, Drafter):
@@ -71,13 +72,12 @@ class Drafting:
 
     # ----- the fault boundary ---------------------------------------------------------------------
 
-    def call(self, method: str, seq: Sequence | None, *args: object) -> None:
-        """Call a drafter method for `seq` (None: `end_step`) behind the fault boundary (see `fault`)."""
+    @contextlib.contextmanager
+    def guard(self, method: str, seq: Sequence | None) -> Iterator[None]:
+        """Run the drafter call made inside the block for `seq` (None: not for one request) behind the fault
+        boundary (see `fault`); `method` names the call in the fault counts."""
         try:
-            if seq is None:
-                getattr(self.drafter, method)(*args)
-            else:
-                getattr(self.drafter, method)(seq.request_id, *args)
+            yield
         except Exception as exc:  # noqa: BLE001 - a failing drafter costs speed, never a request
             self.fault(method, seq, exc)
 

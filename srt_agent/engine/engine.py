@@ -19,15 +19,16 @@ from collections.abc import Hashable, Sequence as Seq
 
 import torch
 
-from ..cache import keys
-from ..cache.draft import Draft
-from ..cache.drafter import Drafter
 from ..config import EngineConfig
 from ..models import LoadedModel, cast_weights, resolve_device
-from .cost_model import ForwardCostModel
-from .device_info import resolve_engine_dtype
+from ..runner.device_info import resolve_engine_dtype
+from ..runner.model_runner import Chunk, ModelRunner
+from ..spec.choice.cost_model import ForwardCostModel
+from ..spec.draft import Draft
+from ..spec.drafter import Drafter
+from ..spec.request_kind import RequestKind
+from ..spec.trees import keys
 from .drafting import Drafting, resolve_drafter
-from .model_runner import Chunk, ModelRunner
 from .params import RequestOutput, SamplingParams, check_prompt
 from .prefix_cache import PrefixCache
 from .prefix_sharing import PrefixSharing
@@ -174,8 +175,10 @@ class Engine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         prompt_key: Hashable | None = None,
+        kind: RequestKind = RequestKind.ROLLOUT,
     ) -> str:
-        """Queue a request (or continue a held one); raises ValueError on bad input.
+        """Queue a request (or continue a held one); raises ValueError on bad input. An ``undrafted`` request
+        gets no drafts and leaves nothing in the drafter; run-ahead goes through ``run_ahead``, not here.
 
         If `request_id` names a finished, held sequence whose tokens are a prefix of `prompt_ids`,
         its KV is reused and the extra tokens (tool output) are fed as forced tokens.
@@ -185,6 +188,8 @@ class Engine:
         # A private copy, validated: a caller changing its object later cannot reach the running request.
         params = dataclasses.replace(params) if params is not None else SamplingParams()
         prompt = self._check_prompt(prompt_ids, params)
+        if kind is RequestKind.RUN_AHEAD:
+            raise ValueError("run-ahead sequences are opened through engine.run_ahead, not add_request")
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         seq = self.sequences.get(request_id)
@@ -194,7 +199,8 @@ class Engine:
             forced = prompt[len(seq.tokens) :]
             seq.begin_call(prompt, params, seed)
             if forced and seq.drafting:
-                self.drafting.call("add_tokens", seq, forced)
+                with self.drafting.guard("add_tokens", seq):
+                    self.drafter.add_tokens(request_id, forced)
             if self.scheduler.take_held(request_id) is not None:
                 self.scheduler.resume(seq)
             else:  # evicted: prefill again
@@ -204,9 +210,10 @@ class Engine:
             self.release(request_id)
         key = prompt_key if prompt_key is not None else keys.prompt_key(prompt)
         seq = Sequence(request_id, key, prompt, params, seed, call_start=len(prompt))
-        if self.drafter is not None:
+        if self.drafter is not None and kind is RequestKind.ROLLOUT:
             seq.drafting = True
-            self.drafting.call("start_request", seq, key, prompt)
+            with self.drafting.guard("start_request", seq):
+                self.drafter.start_request(request_id, key, prompt)
         self.sequences[request_id] = seq
         self.scheduler.add(seq)
         return request_id
@@ -239,7 +246,8 @@ class Engine:
         sched.release(seq)
         if seq.drafting:
             seq.drafting = False
-            self.drafting.call("stop_request", seq)
+            with self.drafting.guard("stop_request", seq):
+                self.drafter.stop_request(request_id)
 
     def idle_capacity(self) -> int:
         """Batch slots not needed by running or queued requests."""
@@ -277,7 +285,8 @@ class Engine:
     def end_step(self) -> None:
         """A training step ended: tell the drafter (policy-version boundary)."""
         if self.drafter is not None:
-            self.drafting.call("end_step", None)
+            with self.drafting.guard("end_step", None):
+                self.drafter.end_step()
 
     def stats(self) -> dict:
         out = self.totals.as_dict()
@@ -454,10 +463,12 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - e.g. a tokenizer failing on this output: this request only
             seq.finish("error", error=f"checking stop conditions failed: {type(exc).__name__}: {exc}")
         if seq.drafting and kept:
-            added = [seq.tokens[len(seq.tokens) - kept :]]
-            if self.drafting.capabilities.needs_logprobs:  # a drafter that reuses rollouts with their log-probs
-                added.append(seq.logprobs[len(seq.logprobs) - kept :])
-            self.drafting.call("add_tokens", seq, *added)
+            tokens = seq.tokens[len(seq.tokens) - kept :]
+            with self.drafting.guard("add_tokens", seq):
+                if self.drafting.capabilities.needs_logprobs:  # a drafter that reuses rollouts with their log-probs
+                    self.drafter.add_tokens(seq.request_id, tokens, seq.logprobs[len(seq.logprobs) - kept :])
+                else:
+                    self.drafter.add_tokens(seq.request_id, tokens)
         return kept
 
     def _finish(self, seq: Sequence) -> RequestOutput:

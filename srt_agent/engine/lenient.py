@@ -15,7 +15,7 @@ import random
 
 import torch
 
-from .sampler import position_key, upload
+from ..runner.sampler import position_key, upload
 
 _UNIFORM_SALT = 0x5EC_0001  # keeps the acceptance draws apart from the sampler's Gumbel noise
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv_cache import KVCache
+from ..runner.kv_cache import KVCache
 
 BlockKey = tuple[int, tuple[int, ...]]  # (parent block id, -1 for the first block; the block's tokens)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .kv_cache import KVCache
+from ..runner.kv_cache import KVCache
 from .prefix_cache import CachedBlock, PrefixCache
 from .sequence import Sequence, common_prefix
 

@@ -31,10 +31,10 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence as Seq
 from dataclasses import dataclass, field, replace
 
-from ..cache.drafter import Drafter, capabilities
 from ..config import RUN_AHEAD_BUBBLES as BUBBLES, RunAheadOptions
-from .cost_model import ForwardCostModel
-from .model_runner import Chunk, ModelRunner
+from ..runner.model_runner import Chunk, ModelRunner
+from ..spec.choice.cost_model import ForwardCostModel
+from ..spec.drafter import Drafter, capabilities
 from .params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, Status, common_prefix

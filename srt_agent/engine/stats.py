@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..cache.drafter import capabilities
-from .cost_model import ForwardCostModel
+from ..spec.choice.cost_model import ForwardCostModel
+from ..spec.drafter import capabilities
 
 DRAFTER_CALLS = ("start_request", "add_tokens", "draft", "stop_request", "end_step")
 

@@ -16,11 +16,11 @@ from typing import NamedTuple
 
 import torch
 
-from ..cache.draft import Draft
-from ..cache.drafter import Drafter, capabilities
+from ..runner.model_runner import Chunk, ModelRunner
+from ..runner.sampler import RowSampling, draw, to_host, upload
+from ..spec.draft import Draft
+from ..spec.drafter import Drafter, capabilities
 from .lenient import acceptance_uniform, lenient_accept, target_logprobs
-from .model_runner import Chunk, ModelRunner
-from .sampler import RowSampling, draw, to_host, upload
 from .sequence import Sequence
 from .stats import EngineStats
 

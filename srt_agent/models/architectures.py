@@ -1,7 +1,7 @@
 """Which Hugging Face causal LMs the engine runs, decided from the config before any weight is loaded.
 
 The runner executes a model's own decoder layers and replaces only their attention call (see
-`srt_agent.engine.tree_attention`), so an architecture runs when its attention goes through transformers'
+`srt_agent.runner.tree_attention`), so an architecture runs when its attention goes through transformers'
 ``AttentionInterface``, every layer is an attention layer (full or sliding-window) and the model is a
 text-only causal LM. Anything else is refused with a one-line :class:`UnsupportedModel` naming the
 architecture and what is missing.

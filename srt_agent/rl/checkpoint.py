@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_folder, write_atomic
-from ..cache import RolloutCache
+from ..spec import RolloutCache
 
 STATE_FILE = "state.pt"
 LATEST = "latest"

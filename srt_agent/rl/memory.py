@@ -22,8 +22,8 @@ import torch
 
 from ..backends.vllm.kv_cache import kv_bytes_per_token, kv_cache_gib
 from ..config import ConfigError
-from ..engine.device_info import resolve_engine_dtype
-from ..engine.packed_linear import available_memory_bytes
+from ..runner.device_info import resolve_engine_dtype
+from ..runner.packed_linear import available_memory_bytes
 from .policy import MASTER_DTYPE
 
 if TYPE_CHECKING:

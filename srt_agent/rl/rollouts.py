@@ -21,12 +21,12 @@ from ..agent.controller import MultiTurnController
 from ..agent.rollout import RolloutSummary, build_controller
 from ..agent.trajectory import Trajectory
 from ..backends import RolloutBackend, RunAheadControl
-from ..cache import RolloutCache
-from ..cache.keys import prompt_key
 from ..config import EnvConfig
 from ..engine.run_ahead import RunAheadOptions, WindowPrompt
 from ..models import LoadedModel
 from ..sources.tasks import Task
+from ..spec import RolloutCache
+from ..spec.trees.keys import prompt_key
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,10 @@ from ..agent.rollout import write_jsonl
 from ..agent.toolconfig import load_tools, require_sandbox_runtime
 from ..agent.trajectory import Trajectory
 from ..backends import VLLM_IDENTICAL_NOTE
-from ..cache import DRAFTERS, LENIENT_DRAFTERS, RolloutCache
 from ..config import ConfigError, EnvConfig, load_env_config
-from ..engine.device_info import resolve_engine_dtype
 from ..models import LoadedModel, load_model
+from ..runner.device_info import resolve_engine_dtype
+from ..spec import DRAFTERS, RolloutCache, is_lenient
 from .batch import Sample
 from .checkpoint import (
     SavedStep,
@@ -404,7 +404,7 @@ class Trainer:
     def _warn(self, metrics: dict[str, float]) -> None:
         why = {}
         for variant in self.variants[1:]:
-            if variant.drafter in LENIENT_DRAFTERS:
+            if is_lenient(variant.drafter):
                 why[variant.name] = "it accepts drafts leniently: not exactly on-policy"
             elif not self.exact.get(variant.name, True):
                 why[variant.name] = VLLM_IDENTICAL_NOTE

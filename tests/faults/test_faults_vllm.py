@@ -13,7 +13,7 @@ import pytest
 from faults_report import FaultRecord
 from vllm_engines import engine, generate, srt_engine, tokens
 
-from srt_agent.cache.keys import prompt_key
+from srt_agent.spec.trees.keys import prompt_key
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -47,18 +47,18 @@ def inject(p, kind: str, bad_key: str, monkeypatch) -> list[int]:
     if kind == "draft raises":
         original = p._draft
 
-        def draft(req, *args):
-            if req.key == bad_key:
+        def draft(rid, *args):
+            if p.srt._active[rid].key == bad_key:
                 fired.append(1)
                 raise RuntimeError("injected: draft")
-            return original(req, *args)
+            return original(rid, *args)
 
         monkeypatch.setattr(p, "_draft", draft)
     elif kind == "tree insert raises":
         original_add = p.cache.add_tokens
 
         def add_tokens(cache_id, ids):
-            if any(r.cache_id == cache_id and r.key == bad_key for r in p._active.values()):
+            if any(r.sequence == cache_id and r.key == bad_key for r in p.srt._active.values()):
                 fired.append(1)
                 raise RuntimeError("injected: add_tokens")
             return original_add(cache_id, ids)
@@ -67,21 +67,21 @@ def inject(p, kind: str, bad_key: str, monkeypatch) -> list[int]:
     elif kind == "first sight raises":
         original_begin = p._begin
 
-        def begin(rid, row, context_len, token_ids):
+        def begin(rid, row, kind, token_ids):
             if prompt_key(token_ids[row, : int(p._batch.num_prompt_tokens[row])].tolist()) == bad_key:
                 fired.append(1)
                 raise RuntimeError("injected: begin")
-            return original_begin(rid, row, context_len, token_ids)
+            return original_begin(rid, row, kind, token_ids)
 
         monkeypatch.setattr(p, "_begin", begin)
     elif kind == "batch unreadable":
         original_bind = p.bind_input_batch
 
-        def bind(batch):
+        def bind(batch, requests=None):
             if not fired:  # one step sees no batch
                 fired.append(1)
-                return original_bind(None)
-            return original_bind(batch)
+                return original_bind(None, requests)
+            return original_bind(batch, requests)
 
         monkeypatch.setattr(p, "bind_input_batch", bind)
     return fired

@@ -7,17 +7,17 @@ One concept a module (``vllm`` itself is imported lazily, so every module here i
 * ``engine.py``: :class:`VLLMEngine`, vLLM V1's ``LLMEngine`` in this process behind our engine's stepping
   interface (token ids in, our stop rule, exact sampling).
 * ``availability.py``: whether vLLM can serve a run here (``vllm_missing``, ``refusal``).
-* ``speculative.py``: our drafters vLLM runs (``DRAFTERS``) and ``speculative_config(method, n, **options)``,
-  the ``speculative_config`` argument of ``vllm.LLM`` for ``none`` (None), ``ngram``, ``suffix`` (vLLM's
-  arctic-inference proposer) or ``srt`` (:class:`~.proposer.SRTProposer`; its options, see
-  ``ProposerOptions``, travel to vLLM's processes in ``SRT_VLLM_PROPOSER``, which this call sets).
-* ``proposer.py``: :class:`~.proposer.SRTProposer`, per-prompt rollout trees as vLLM's proposer.
+* ``speculative.py``: ``speculative_config(drafter, n, **options)``, the ``speculative_config`` argument of
+  ``vllm.LLM`` for a drafter the registry (``srt_agent.spec.registry``) says vLLM runs: ``none`` (None),
+  ``ngram``, ``suffix`` (vLLM's arctic-inference proposer) or ``srt`` (:class:`~.proposer.SRTProposer`; its
+  options, see ``ProposerOptions``, travel to vLLM's processes in ``SRT_VLLM_PROPOSER``, which this sets).
+* ``proposer.py``: :class:`~.proposer.SRTProposer`, SRT's drafter (``srt_agent.spec``) as vLLM's proposer.
 * ``plugin.py``: the vLLM plugin (entry point ``vllm.general_plugins: srt``): the proposer's seam, exact
   sampling and the CPU temperature fix, installed in every vLLM process.
 * ``exact_sampling.py``: our engine's sampler inside vLLM's model runner.
 * ``seams.py``: every name in vLLM srt-agent hooks or calls, declared once, and the checks of them.
 * ``settings.py``: the environment variables that carry srt-agent's settings to vLLM's processes.
-* ``step_cost.py``: the proposer's measured step cost; ``kv_cache.py``: the KV cache an engine is given.
+* ``kv_cache.py``: the KV cache an engine is given.
 * ``device_settings.py``: what an engine starts with on this device (``vllm_settings(facts, ...)``, pure: dtype,
   the GPU share or the CPU's threads and KV size; ``device_facts(model_dir)`` reads the device).
 * ``cpu.py``: ``cpu_env(threads, kv_cache_gib, in_process)``, the ``VLLM_*`` settings of a CPU engine, and
@@ -36,11 +36,10 @@ from typing import Any
 
 from .availability import INSTALL_HINT, VLLMUnavailable, VLLMUnsupported, vllm_missing, vllm_version
 from .cpu import PRELOAD_LIBS, cpu_env, preload_env
-from .speculative import DRAFTERS, PROPOSER_CLASS, check_drafter, speculative_config
+from .speculative import PROPOSER_CLASS, check_drafter, speculative_config
 from .workers import check_runner, proposer_call, reload_weights, srt_proposer
 
 __all__ = [
-    "DRAFTERS",
     "INSTALL_HINT",
     "PRELOAD_LIBS",
     "PROPOSER_CLASS",

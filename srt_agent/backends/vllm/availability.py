@@ -6,8 +6,8 @@ from __future__ import annotations
 import importlib.util
 import platform
 
+from ...spec.registry import vllm_problem
 from ..base import Refusal
-from .speculative import drafter_problem
 
 INSTALL_HINT = (
     "on CUDA machines pip install 'srt-agent[vllm]' (vLLM 0.24-0.33); on x86-64 Linux CPUs pip install torch==2.13.0 "
@@ -47,7 +47,7 @@ def refusal(drafter: str, run_ahead: bool = False, loaded=None) -> Refusal | Non
     missing = vllm_missing()
     if missing:
         return Refusal(missing, VLLMUnavailable(missing))
-    problem = drafter_problem(drafter)
+    problem = vllm_problem(drafter)
     if problem:
         return Refusal(f"vLLM has no counterpart of drafter {drafter!r}", ValueError(problem))
     if run_ahead and drafter != "srt":

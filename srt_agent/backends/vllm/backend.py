@@ -12,13 +12,13 @@ from pathlib import Path
 import torch
 
 from ...engine import AsyncEngine, RequestOutput, SamplingParams
+from ...spec.request_kind import RequestKind
 from ..base import Capabilities, Registered
 from ..engine import EngineRunAhead
 from .availability import refusal, vllm_version
 from .engine import VLLMEngine
 from .kv_cache import kv_cache_gib
 from .models import loaded_model_dir
-from .settings import UNDRAFTED_PREFIX
 from .speculative import check_drafter
 
 
@@ -72,7 +72,7 @@ class VLLMBackend(AsyncEngine[VLLMEngine]):
 
     def undrafted(self) -> UndraftedView | None:
         """This engine without speculation for the view's requests (None unless the drafter can leave
-        requests out: SRT's proposer skips ``UNDRAFTED_PREFIX`` ids; vLLM's own drafters do not)."""
+        requests out: SRT's proposer leaves ``undrafted`` requests out; vLLM's own drafters do not)."""
         return UndraftedView(self) if self.drafter_name == "srt" else None
 
     def forget_prefixes(self) -> None:
@@ -96,7 +96,8 @@ class VLLMBackend(AsyncEngine[VLLMEngine]):
 
 class UndraftedView:
     """The rollout backend of a run without speculation on `owner`'s engine: its requests get no drafts and
-    stay out of the trees (ids prefixed with ``UNDRAFTED_PREFIX``), with exact sampling the tokens are those
+    stay out of the trees (they are of kind ``undrafted``; their ids get a namespace of their own, so they never
+    meet the owner's), with exact sampling the tokens are those
     of an engine without a drafter. Weights, steps, trees and closing are the owner's: the view's own calls
     for them do nothing."""
 
@@ -107,7 +108,7 @@ class UndraftedView:
     def __init__(self, owner: VLLMBackend):
         self.owner = owner
         self.engine = owner.engine
-        self.prefix = UNDRAFTED_PREFIX
+        self.prefix = "undrafted/"
         self.capabilities = dataclasses.replace(owner.capabilities, trees=False)
 
     async def generate(
@@ -117,7 +118,7 @@ class UndraftedView:
         params: SamplingParams | None = None,
         prompt_key: Hashable | None = None,
     ) -> RequestOutput:
-        out = await self.owner.generate(self.prefix + request_id, prompt_ids, params, prompt_key)
+        out = await self.owner.generate(self.prefix + request_id, prompt_ids, params, prompt_key, RequestKind.UNDRAFTED)
         return dataclasses.replace(out, request_id=request_id)
 
     def release(self, request_id: str) -> None:

@@ -75,7 +75,7 @@ def model_dtype(name: str, facts: DeviceFacts) -> str:
         raise ValueError(f"engine.dtype {name!r}: choose auto, float32, bfloat16 or float16 for vLLM")
     if name != "auto":
         return name
-    from ...engine.device_info import auto_dtype
+    from ...runner.device_info import auto_dtype
 
     return str(auto_dtype(facts.device == "cuda" and facts.bf16)).removeprefix("torch.")
 

@@ -27,10 +27,11 @@ from ...config import RunAheadOptions
 from ...engine.params import RequestOutput, SamplingParams, check_prompt
 from ...engine.sequence import Sequence
 from ...engine.stops import StopChecker
+from ...spec.request_kind import RequestKind
 from .availability import VLLMUnavailable, VLLMUnsupported, vllm_missing, vllm_version
 from .device_settings import VLLMSettings, apply_env
 from .run_ahead import VLLMRunAhead, check_run_ahead
-from .settings import EXACT_SAMPLING_ENV
+from .settings import EXACT_SAMPLING_ENV, kind_args
 from .speculative import check_drafter, speculative_config
 from .workers import check_runner
 
@@ -146,8 +147,10 @@ class VLLMEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         prompt_key: Hashable | None = None,
+        kind: RequestKind = RequestKind.ROLLOUT,
     ) -> str:
-        """Start one turn; ValueError on bad input (as our Engine)."""
+        """Start one turn of `kind` (rollout or undrafted; run-ahead: `add_run_ahead`); ValueError on bad input
+        (as our Engine)."""
         import dataclasses
         import uuid
 
@@ -155,6 +158,8 @@ class VLLMEngine:
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         params = dataclasses.replace(params) if params is not None else SamplingParams()
         prompt = check_prompt(prompt_ids, self.vocab_size, self.max_context)
+        if kind is RequestKind.RUN_AHEAD:
+            raise ValueError("run-ahead requests start through add_run_ahead")
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         if request_id in self.calls:
             raise ValueError(f"request {request_id!r} is still running")
@@ -162,13 +167,14 @@ class VLLMEngine:
         seq = Sequence(request_id, prompt_key, prompt, params, params.seed or 0, call_start=len(prompt))
         if before is not None and prompt[: len(before)] == before:
             seq.metrics.forced_tokens = len(prompt) - len(before)
-        self.llm.add_request(request_id, {"prompt_token_ids": prompt}, self._vllm_params(params, len(prompt)))
+        self.llm.add_request(request_id, {"prompt_token_ids": prompt}, self._vllm_params(params, len(prompt), kind))
         self.calls[request_id] = seq
         self.totals.requests += 1
         return request_id
 
-    def _vllm_params(self, params: SamplingParams, prompt_len: int, logprobs: bool = True):
-        """vLLM's sampling parameters for a turn of `prompt_len` tokens (our stop rule runs here)."""
+    def _vllm_params(self, params: SamplingParams, prompt_len: int, kind: RequestKind):
+        """vLLM's sampling parameters for a turn of `prompt_len` tokens (our stop rule runs here); `kind` travels
+        to the proposer in ``extra_args``; run-ahead asks for no log-probs."""
         from vllm import SamplingParams as VParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -182,15 +188,18 @@ class VLLMEngine:
                 dict.fromkeys(params.stop_token_ids + ([] if params.ignore_eos else self.eos_token_ids))
             ),
             ignore_eos=True,
-            logprobs=0 if logprobs else None,
+            logprobs=None if kind is RequestKind.RUN_AHEAD else 0,
             detokenize=False,  # stop strings are checked here, token by token
             output_kind=RequestOutputKind.DELTA,
+            extra_args=kind_args(kind),
         )
 
     def add_run_ahead(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         """Start a run-ahead request (``VLLMRunAhead`` calls it, and applies the stop rule); nobody waits on it."""
         self.llm.add_request(
-            request_id, {"prompt_token_ids": list(prompt_ids)}, self._vllm_params(params, len(prompt_ids), False)
+            request_id,
+            {"prompt_token_ids": list(prompt_ids)},
+            self._vllm_params(params, len(prompt_ids), RequestKind.RUN_AHEAD),
         )
 
     def abort_run_ahead(self, request_id: str) -> None:

@@ -4,7 +4,7 @@ vLLM samples with a per-request generator whose noise is spent step by step, and
 spends noise differently again when it verifies drafts; so at T > 0 the same seeded request samples other
 tokens with speculation than without (equal in distribution only), and other tokens than our engine.
 With exact sampling, ``GPUModelRunner._sample`` (CPUModelRunner inherits it) samples every logits row as
-our engine does (:mod:`srt_agent.engine.sampler`): the token at absolute position ``p`` of a request with
+our engine does (:mod:`srt_agent.runner.sampler`): the token at absolute position ``p`` of a request with
 seed ``s`` is ``argmax(filtered logits / T + Gumbel noise keyed by (s, p))``. A verified draft token is
 kept exactly when it equals the token sampled at its position, and the first token that differs (or the
 bonus token after a fully accepted draft) is emitted in its place. So a seeded request's tokens do not
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ...engine.sampler import RowSampling, sample_rows
+from ...runner.sampler import RowSampling, sample_rows
 
 PLACEHOLDER = -1  # vLLM's rejected-token marker in a spec step's output rows
 

@@ -108,7 +108,7 @@ def install_empty_top_k_fix() -> bool:
 
 def install_input_batch_seam() -> None:
     """Wrap ``GPUModelRunner.propose_draft_token_ids`` (CPUModelRunner inherits it) so a drafter with
-    ``wants_input_batch`` gets ``bind_input_batch(runner.input_batch)`` before it proposes."""
+    ``wants_input_batch`` gets ``bind_input_batch(runner.input_batch, runner.requests)`` before it proposes."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     original = GPUModelRunner.propose_draft_token_ids
@@ -119,7 +119,7 @@ def install_input_batch_seam() -> None:
     def propose_draft_token_ids(self, *args, **kwargs):
         drafter = getattr(self, "drafter", None)
         if getattr(drafter, "wants_input_batch", False):
-            drafter.bind_input_batch(self.input_batch)
+            drafter.bind_input_batch(self.input_batch, self.requests)
         return original(self, *args, **kwargs)
 
     propose_draft_token_ids.srt_seam = True

@@ -18,7 +18,7 @@ lever vLLM offers: whole requests, not rows of a forward pass. Before each vLLM 
   step's prompts only while one of their turns is live (their KV blocks are then in vLLM's prefix cache:
   only the last partial block is prefilled), upcoming ones whenever their whole prefill fits.
 
-Run-ahead requests carry ``RUN_AHEAD_PREFIX`` ids, seeds of their own and ``tokens_per_sequence`` as
+Run-ahead requests are of kind ``run_ahead`` (:class:`~srt_agent.spec.RequestKind`), with seeds of their own and ``tokens_per_sequence`` as
 their length; the proposer stores their tokens (as run-ahead sequences, evicted first) and never drafts
 for them. Their outputs stop here: no caller, trajectory, log-prob or training batch sees them.
 """
@@ -30,12 +30,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ...config import RunAheadOptions
-from ...engine.cost_model import ForwardCostModel
 from ...engine.params import SamplingParams
 from ...engine.run_ahead import RunAheadWindow, WindowPrompt
 from ...engine.sequence import Sequence
 from ...engine.stops import StopChecker
-from .settings import RUN_AHEAD_PREFIX
+from ...spec.choice.cost_model import ForwardCostModel
 
 
 class RunAheadHost(Protocol):
@@ -203,7 +202,7 @@ class VLLMRunAhead(RunAheadWindow):
 
     def _start(self, prompt: WindowPrompt, bubble: str, prefill: int) -> None:
         self._ids += 1
-        rid = f"{RUN_AHEAD_PREFIX}{self._ids}"
+        rid = f"run-ahead/{self._ids}"  # the kind travels with the request
         params = replace(prompt.params, max_tokens=self.options.tokens_per_sequence, seed=self._rng.getrandbits(31))
         self.engine.add_run_ahead(rid, prompt.prompt_ids, params)
         seq = Sequence(

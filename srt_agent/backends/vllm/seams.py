@@ -97,6 +97,7 @@ SEAMS: tuple[Seam, ...] = (
     *_attrs(BATCH, "InputBatch", "req_ids num_prompt_tokens token_ids_cpu num_tokens_no_spec", "SRTProposer reads it"),
     *_attrs(BATCH, "InputBatch", "num_reqs sampling_metadata", "exact sampling reads it"),
     *_attrs(BATCH, "CachedRequestState", "sampling_params", "exact sampling reads each request's parameters"),
+    *_attrs("vllm.sampling_params", "SamplingParams", "extra_args", "a request's kind travels to SRTProposer in it"),
     # exact_sampling.py: what a step samples with, and what it hands back
     *_attrs(
         "vllm.v1.sample.metadata",

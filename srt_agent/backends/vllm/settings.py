@@ -10,10 +10,9 @@ process layout inherits (in-process engines, spawned engine cores and workers, v
 * ``VLLM_USE_V2_MODEL_RUNNER``: vLLM's own switch; ``0`` selects the V1 model runner, the only one that calls
   custom proposers and the runner's ``_sample``.
 
-Two settings travel per request instead: a request id that starts with ``UNDRAFTED_PREFIX`` gets no draft
-and leaves no trace in the trees (an engine shared with a comparison run without speculation); one that
-starts with ``RUN_AHEAD_PREFIX`` is run-ahead (``run_ahead.py``): its tokens enter the trees as run-ahead
-sequences, and it gets no draft.
+One setting travels per request instead: its :class:`~srt_agent.spec.RequestKind` (rollout, run-ahead or
+undrafted), in its sampling parameters' ``extra_args`` under ``KIND_ARG`` (:func:`kind_args`, read back by
+:func:`request_kind` in the proposer's process).
 """
 
 from __future__ import annotations
@@ -23,12 +22,14 @@ import os
 from typing import Any
 
 from ...config import ProposerOptions
+from ...spec.request_kind import RequestKind
 
 __all__ = [
-    "RUN_AHEAD_PREFIX",
-    "UNDRAFTED_PREFIX",
+    "KIND_ARG",
     "ProposerOptions",
     "exact_sampling_requested",
+    "kind_args",
+    "request_kind",
     "set_proposer_options",
     "temperature_fix_wanted",
 ]
@@ -37,8 +38,7 @@ PROPOSER_ENV = "SRT_VLLM_PROPOSER"
 EXACT_SAMPLING_ENV = "SRT_VLLM_EXACT_SAMPLING"
 TEMPERATURE_FIX_ENV = "SRT_VLLM_TEMPERATURE_FIX"
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
-UNDRAFTED_PREFIX = "srt-undrafted:"
-RUN_AHEAD_PREFIX = "srt-run-ahead:"
+KIND_ARG = "srt_request_kind"
 
 
 def proposer_options() -> ProposerOptions:
@@ -57,3 +57,14 @@ def exact_sampling_requested() -> bool:
 
 def temperature_fix_wanted() -> bool:
     return os.environ.get(TEMPERATURE_FIX_ENV, "1") != "0"
+
+
+def kind_args(kind: RequestKind) -> dict[str, str]:
+    """The ``extra_args`` of a vLLM request of `kind`."""
+    return {KIND_ARG: kind.value}
+
+
+def request_kind(sampling_params: Any) -> RequestKind:
+    """The kind a vLLM request's sampling parameters carry (a rollout where they carry none)."""
+    extra = getattr(sampling_params, "extra_args", None) or {}
+    return RequestKind(extra.get(KIND_ARG, RequestKind.ROLLOUT.value))

@@ -18,7 +18,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from ...engine.cost_model import ForwardCostModel
+from .cost_model import ForwardCostModel
 
 
 @dataclass

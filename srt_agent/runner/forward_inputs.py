@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from .kv_cache import KVCache
-from .tree import draft_order
 from .tree_attention import AttentionGroup, TreeBatch
+from .tree_order import draft_order
 
 # The memory-efficient CUDA kernel wants the key length of an additive mask to be a multiple of 16 (it
 # pads a copy of the mask in every layer otherwise); the extra keys are masked out.
@@ -49,7 +49,7 @@ class _HostBuffer:
 
 
 def forward_inputs(chunks: list, cache: KVCache, device: torch.device) -> ForwardInputs:
-    """Lay out `chunks` (:class:`~srt_agent.engine.model_runner.Chunk`) for one pass over `cache`.
+    """Lay out `chunks` (:class:`~srt_agent.runner.model_runner.Chunk`) for one pass over `cache`.
 
     Per packed entry: token, rotary position (sequence order for pending tokens, last pending position
     plus depth for draft nodes), slot, cache position ``start + i`` and preorder interval (enter, exit).

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cache.draft import Draft
-from .tree import sub_draft
+from ..draft import Draft, sub_draft
 
 
 @dataclass

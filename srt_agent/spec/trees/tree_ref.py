@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from .tokens import check_tokens
+from ..tokens import check_tokens
 
 DraftTuple = tuple[list[int], list[int], list[float], int]
 

@@ -3,7 +3,7 @@
 It runs the Hugging Face model's own modules (embeddings and their scaling, decoder layers with their
 norms, MLPs or experts, rotary variants and sliding windows, final norm, LM head with its logit
 soft-capping or scaling) and supplies only the attention: tree attention over the engine's
-:class:`~srt_agent.engine.kv_cache.KVCache`, plugged in through transformers' attention registry
+:class:`~srt_agent.runner.kv_cache.KVCache`, plugged in through transformers' attention registry
 (`tree_attention.py`). Tokens of all chunks are packed into one row block, so every linear layer
 runs once per pass; new prompts are prefilled in the same pass as the others' decode steps. Same code
 on CPU and CUDA.

@@ -15,11 +15,11 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from ..cache.draft import Draft
-from ..cache.drafter import DrafterCapabilities
-from ..cache.srt import SRTDrafter
+from ..draft import Draft
+from ..drafter import DrafterCapabilities
 from .model_drafting import DraftRequest
 from .self_drafter import SelfDrafter
+from .srt import SRTDrafter
 
 
 class HybridDrafter:

@@ -3,7 +3,7 @@
 Self-speculative decoding as in EfficientRollout: the draft model is the policy itself, quantized
 (`quantize.py`: int8 on CPU, int4/fp8 on CUDA), so it follows the policy through every RL step without
 training a drafter and proposes tokens where no history exists. It runs on its own
-:class:`~srt_agent.engine.model_runner.ModelRunner` (the same packed, tree-attention forward pass as the
+:class:`~srt_agent.runner.model_runner.ModelRunner` (the same packed, tree-attention forward pass as the
 policy, over its own KV cache) and drafts all chosen sequences together, one pass per drafted level.
 
 Drafted tokens are sampled with the verifier's own noise: the engine samples position p of a request
@@ -29,15 +29,15 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..cache.draft import Draft
-from ..cache.drafter import DrafterCapabilities
-from ..cache.tokens import check_budget, check_tokens
-from .cost_model import ForwardCostModel
-from .device_info import detect_device
+from ...runner.device_info import detect_device
+from ...runner.model_runner import Chunk, ModelRunner
+from ...runner.quantize import SCHEMES, check_scheme, default_scheme, quantized_copy
+from ...runner.sampler import RowSampling, perturbed_logits
+from ..choice.cost_model import ForwardCostModel
+from ..draft import Draft
+from ..drafter import DrafterCapabilities
+from ..tokens import check_budget, check_tokens
 from .model_drafting import DraftRequest
-from .model_runner import Chunk, ModelRunner
-from .quantize import SCHEMES, check_scheme, default_scheme, quantized_copy
-from .sampler import RowSampling, perturbed_logits
 
 GREEDY = RowSampling(temperature=0.0, top_p=1.0, top_k=0, seed=0, position=0)
 

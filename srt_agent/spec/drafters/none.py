@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from .draft import Draft
-from .drafter import DrafterCapabilities
-from .tokens import check_budget, check_tokens
+from ..draft import Draft
+from ..drafter import DrafterCapabilities
+from ..tokens import check_budget, check_tokens
 
 _CHECKED_TAIL = 32  # like the tree drafters, look at (and so validate) only the context's tail
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from .draft import Draft
-from .drafter import DrafterCapabilities
-from .rollout_cache import RolloutCache
-from .tokens import check_tokens
+from ..draft import Draft
+from ..drafter import DrafterCapabilities
+from ..tokens import check_tokens
+from ..trees.rollout_cache import RolloutCache
 
 
 @dataclass

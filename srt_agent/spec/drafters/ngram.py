@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from .draft import Draft
-from .drafter import DrafterCapabilities
-from .tokens import check_budget, check_tokens
+from ..draft import Draft
+from ..drafter import DrafterCapabilities
+from ..tokens import check_budget, check_tokens
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..cache.draft import Draft
+from ..draft import Draft
 
 
 def conditionals(draft: Draft) -> list[float]:

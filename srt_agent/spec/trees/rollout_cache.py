@@ -31,9 +31,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..atomic import write_atomic
-from .draft import Draft
-from .tokens import check_budget, check_tokens
+from ...atomic import write_atomic
+from ..draft import Draft
+from ..tokens import check_budget, check_tokens
 from .tree import tree_class
 
 FORMAT_VERSION = 1

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from .draft import Draft
-from .drafter import DrafterCapabilities
-from .tokens import check_budget, check_tokens
+from ..draft import Draft
+from ..drafter import DrafterCapabilities
+from ..tokens import check_budget, check_tokens
 
 INSTALL_HINT = "install it with `bash scripts/install_arctic.sh` (builds arctic-inference from source into .venv)"
 

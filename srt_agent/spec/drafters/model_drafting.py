@@ -23,9 +23,9 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ..cache.draft import Draft
-from .cost_model import ForwardCostModel, best_prefix
-from .sampler import RowSampling
+from ...runner.sampler import RowSampling
+from ..choice.cost_model import ForwardCostModel, best_prefix
+from ..draft import Draft
 
 DEPTHS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)  # chain depths the plan considers
 

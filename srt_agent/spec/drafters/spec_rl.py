@@ -13,9 +13,9 @@ import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from .draft import Draft
-from .drafter import DrafterCapabilities
-from .tokens import check_budget, check_tokens
+from ..draft import Draft
+from ..drafter import DrafterCapabilities
+from ..tokens import check_budget, check_tokens
 
 PUBLISHED_LENIENCE = math.exp(0.5)  # SPEC-RL's released GRPO recipe: log-lenience 0.5
 _CHECKED_TAIL = 32  # like the other drafters, validate only the context's tail

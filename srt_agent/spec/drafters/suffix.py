@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from .draft import Draft
-from .drafter import DrafterCapabilities
-from .rollout_cache import RolloutCache
-from .tokens import check_tokens
+from ..draft import Draft
+from ..drafter import DrafterCapabilities
+from ..tokens import check_tokens
+from ..trees.rollout_cache import RolloutCache
 
 _GLOBAL = "responses"
 

@@ -1,0 +1,31 @@
+"""Drafting: the drafters behind one interface and one registry, the per-prompt rollout trees SRT drafts from,
+and the choice of what to draft at a batch size."""
+
+from .draft import EMPTY_DRAFT, Draft
+from .drafter import NO_CAPABILITIES, Drafter, DrafterCapabilities, capabilities
+from .drafters.srt import SRTDrafter
+from .registry import DRAFTERS, VLLM_DRAFTERS, drafter_unavailable, is_lenient, make_drafter
+from .request_kind import RequestKind
+from .trees.rollout_cache import CacheStats, RolloutCache
+from .trees.tree import tree_class
+from .trees.tree_ref import ReferenceTokenTree
+
+__all__ = [
+    "DRAFTERS",
+    "EMPTY_DRAFT",
+    "NO_CAPABILITIES",
+    "VLLM_DRAFTERS",
+    "CacheStats",
+    "Draft",
+    "Drafter",
+    "DrafterCapabilities",
+    "ReferenceTokenTree",
+    "RequestKind",
+    "RolloutCache",
+    "SRTDrafter",
+    "capabilities",
+    "drafter_unavailable",
+    "is_lenient",
+    "make_drafter",
+    "tree_class",
+]

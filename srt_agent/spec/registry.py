@@ -1,0 +1,86 @@
+"""The one drafter registry: every drafter by name, how it is built, and how (whether) it runs inside vLLM.
+
+A new drafter is one entry here: its class (imported on first use, so a drafter that runs a model or needs an
+optional package costs nothing until chosen) and, where vLLM can run it, vLLM's ``speculative_config`` method.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from .drafter import Drafter, DrafterCapabilities
+
+
+@dataclass(frozen=True)
+class DrafterEntry:
+    """A drafter: its class as ``module:Class`` and, where vLLM runs it, vLLM's speculative method
+    (``custom_class`` runs SRT's proposer inside vLLM; ``ngram`` and ``suffix`` are vLLM's own)."""
+
+    target: str
+    vllm_method: str | None = None
+
+    def load(self) -> type:
+        module, _, attr = self.target.partition(":")
+        return getattr(importlib.import_module(module, __package__), attr)
+
+
+DRAFTERS: dict[str, DrafterEntry] = {
+    "none": DrafterEntry(".drafters.none:NoDrafter", vllm_method="none"),
+    "srt": DrafterEntry(".drafters.srt:SRTDrafter", vllm_method="custom_class"),
+    "ngram": DrafterEntry(".drafters.ngram:NgramDrafter", vllm_method="ngram"),
+    "suffix": DrafterEntry(".drafters.suffix:SuffixDrafter", vllm_method="suffix"),
+    "history": DrafterEntry(".drafters.history:HistoryDrafter"),
+    "arctic": DrafterEntry(".drafters.arctic:ArcticDrafter"),
+    "self": DrafterEntry(".drafters.self_drafter:SelfDrafter"),
+    "srt+self": DrafterEntry(".drafters.hybrid_drafter:HybridDrafter"),
+    # reuses the previous epoch's rollouts with lenient acceptance: not exactly on-policy
+    "spec-rl": DrafterEntry(".drafters.spec_rl:SpecRLDrafter"),
+}
+#: drafters vLLM runs, in the registry's order
+VLLM_DRAFTERS = tuple(name for name, entry in DRAFTERS.items() if entry.vllm_method is not None)
+
+
+def drafter_capabilities(name: str) -> DrafterCapabilities:
+    """What the drafter `name` declares (its class is imported)."""
+    return _entry(name).load().capabilities
+
+
+def is_lenient(name: str) -> bool:
+    """Whether `name`'s drafts are accepted leniently (not token for token): its rollouts are not exactly
+    on-policy."""
+    return name in DRAFTERS and drafter_capabilities(name).lenient
+
+
+def make_drafter(name: str, **options) -> Drafter:
+    """A new drafter by name (none, srt, ngram, suffix, history, arctic, self, srt+self, spec-rl) with its
+    keyword options."""
+    cls = _entry(name).load()
+    try:
+        return cls(**options)
+    except TypeError as exc:
+        raise ValueError(f"bad options for drafter {name!r}: {exc}") from None
+
+
+def drafter_unavailable(name: str) -> str | None:
+    """Why the drafter `name` cannot run here (an unknown name, a package that is not installed), or None
+    when it can."""
+    try:
+        make_drafter(name)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def vllm_problem(name: str) -> str | None:
+    """Why vLLM cannot run the drafter `name` (it has no counterpart of it), or None when it can."""
+    if name in VLLM_DRAFTERS:
+        return None
+    return f"drafter {name!r} has no vLLM counterpart; the vLLM backend runs {', '.join(VLLM_DRAFTERS)}"
+
+
+def _entry(name: str) -> DrafterEntry:
+    try:
+        return DRAFTERS[name]
+    except KeyError:
+        raise ValueError(f"unknown drafter {name!r}; choose one of {sorted(DRAFTERS)}") from None
