@@ -35,6 +35,7 @@ def test_a_turn_with_tokens_sampled_past_its_stop_is_continued_from_the_stop():
     turns.hold("t", prompt + response + overshoot, floor=len(prompt))
     assert turns.claim(prompt + [10, 50, 51], max_overshoot=2) is None  # leaves out more than the overshoot
     assert turns.claim([1, 2, 9, 10, 11, 12, 50], max_overshoot=8) is None  # differs inside the turn's context
+    assert turns.claim(prompt, max_overshoot=8) is None  # the context alone: a sibling's first turn, not a next turn
     sibling = prompt + [10, 11, 12, 7]
     turns.hold("s", sibling, floor=len(prompt))
     assert turns.claim(prompt + response + overshoot + [50], max_overshoot=2) == ("t", 8, 8)  # the full turn wins

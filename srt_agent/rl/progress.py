@@ -19,7 +19,11 @@ def phase_bar(
     console: Console, label: str, total: float | None = None, detail: str = "", **fields
 ) -> Iterator[PhaseUpdate]:
     """A bar for `label` while the block runs (`total` None: unknown until an update gives it); `detail` is
-    a format string over `fields` shown beside the count (e.g. ``"loss {task.fields[loss]:.3f}"``)."""
+    a format string over `fields` shown beside the count (e.g. ``"loss {task.fields[loss]:.3f}"``). Where the
+    console is not a terminal (a log file, a pipe) there is no bar: a transient one would leave blank lines."""
+    if not (console.is_terminal or console.is_jupyter):
+        yield lambda **update: None
+        return
     columns = [TextColumn(f"[bold]{label}[/bold]"), BarColumn(), MofNCompleteColumn()]
     if detail:
         columns.append(TextColumn(detail))

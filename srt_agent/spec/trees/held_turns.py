@@ -5,8 +5,8 @@ prompt extends that turn's tokens (prompt + response, then the tool output). A t
 below its length may also be continued by a prompt that leaves its tail out: a serving engine that verifies
 drafts can sample a few tokens past a stop (inside an accepted draft) that the caller then drops, so the
 next prompt shares the turn's tokens up to the stop and goes on with the tool output. Such a prompt must
-share at least the first ``floor`` tokens (the context the turn was given) and leave out at most
-``max_overshoot`` of the turn's tokens.
+share more than the first ``floor`` tokens (the context the turn was given: a prompt that stops there is another
+rollout of that context) and leave out at most ``max_overshoot`` of the turn's tokens.
 
 Turns are held least recently used first, within a count (``max_held``), a byte budget (``max_bytes``; the
 tokens are stored as int32) and an age (``ttl_s``: a trajectory's next turn comes within a tool call's time).
@@ -80,7 +80,10 @@ class HeldTurns:
             differ = np.flatnonzero(prompt[floor:shared] != held.tokens[floor:shared])
             if len(differ):
                 shared = floor + int(differ[0])
-            if n - shared <= max_overshoot and shared > best_shared:
+            # a continuation keeps some of the turn past its context: a prompt that stops at the context is a new
+            # rollout of it (a GRPO sibling, a later step), not a next turn that dropped the whole response
+            continues = shared > floor or shared == n
+            if continues and n - shared <= max_overshoot and shared > best_shared:
                 best, best_shared = key, shared
         if best is None:
             return None
