@@ -1,42 +1,30 @@
 """`RolloutCache`: one token tree per prompt, under a global byte budget, saved across restarts.
 
-(Longer than 400 lines: the trees, their byte budget with its eviction order, and the file format that
-saves them are one data structure with one set of invariants.)
+Each prompt key owns a tree of every rollout produced for it (all samples, all policy versions). A running
+request streams its tokens (sampled or forced) into its prompt's tree as they come, so siblings of the same
+prompt draft from each other within a step. The first ``max_match`` prompt tokens go in ahead of each
+response so the first response tokens can be drafted too.
 
-Each prompt key owns a tree of every rollout produced for it (all samples, all policy versions).
-A running request streams its tokens (sampled or forced) into its prompt's tree as they come, so
-siblings of the same prompt draft from each other within a step. The first ``max_match`` prompt
-tokens go in ahead of each response so the first response tokens can be drafted too.
-
-Memory is bounded twice: a prompt whose tree grows past ``max_nodes_per_prompt`` nodes is rebuilt
-from its newest rollouts, and when the total passes ``max_bytes`` whole prompts are evicted,
-least recently used first.
-
-Run-ahead content (continuations generated in idle capacity, never trained on) is stored in the
-same trees, so it drafts like any rollout, but it is second-class when room runs out: over the byte
-budget, every prompt's run-ahead sequences go first (least recently used prompts first) before any
-real rollout is evicted, and a node-cap rebuild drops them before real ones.
+Memory is bounded twice: a prompt whose tree grows past ``max_nodes_per_prompt`` nodes is rebuilt from its
+newest rollouts, and when the total passes ``max_bytes`` whole prompts are evicted, least recently used
+first. Run-ahead content (continuations generated in idle capacity, never trained on) drafts like any
+rollout but goes first when room runs out: over the byte budget every prompt's run-ahead sequences are
+dropped before any real rollout is evicted, and a node-cap rebuild drops them before real ones.
+The file format that saves the trees is in `persistence`.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import os
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-import numpy as np
-
-from ...atomic import write_atomic
 from ..draft import Draft
 from ..tokens import check_budget, check_tokens
+from . import persistence
 from .tree import tree_class
-
-FORMAT_VERSION = 1
 
 
 @dataclass
@@ -200,6 +188,11 @@ class RolloutCache:
             return []
         return [entry.tree.sequence(s) for s in entry.seqs if run_ahead or s not in entry.run_ahead]
 
+    def run_ahead_indices(self, prompt_key: Hashable) -> list[int]:
+        """Which of `sequences(prompt_key)` are run-ahead content, as indices in that list."""
+        entry = self._prompts.get(prompt_key)
+        return [] if entry is None else [i for i, s in enumerate(entry.seqs) if s in entry.run_ahead]
+
     # ---- size ---------------------------------------------------------------------------------
     def stats(self) -> CacheStats:
         entries = list(self._prompts.values())
@@ -228,15 +221,14 @@ class RolloutCache:
         """Cached prompt keys, least recently used first."""
         return list(self._prompts)
 
-    # ---- persistence --------------------------------------------------------------------------
+    # ---- persistence (the file format is in persistence.py) ------------------------------------
     def save(self, path: str | os.PathLike) -> None:
         """Write every prompt's sequences to `path` atomically (temp file + rename).
 
         An interrupted save leaves the previous file as it was; the temp file of a writer that was
         killed outright is removed by the next save to the same path.
         """
-        prompts = list(self._prompts)
-        write_atomic(path, lambda f: self._write(f, prompts))
+        persistence.save(self, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike, backend: str = "auto", **overrides: int) -> RolloutCache:
@@ -245,71 +237,24 @@ class RolloutCache:
         A file that is missing, truncated, corrupted or not a saved cache raises ValueError naming the
         file and the problem; nothing is half-loaded.
         """
-        return cls._rebuilt(*_read(Path(path), str(path)), backend, overrides)
+        return persistence.load(cls, path, backend, overrides)
 
     def to_bytes(self) -> bytes:
         """Every prompt's sequences and this cache's config, as `save` writes them; `from_bytes` rebuilds it."""
-        buffer = io.BytesIO()
-        self._write(buffer, list(self._prompts))
-        return buffer.getvalue()
+        return persistence.to_bytes(self)
 
     @classmethod
     def from_bytes(cls, data: bytes, backend: str = "auto") -> RolloutCache:
-        return cls._rebuilt(*_read(io.BytesIO(data), "cache bytes"), backend, {})
-
-    @classmethod
-    def _rebuilt(cls, meta: dict, prompts: list, flat: list[int], backend: str, overrides: dict) -> RolloutCache:
-        cache = cls(**{**meta["config"], **overrides}, backend=backend)
-        cache._add_prompts(prompts, flat)
-        return cache
+        return persistence.from_bytes(cls, data, backend)
 
     def export_prompt(self, prompt_key: Hashable) -> bytes:
         """One prompt's stored sequences as bytes (e.g. to move its tree to another replica through Ray's
         object store); `import_prompt` on the other side rebuilds it. Running sequences go as far as they got."""
-        if prompt_key not in self._prompts:
-            raise ValueError(f"unknown prompt key {prompt_key!r}")
-        buffer = io.BytesIO()
-        self._write(buffer, [prompt_key])
-        return buffer.getvalue()
+        return persistence.export_prompt(self, prompt_key)
 
     def import_prompt(self, data: bytes) -> Hashable:
         """Add the sequences of an exported prompt (merged into its tree when this cache has one); returns its key."""
-        _, prompts, flat = _read(io.BytesIO(data), "exported prompt")
-        if len(prompts) != 1:
-            raise ValueError(f"exported prompt: expected one prompt, got {len(prompts)}")
-        self._add_prompts(prompts, flat)
-        return prompts[0][0]
-
-    def _write(self, f: BinaryIO, keys: list[Hashable]) -> None:
-        """The sequences of `keys` and this cache's config, as an .npz (token ids as one int32 array)."""
-        prompts, chunks = [], []
-        for key in keys:
-            entry = self._prompts[key]
-            seqs = [entry.tree.sequence(s) for s in entry.seqs]
-            row = {"key": _encode_key(key), "lengths": [len(s) for s in seqs]}
-            if entry.run_ahead:
-                row["run_ahead"] = [i for i, s in enumerate(entry.seqs) if s in entry.run_ahead]
-            prompts.append(row)
-            chunks.extend(seqs)
-        meta = {
-            "version": FORMAT_VERSION,
-            "config": {
-                "max_depth": self.max_depth,
-                "max_match": self.max_match,
-                "max_bytes": self.max_bytes,
-                "max_nodes_per_prompt": self.max_nodes_per_prompt,
-            },
-            "prompts": prompts,
-        }
-        flat = np.fromiter((t for s in chunks for t in s), dtype=np.int32)
-        np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), tokens=flat)
-
-    def _add_prompts(self, prompts: list[tuple[Hashable, list[int], set[int]]], flat: list[int]) -> None:
-        pos = 0
-        for key, lengths, run_ahead in prompts:
-            for i, n in enumerate(lengths):
-                self.add_sequence(key, flat[pos : pos + n], run_ahead=i in run_ahead)
-                pos += n
+        return persistence.import_prompt(self, data)
 
     # ---- internals ----------------------------------------------------------------------------
     def _draft(
@@ -428,62 +373,3 @@ class RolloutCache:
         self._evicted += evicted
         for rid in entry.active:
             self._requests[rid].detached = True
-
-
-def _check_saved(meta: Any, tokens: np.ndarray) -> list[tuple[Hashable, list[int], set[int]]]:
-    """The (prompt key, sequence lengths, indices of run-ahead sequences) of a saved cache's metadata,
-    checked against its token array."""
-    if not isinstance(meta, dict) or meta.get("version") != FORMAT_VERSION:
-        version = meta.get("version") if isinstance(meta, dict) else None
-        raise ValueError(f"unsupported cache format version {version!r}")
-    config = meta.get("config")
-    if not isinstance(config, dict) or set(config) != {"max_depth", "max_match", "max_bytes", "max_nodes_per_prompt"}:
-        raise ValueError("the config entry is missing or malformed")
-    if not all(type(v) is int for v in config.values()):
-        raise ValueError("config values must be integers")
-    if tokens.dtype != np.int32 or tokens.ndim != 1:
-        raise ValueError(f"tokens must be a flat int32 array, got {tokens.dtype} of shape {tokens.shape}")
-    if tokens.size and int(tokens.min()) < 0:
-        raise ValueError("negative token ids")
-    prompts = []
-    for entry in meta.get("prompts") if isinstance(meta.get("prompts"), list) else [None]:
-        lengths = entry.get("lengths") if isinstance(entry, dict) else None
-        if not isinstance(lengths, list) or not all(type(n) is int and n >= 0 for n in lengths) or "key" not in entry:
-            raise ValueError("a prompt entry is malformed")
-        run_ahead = entry.get("run_ahead", [])
-        if not isinstance(run_ahead, list) or not all(type(i) is int and 0 <= i < len(lengths) for i in run_ahead):
-            raise ValueError("a prompt entry's run-ahead indices are malformed")
-        prompts.append((_decode_key(entry["key"]), lengths, set(run_ahead)))
-    stored = sum(sum(lengths) for _, lengths, _ in prompts)
-    if stored != tokens.size:
-        raise ValueError(f"the prompts' sequences hold {stored} tokens, the file {tokens.size}")
-    return prompts
-
-
-def _read(source: BinaryIO | Path, name: str) -> tuple[dict, list[tuple[Hashable, list[int], set[int]]], list[int]]:
-    """The metadata, checked (prompt key, lengths) list and flat tokens of a saved cache or exported prompt;
-    ValueError naming `name` when it is missing, damaged or not one."""
-    try:
-        with np.load(source, allow_pickle=False) as data:
-            meta = json.loads(data["meta"].tobytes().decode())
-            tokens = data["tokens"]
-        prompts = _check_saved(meta, tokens)
-    except FileNotFoundError as exc:
-        raise ValueError(f"{name} is not a saved RolloutCache: no such file") from exc
-    except Exception as exc:  # noqa: BLE001 - zip, npy, JSON and layout errors alike
-        raise ValueError(f"{name} is not a saved RolloutCache, or is damaged ({type(exc).__name__}: {exc})") from exc
-    return meta, prompts, tokens.tolist()
-
-
-def _encode_key(key: Hashable) -> Any:
-    if isinstance(key, bool) or not isinstance(key, (str, int, tuple)):
-        raise ValueError(f"cannot save prompt key {key!r}: keys must be str, int or tuples of them")
-    return {"tuple": [_encode_key(k) for k in key]} if isinstance(key, tuple) else key
-
-
-def _decode_key(value: Any) -> Hashable:
-    if isinstance(value, dict) and isinstance(value.get("tuple"), list):
-        return tuple(_decode_key(v) for v in value["tuple"])
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise ValueError(f"bad prompt key {value!r}")
-    return value
