@@ -11,53 +11,67 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 import numpy as np
 
 from ...atomic import write_atomic
 
-if TYPE_CHECKING:
-    from .rollout_cache import RolloutCache
-
 FORMAT_VERSION = 1
 CONFIG_KEYS = ("max_depth", "max_match", "max_bytes", "max_nodes_per_prompt")
 
-Cache = TypeVar("Cache", bound="RolloutCache")
+
+class Persisted(Protocol):
+    """What the format reads from and adds to a `RolloutCache` (described here, not imported: its module
+    imports this one)."""
+
+    max_depth: int
+    max_match: int
+    max_bytes: int
+    max_nodes_per_prompt: int
+
+    def prompt_keys(self) -> list[Hashable]: ...
+    def __contains__(self, prompt_key: Hashable) -> bool: ...
+    def sequences(self, prompt_key: Hashable, run_ahead: bool = True) -> list[list[int]]: ...
+    def run_ahead_indices(self, prompt_key: Hashable) -> list[int]: ...
+    def add_sequence(self, prompt_key: Hashable, token_ids: Sequence[int], run_ahead: bool = False) -> None: ...
+
+
+Cache = TypeVar("Cache", bound=Persisted)
 SavedPrompt = tuple[Hashable, list[int], set[int]]  # key, sequence lengths, indices of run-ahead sequences
 
 
-def save(cache: RolloutCache, path: str | os.PathLike) -> None:
+def save(cache: Persisted, path: str | os.PathLike) -> None:
     """Write every prompt's sequences to `path` atomically (temp file + rename)."""
     keys = cache.prompt_keys()
     write_atomic(path, lambda f: _write(cache, f, keys))
 
 
-def load(cls: type[Cache], path: str | os.PathLike, backend: str, overrides: dict[str, int]) -> Cache:
+def load(cls: Callable[..., Cache], path: str | os.PathLike, backend: str, overrides: dict[str, int]) -> Cache:
     """A `cls` rebuilt from a file written by `save`, with its saved config unless overridden."""
     return _rebuilt(cls, *_read(Path(path), str(path)), backend, overrides)
 
 
-def to_bytes(cache: RolloutCache) -> bytes:
+def to_bytes(cache: Persisted) -> bytes:
     """Every prompt's sequences and the cache's config, as `save` writes them."""
     return _bytes_of(cache, cache.prompt_keys())
 
 
-def from_bytes(cls: type[Cache], data: bytes, backend: str) -> Cache:
+def from_bytes(cls: Callable[..., Cache], data: bytes, backend: str) -> Cache:
     """A `cls` rebuilt from `to_bytes`'s output."""
     return _rebuilt(cls, *_read(io.BytesIO(data), "cache bytes"), backend, {})
 
 
-def export_prompt(cache: RolloutCache, prompt_key: Hashable) -> bytes:
+def export_prompt(cache: Persisted, prompt_key: Hashable) -> bytes:
     """One prompt's stored sequences as bytes; running sequences go as far as they got."""
     if prompt_key not in cache:
         raise ValueError(f"unknown prompt key {prompt_key!r}")
     return _bytes_of(cache, [prompt_key])
 
 
-def import_prompt(cache: RolloutCache, data: bytes) -> Hashable:
+def import_prompt(cache: Persisted, data: bytes) -> Hashable:
     """Add the sequences of an exported prompt to `cache` (merged into its tree when it has one); its key."""
     _, prompts, flat = _read(io.BytesIO(data), "exported prompt")
     if len(prompts) != 1:
@@ -66,13 +80,13 @@ def import_prompt(cache: RolloutCache, data: bytes) -> Hashable:
     return prompts[0][0]
 
 
-def _bytes_of(cache: RolloutCache, keys: list[Hashable]) -> bytes:
+def _bytes_of(cache: Persisted, keys: list[Hashable]) -> bytes:
     buffer = io.BytesIO()
     _write(cache, buffer, keys)
     return buffer.getvalue()
 
 
-def _write(cache: RolloutCache, f: BinaryIO, keys: list[Hashable]) -> None:
+def _write(cache: Persisted, f: BinaryIO, keys: list[Hashable]) -> None:
     """The sequences of `keys` and the cache's config, as an .npz (token ids as one int32 array)."""
     prompts, chunks = [], []
     for key in keys:
@@ -93,14 +107,14 @@ def _write(cache: RolloutCache, f: BinaryIO, keys: list[Hashable]) -> None:
 
 
 def _rebuilt(
-    cls: type[Cache], meta: dict, prompts: list[SavedPrompt], flat: list[int], backend: str, overrides: dict
+    cls: Callable[..., Cache], meta: dict, prompts: list[SavedPrompt], flat: list[int], backend: str, overrides: dict
 ) -> Cache:
     cache = cls(**{**meta["config"], **overrides}, backend=backend)
     _add_prompts(cache, prompts, flat)
     return cache
 
 
-def _add_prompts(cache: RolloutCache, prompts: list[SavedPrompt], flat: list[int]) -> None:
+def _add_prompts(cache: Persisted, prompts: list[SavedPrompt], flat: list[int]) -> None:
     pos = 0
     for key, lengths, run_ahead in prompts:
         for i, n in enumerate(lengths):
