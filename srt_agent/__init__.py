@@ -20,7 +20,7 @@ imports the benchmarks or the CLI.
 - ``cache/``: the per-prompt rollout trees and the drafters behind one interface.
 - ``models/``: model loading and the architectures the engine runs.
 - ``tools/``: the code interpreter and its sandboxes, and the SandboxFusion-compatible server.
-- ``atomic.py``: atomic file writes.
+- ``files/``: atomic writes of files and folders (imports nothing of the package).
 """
 
 __version__ = "0.1.0"

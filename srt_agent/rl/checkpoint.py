@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..atomic import atomic_folder, write_atomic
+from ..files.atomic import atomic_folder, write_atomic
 from ..spec import RolloutCache
 
 STATE_FILE = "state.pt"

@@ -19,8 +19,8 @@ import torch
 
 from ..agent.toolconfig import require_sandbox_runtime
 from ..agent.trajectory import Trajectory
-from ..atomic import atomic_folder, write_atomic
 from ..config import EnvConfig
+from ..files.atomic import atomic_folder, write_atomic
 from ..models import LoadedModel, cache_root
 from ..sources.arithmetic import arithmetic_tasks
 from .batch import Sample, trajectory_sample

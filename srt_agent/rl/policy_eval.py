@@ -15,8 +15,8 @@ from typing import Literal
 from rich.console import Console
 
 from ..agent.rollout import write_jsonl
-from ..atomic import write_atomic
 from ..config import ConfigError, EnvConfig
+from ..files.atomic import write_atomic
 from ..sources.tasks import Task
 from .evaluate import HELD_OUT_FIGURES, evaluate_policy, held_out_tasks, interval_text, reports_by_source
 from .progress import phase_bar

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ...atomic import atomic_folder
+from ...files.atomic import atomic_folder
 from ...models.loading import (
     EMBEDDED_NAME,
     TINY_PREFIX,

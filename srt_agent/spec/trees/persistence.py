@@ -17,7 +17,7 @@ from typing import Any, BinaryIO, Protocol, TypeVar
 
 import numpy as np
 
-from ...atomic import write_atomic
+from ...files.atomic import write_atomic
 
 FORMAT_VERSION = 1
 CONFIG_KEYS = ("max_depth", "max_match", "max_bytes", "max_nodes_per_prompt")
