@@ -1,27 +1,10 @@
 """Run-ahead generation: capacity a rollout step leaves idle is spent on continuations of prompts that
 come soon; their tokens enter the prompts' trees and nothing else.
 
-(A little over 400 lines: the window, the per-step row plan and the row-cost rule are one policy that
-is read together; the replay benchmark reuses the cost rule from here.)
-
-**Bubbles.** ``tail``: real sequences run but fewer than the device serves at nearly the same cost, so
-run-ahead rows ride along while the cost model predicts the step grows by at most ``slack`` of its
-cost. ``tools``: every real sequence is parked on its environment (a tool call); a run-ahead step may
-cost up to ``1 + slack`` plain one-sequence decode steps (a returning request waits at most about one
-step). ``update``: nothing real at all while the trainer updates the policy (opened explicitly).
-
-**What fills them.** A window of prompts the trainer names: the current step's (served only while
-their group still has a live request) and the next step's (look-ahead). The prompt with the fewest
-run-ahead tokens, counting the prefill it would need, goes next. A sequence starts from the prompt or,
-with ``start="branch"``, from a point where two real rollouts of the prompt disagreed (their longest
-common prefix), and runs up to ``tokens_per_sequence`` tokens or a stop. Its KV is copied from the
-live sequence sharing the longest prefix with it (a sibling, or an earlier run-ahead sequence of the
-prompt); only the rest is prefilled, in chunks that fit the allowance.
-
-**Invisible.** Run-ahead sequences are not requests: no request id, output, log-prob, metric of real
-work or idle-capacity figure sees them. They sample with seeds of their own. Real requests take
-capacity first: before each step, run-ahead sequences give up the slots that waiting requests need,
-and a new weight version drops them all (their KV is stale).
+The window of prompts, the per-step row plan and the row-cost rule (`RowCost`: how many rows a bubble
+admits, reused by the replay benchmark) are one policy. Run-ahead sequences are not requests: nothing that
+counts real work sees them, they sample with seeds of their own and give way to real requests. Bubbles,
+what fills them and what it was measured to do: docs/run-ahead.md.
 """
 
 from __future__ import annotations
