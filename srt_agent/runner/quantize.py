@@ -1,23 +1,10 @@
 """Weight-quantized copies of a policy, for drafting with the policy itself.
 
-`quantized_copy(model, scheme)` deep-copies a causal LM and quantizes its ``nn.Linear`` layers (LM head
-included) except each MLP's output projection (`keeps_float`); embeddings, norms and anything that is
-not an ``nn.Linear`` (expert banks, GPT-2's ``Conv1D``) stay as they are. The original is untouched.
-
-Schemes (`SCHEMES`; `default_scheme` picks one from the device):
-
-- ``int8`` (CPU, a float32 copy whatever the policy's dtype): torch's dynamic quantization (``torch.ao.quantization.quantize_dynamic``,
-  per-output-channel int8 weights, activations quantized per call; x86/fbgemm kernels). Measured on an
-  AVX2 EPYC (one thread, SmolLM2's 576×1536 linears): 3.6× faster than float32 at 1 row and 6–9× at
-  8–32 rows; torchao 0.18's CPU int8 configs and ``torch._weight_int8pack_mm`` were 1.2–100× slower
-  than that, a hand-packed fbgemm per-channel linear the same within noise.
-- ``int4`` / ``fp8`` (CUDA): torchao's ``Int4WeightOnlyConfig`` (bfloat16 copy) and
-  ``Float8DynamicActivationFloat8WeightConfig`` (optional dependency; fp8 needs compute capability ≥ 8.9).
-
-The MLP output projection stays in full precision because its input (the gated intermediate
-activation) carries outlier channels that per-tensor activation quantization flattens: on SmolLM2,
-quantizing every linear agreed with the float model's sampled token (same Gumbel noise, T = 1) at
-71% of positions, keeping ``down_proj`` in float32 at 89%.
+`quantized_copy(model, scheme)` quantizes a deep copy's ``nn.Linear`` layers, LM head included, except each
+MLP's output projection (`keeps_float`: its input's outlier channels cost acceptance); the original is
+untouched. Schemes (`SCHEMES`; `default_scheme` picks by device): ``int8`` on CPU (torch's dynamic
+quantization), ``int4`` / ``fp8`` on CUDA (torchao). Measurements behind these choices: docs/engine.md,
+"Drafting with the policy itself".
 """
 
 from __future__ import annotations

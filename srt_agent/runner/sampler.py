@@ -1,24 +1,11 @@
 """Lossless sampling keyed by (seed, position, token).
 
-The token at absolute position ``p`` of a request with seed ``s`` is ``argmax(filtered_logits / T + G)``
-where ``G[t] = -log(-log(u(s, p, t)))`` is Gumbel noise (the Gumbel-max trick: an exact sample from the
-softmax). The uniform ``u`` is a pure function of the seed, the position and the token id: a counter-based
-generator with no state, so a position gets the same token whether plain decoding or the verification of a
-draft node reaches it (speculation accepts a drafted token exactly when it equals this sample, and the
-emitted sequence is the one plain decoding emits), whatever the batch, the row order or the device.
-
-The generator (bit for bit the same on every device, computed where the logits are):
-``position_key(s, p)`` (splitmix64, on the host, once per row) gives a row key; a 32-bit word per token is
-``hash32((t · k1 + k0) mod 2^32)`` with ``k0`` the key's low 32 bits, ``k1`` its high 31 bits made odd, and
-``hash32`` Chris Wellons' lowbias32, computed in int64 on values below 2^32 with multipliers below 2^31, so
-no product overflows. A float32 uniform is ``(w >> 9 + 0.5) / 2^23``; a float64 one takes 52 bits from two
-words (the second keyed by ``position_key(key, 1)``): ``((w1 << 20 | w2 >> 12) + 0.5) / 2^52``; both are
-exact in their dtype and strictly inside (0, 1). ``log`` may round differently on another device, so the
-Gumbel noise agrees to the last bit or two.
-
-Greedy (temperature 0) is a plain argmax. Filtering (top-k, then top-p) happens on the scaled logits; the
-returned log-probability is log_softmax(logits / temperature) of the chosen token, before filtering.
-Sampling reads nothing back to the host (`draw`); `sample_rows` reads its result in one transfer.
+The token at position ``p`` of a request with seed ``s`` is ``argmax(filtered_logits / T + G)``, with Gumbel
+noise ``G`` made from uniforms that are a stateless function of (s, p, token id), bit for bit the same on
+every device. A position therefore gets the same token whether plain decoding or the verification of a draft
+node reaches it, whatever the batch or row order, so speculation emits exactly plain decoding's tokens.
+Sampling reads nothing back to the host (`draw`); `sample_rows` reads its result in one transfer. The
+generator, bit by bit, and its cost: docs/engine.md, "Lossless sampling".
 """
 
 from __future__ import annotations

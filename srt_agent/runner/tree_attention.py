@@ -1,24 +1,12 @@
 """Packed tree attention over the engine's KV cache, plugged into transformers' attention registry.
 
-The model's own decoder layers run unchanged; only their attention call comes here. It is registered
-in transformers' ``AttentionInterface`` (with the matching ``AttentionMaskInterface`` entry), under a
-name that also records the model's previous implementation: a forward pass that does not carry a
-:class:`TreeBatch` (plain transformers use of the same module, e.g. ``generate`` or training) falls
-through to that implementation unchanged.
-
-A :class:`TreeBatch` describes one engine forward pass (built by `forward_inputs.py`): the tokens of
-all chunks are packed into one row block (batch 1 for transformers); this function writes every
-layer's new keys and values into the :class:`KVCache` and attends per group of chunks of similar length
-(padded within the group) with an additive mask: each entry sees its sequence's cached tokens plus its
-own ancestors in the chunk, and on sliding-window layers only keys whose position is within the window.
-The mask is derived on the device, once per pass, from each entry's preorder interval in its chunk's tree.
-
-Grouped-query attention folds the query heads that share a KV head into the query rows: queries
-``[B, kv_heads, L * group, D]`` against keys ``[B, kv_heads, K, D]``. Every key and value is then read
-once per KV head, and SDPA gets equal head counts and a float mask, which its memory-efficient CUDA
-kernel takes (a boolean mask with ``enable_gqa`` sends CUDA to the math kernel, which writes the
-scores out; expanding the KV heads instead would read keys and values ``group`` times). Same path on
-CPU, where its flash kernel runs it.
+The model's decoder layers run unchanged; only their attention call comes here, and a pass that carries no
+:class:`TreeBatch` (``generate``, training) falls through to the model's previous implementation. For a
+`TreeBatch` (one engine pass, built by `forward_inputs.py`), every layer's new keys and values go into the
+:class:`KVCache`, and each group of similar-length chunks attends with SDPA under an additive mask (the
+sequence's cached tokens plus the entry's own ancestors; on sliding-window layers only keys within the
+window). Query heads that share a KV head are folded into its query rows, so SDPA keeps an efficient kernel
+on CUDA and CPU alike; why, and what it measured: docs/engine.md, "Forward pass".
 """
 
 from __future__ import annotations

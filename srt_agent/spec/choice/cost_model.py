@@ -1,17 +1,10 @@
 """How many draft nodes to verify: a verification-time model and an expected-throughput choice.
 
-Verification time (the forward pass, the LM head and sampling) is predicted per step shape — number
-of sequences and total tokens fed — from measurements: start-up calibration and every step's measured
-time (an exponential moving average per shape). Matrix kernels make that cost far from linear on small
-shapes (on a CPU, 4 rows can cost 40% more than 3), so measured shapes use their own figure; unseen
-shapes fall back on a linear fit ``fixed_s + per_token_s * tokens + per_sequence_s * (sequences - 1)``
-(exponentially weighted least squares over all steps; a full batch's draft tokens each cost about
-twice what a lone sequence's do, which a fit on tokens alone cannot express). Each drafted node's
-score is its expected acceptance (calibrated by `acceptance.AcceptanceModel`), so verifying a set of
-nodes yields ``num_sequences + sum(scores)`` tokens in expectation. The choice takes nodes in
-decreasing score order (a parent always scores at least its child, so every prefix of that order is a
-tree) and keeps the prefix with the most expected tokens per second: a lone sequence verifies long
-drafts, a full compute-bound batch few or none.
+Verification time is predicted per step shape (sequences, tokens fed) from start-up calibration and every
+step's measured time, with a linear fit for shapes not yet seen. Nodes are taken in decreasing expected
+acceptance, and the prefix with the most expected tokens per second is verified: a lone sequence verifies
+long drafts, a full compute-bound batch few or none. The model and the choice in full: docs/engine.md,
+"Sizing speculation to the batch".
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Drafting with a model: what the engine asks of model drafters, and how deep they draft each step.
 
-A model drafter (`self`, `srt+self`) costs forward passes, unlike a tree lookup, so the engine decides
-*before* drafting whether it pays: per step, which sequences get a model-drafted chain and how long
-it is. A chain of depth k whose tokens are each accepted with probability ``alpha`` (given the token
-before was) yields ``alpha + alpha² + … + alpha^k`` tokens in expectation; drafting it costs k passes
-of the draft model over the chosen sequences (the first also feeds the tokens the drafter has not seen).
-`plan_model_drafts` compares, for each depth, the expected emitted tokens per second of drafting and
-verifying against verifying the free drafts only (a hybrid's trees, or nothing), with the
-verification cost model and the draft model's own pass-time model, and drafts only where that wins.
-Per sequence, the model's chain replaces the free draft where it expects more accepted tokens from
-the same number of verified nodes: the tree where history is rich, the model where it is thin.
-When nothing waits (`makespan`), the step's gain is what its slowest sequence gains, and the plan counts
-its expectation (`cost_model.JointMinimum`): drafting time is spent for certain, so a full batch is only
-model-drafted where every sequence is nearly sure to accept, not wherever every sequence might.
+A model drafter (`self`, `srt+self`) costs forward passes, unlike a tree lookup, so `plan_model_drafts`
+decides before drafting, per step, which sequences get a model-drafted chain and how deep: the depth whose
+expected emitted tokens per second (chain tokens each accepted with probability ``alpha`` given the one
+before, the draft model's pass time, the verification cost model) beats verifying the free drafts alone.
+When nothing waits (`makespan`) it counts what the slowest sequence gains (`cost_model.JointMinimum`), so a
+full batch is model-drafted only where every sequence is nearly sure to accept. See docs/engine.md,
+"Drafting with the policy itself".
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """`SelfDrafter` (``self``): drafts with a weight-quantized copy of the current policy.
 
-Self-speculative decoding as in EfficientRollout: the draft model is the policy itself, quantized
-(`quantize.py`: int8 on CPU, int4/fp8 on CUDA), so it follows the policy through every RL step without
-training a drafter and proposes tokens where no history exists. It runs on its own
-:class:`~srt_agent.runner.model_runner.ModelRunner` (the same packed, tree-attention forward pass as the
-policy, over its own KV cache) and drafts all chosen sequences together, one pass per drafted level.
-
-Drafted tokens are sampled with the verifier's own noise: the engine samples position p of a request
-as ``argmax(perturbed logits)`` with Gumbel noise keyed by (seed, p) (`sampler.py`), and the drafter
-uses that same noise and the request's temperature, top-k and top-p on the draft model's logits. The
-draft token then differs from the policy's sample only where quantization flips that argmax, so
-acceptance stays high even at temperature 1; verification is untouched, so the output is exactly
-plain decoding's. A node's score is ``1 - exp(-margin)``, the margin being the gap between the
-two best perturbed logits (the engine calibrates it against observed acceptance). With
-``tree_width`` w > 1, each chain node gets the w - 1 next-best tokens as leaf siblings.
-
-The drafter keeps, per request, which tokens its cache holds (the longest prefix it shares with the
-sequence's tokens stays valid, so accepted draft tokens are not recomputed and rejected ones are
-overwritten) in slots taken on first draft and freed on `stop_request` (least recently used slots are
-reclaimed when all are taken).
+Self-speculative decoding as in EfficientRollout: the copy (`runner/quantize.py`) follows the policy through
+every RL step without training a drafter and proposes tokens where no history exists. It runs on its own
+`ModelRunner` and KV cache and samples each drafted position with the verifier's own Gumbel noise and
+sampling options, so a draft token differs from the policy's sample only where quantization flips the
+argmax, and verification, untouched, keeps the output exactly plain decoding's. Scores, tree width and the
+cache slots: docs/engine.md, "Drafting with the policy itself".
 """
 
 from __future__ import annotations
