@@ -14,16 +14,11 @@ from vllm_engines import engine, generate, srt_engine, tokens
 
 from srt_agent.backends.vllm import proposer_call, reload_weights, srt_proposer, tiny_model_dir
 from srt_agent.backends.vllm.engine import VLLMEngine, VLLMUnsupported
-from srt_agent.backends.vllm.plugin import expand_reference, fix_state
-from srt_agent.backends.vllm.proposer import (
-    ProposerOptions,
-    SRTProposer,
-    check_seam,
-    cost_model,
-    step_cost_model,
-)
+from srt_agent.backends.vllm.plugin import check_seam, expand_reference, fix_state
+from srt_agent.backends.vllm.proposer import ProposerOptions, SRTProposer
 from srt_agent.spec import RolloutCache
 from srt_agent.spec.choice.acceptance import AcceptanceModel
+from srt_agent.spec.choice.step_cost import step_line, vllm_step_cost
 from srt_agent.spec.draft import Draft
 from srt_agent.spec.drafters.srt import GLOBAL_KEY
 from srt_agent.spec.trees.keys import prompt_key
@@ -130,7 +125,7 @@ def test_the_cost_policy_drafts_at_batch_one_and_nothing_at_a_large_batch():
     p.options = dataclasses.replace(
         saved[0], policy="cost", step_fixed_ms=100.0, step_row_ms=1.0, draft_token_ms=5.0, calibrate=False
     )
-    p.cost = step_cost_model(p.options)
+    p.cost = step_line(p.options.step_fixed_ms, p.options.step_row_ms, p.options.draft_token_ms)
     try:
         drafted = p.stats()["drafted"]
         generate(llm, [prompt] * 8, temperature=1.0)
@@ -150,8 +145,8 @@ def test_the_cost_model_learns_vllms_measured_steps():
     llm, p = srt_engine()
     saved = p.options, p.cost
     p.options = dataclasses.replace(saved[0], calibrate=True, policy="cost")
-    p.cost = cost_model(p.options)
-    prior = step_cost_model(p.options)
+    p.cost = vllm_step_cost(p.options.step_fixed_ms, p.options.step_row_ms, p.options.draft_token_ms, True)
+    prior = step_line(p.options.step_fixed_ms, p.options.step_row_ms, p.options.draft_token_ms)
     try:
         start = time.perf_counter()
         generate(llm, [tokens("Timed steps, a new prompt:")], max_tokens=48)
@@ -166,7 +161,7 @@ def test_the_cost_model_learns_vllms_measured_steps():
             p.cost.observe(1 + 8 * (k % 2), 0.030 + 0.001 * (k % 2), 1)
         assert p.cost.line(1)[1] < 0.5 * (prior.predict(2, 1) - prior.predict(1, 1))
         p.options = dataclasses.replace(saved[0], calibrate=False)
-        p.cost = cost_model(p.options)
+        p.cost = vllm_step_cost(p.options.step_fixed_ms, p.options.step_row_ms, p.options.draft_token_ms, False)
         generate(llm, [tokens("Untimed steps:")], max_tokens=32)
         assert p.cost.predict(1, 1) == pytest.approx(prior.predict(1, 1))
     finally:
@@ -425,7 +420,7 @@ def test_the_step_cost_is_learned_on_a_configuration_many_times_slower_than_the_
     p.options = dataclasses.replace(
         saved[0], calibrate=True, policy="cost", step_fixed_ms=0.1, step_row_ms=0.05, draft_token_ms=0.05
     )
-    p.cost = cost_model(p.options)
+    p.cost = vllm_step_cost(p.options.step_fixed_ms, p.options.step_row_ms, p.options.draft_token_ms, True)
     try:
         start = time.perf_counter()
         generate(llm, [tokens("Timed on a slow configuration:")], max_tokens=48)

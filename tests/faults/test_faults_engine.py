@@ -281,7 +281,8 @@ def test_a_model_fault_ends_only_its_request(tiny_llama, ledger, kind, mix, mid_
     poison = min(set(range(104, 256)) - used)  # a token no bystander ever feeds
     seed = data.draw(st.integers(0, 2**31))
     faulty = Req("faulty", tuple(FAULTY_PROMPT if mid_run else FAULTY_PROMPT + [poison]), 6, seed, False)
-    engine = speculative_engine(tiny_llama, make_drafter("srt"))
+    # no global tree: from it a bystander could draft the poison token the faulty request fed, and feed it too
+    engine = speculative_engine(tiny_llama, make_drafter("srt", global_fallback=False))
     position = len(FAULTY_PROMPT) + (7 if mid_run else 0)  # the sampler fault: in the second turn, or at once
 
     def second_turn(out: RequestOutput) -> None:

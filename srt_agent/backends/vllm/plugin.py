@@ -173,3 +173,20 @@ def register() -> None:
             if step.__name__ not in failed_steps:
                 failed_steps[step.__name__] = f"{type(exc).__name__}: {exc}"
                 logger.warning("srt-agent's vLLM plugin left out %s (%s)", step.__name__, failed_steps[step.__name__])
+
+
+def check_seam() -> None:
+    """Raise (one line) if the vLLM in use lacks what SRTProposer relies on, or this plugin, which hands it the
+    input batch, is not installed: a vLLM upgrade that moves the seam must fail loudly, not draft nothing."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from .seams import installed_summary
+
+    moved = installed_summary()
+    if moved:
+        raise RuntimeError(f"SRTProposer does not support this vLLM: {moved}")
+    if not getattr(getattr(GPUModelRunner, "propose_draft_token_ids", None), "srt_seam", False):
+        raise RuntimeError(
+            "srt_agent's vLLM plugin is not loaded (entry point vllm.general_plugins): "
+            "reinstall srt-agent, and do not exclude it with VLLM_PLUGINS"
+        )

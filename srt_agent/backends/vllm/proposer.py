@@ -22,10 +22,11 @@ import numpy as np
 
 from ...spec import RequestKind, RolloutCache, SRTDrafter
 from ...spec.choice.acceptance import AcceptanceModel
-from ...spec.choice.cost_model import ForwardCostModel, choose_drafts
-from ...spec.choice.step_cost import MeasuredStepCost
+from ...spec.choice.cost_model import choose_drafts
+from ...spec.choice.step_cost import StepClock, vllm_step_cost
 from ...spec.draft import Draft
 from ...spec.drafters.srt import prompt_tree_bytes
+from .plugin import check_seam
 from .settings import ProposerOptions, proposer_options, request_kind
 
 logger = logging.getLogger(__name__)
@@ -37,23 +38,6 @@ class _Row:
     kind: RequestKind
     stored: int  # tokens of the row already handed to SRT
     draft: Draft = field(default_factory=Draft)  # the last draft proposed (raw scores), settled next step
-
-
-def check_seam() -> None:
-    """Raise (one line) if the vLLM in use lacks what this proposer relies on, or the plugin that hands it the
-    input batch is not installed: a vLLM upgrade that moves the seam must fail loudly, not draft nothing."""
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    from .seams import installed_summary
-
-    moved = installed_summary()
-    if moved:
-        raise RuntimeError(f"SRTProposer does not support this vLLM: {moved}")
-    if not getattr(getattr(GPUModelRunner, "propose_draft_token_ids", None), "srt_seam", False):
-        raise RuntimeError(
-            "srt_agent's vLLM plugin is not loaded (entry point vllm.general_plugins): "
-            "reinstall srt-agent, and do not exclude it with VLLM_PLUGINS"
-        )
 
 
 def srt_drafter(options: ProposerOptions, max_overshoot: int) -> SRTDrafter:
@@ -95,9 +79,17 @@ class SRTProposer:
         self._first_fault: str | None = None
         self._saved_at = time.monotonic()
         self.acceptance = AcceptanceModel()
-        self.cost = cost_model(o)
-        self._last_step: tuple[int, int, float] | None = None  # (sequences, tokens, start) of the running step
+        self.clock = StepClock(vllm_step_cost(o.step_fixed_ms, o.step_row_ms, o.draft_token_ms, o.calibrate))
         self._verified: list[tuple[Draft, int]] = []  # this step's settled drafts and their accepted counts
+
+    @property
+    def cost(self):
+        """What a step costs (a prior line, learned from vLLM's measured steps with ``calibrate``)."""
+        return self.clock.cost
+
+    @cost.setter
+    def cost(self, cost) -> None:
+        self.clock.cost = cost
 
     @property
     def cache(self) -> RolloutCache:
@@ -130,7 +122,7 @@ class SRTProposer:
             self._retire(set(self._batch.req_ids))
             kinds = [self._kind(rid) for rid in req_ids]
         except Exception:  # the batch itself is unreadable: no drafts this step
-            self._last_step = None  # nor a timed step
+            self.clock.skip()  # nor a timed step
             self._fault("batch", None, rows)
             return [[] for _ in range(rows)]
         self._stats["steps"] += 1
@@ -142,7 +134,7 @@ class SRTProposer:
             if sampled_token_ids[i] and req_ids[i] is not None and kinds[i] is not RequestKind.UNDRAFTED
         ]
         prefilled = len(live) < rows or any(req_ids[i] not in self._rows for i in live)
-        started = None if undrafted else self._time_step(rows, prefilled)  # a shared step is not timed
+        started = self.clock.tick(rows, prefilled, timed=not undrafted and self.options.calibrate)
         decoding, raw = [], []
         for i in live:
             draft = self._step(req_ids[i], i, kinds[i], sampled_token_ids[i], int(num_tokens_no_spec[i]), token_ids_cpu)
@@ -157,8 +149,7 @@ class SRTProposer:
                 drafts[i] = list(draft.token_ids)
                 self._stats["rows"] += 1
                 self._stats["rows_drafted"] += len(draft) > 0
-        if started is not None:
-            self._last_step = (rows, rows + sum(len(d) for d in drafts), started)
+        self.clock.started(rows, rows + sum(len(d) for d in drafts), started)
         return drafts
 
     def choose(self, drafts: list[Draft]) -> list[Draft]:
@@ -254,19 +245,6 @@ class SRTProposer:
         self._stats["saves"] += 1
 
     # ---- cost and acceptance ---------------------------------------------------------------------
-    def _time_step(self, rows: int, prefilled: bool) -> float | None:
-        """Teach the cost model the step that just ended (it verified the last call's drafts) when it decoded
-        the same rows as drafted for and prefilled none; returns when the next step starts (None: no
-        calibration)."""
-        now = time.perf_counter()
-        last, self._last_step = self._last_step, None
-        if not self.options.calibrate:
-            return None
-        if last is not None and not prefilled and last[0] == rows:
-            sequences, tokens, start = last
-            self.cost.measured(tokens, now - start, sequences)
-        return now
-
     def _settle(self, row: _Row, accepted: int) -> None:
         """Count how much of the row's last draft was accepted (learned from at the step's end)."""
         draft, row.draft = row.draft, Draft()
@@ -323,19 +301,3 @@ class SRTProposer:
         o = self.options
         budget = prompt_tree_bytes(o.max_bytes, o.global_fallback)
         self.srt.cache = RolloutCache.load(path, max_bytes=budget, max_nodes_per_prompt=o.max_nodes_per_prompt)
-
-
-def step_cost_model(options: ProposerOptions) -> ForwardCostModel:
-    """Our engine's cost model (``fixed + per_token * (B + D) + per_sequence * (B - 1)`` seconds for B sequences
-    and D drafted tokens) equal to ``step_fixed + step_row * B + draft_token * D`` (where ``step_row <
-    draft_token`` it overstates the step by ``(draft_token - step_row) * B``)."""
-    fixed, row, token = options.step_fixed_ms / 1e3, options.step_row_ms / 1e3, options.draft_token_ms / 1e3
-    if row >= token:
-        return ForwardCostModel(fixed_s=fixed + row - token, per_token_s=token, per_sequence_s=row - token)
-    return ForwardCostModel(fixed_s=fixed, per_token_s=token, per_sequence_s=0.0)
-
-
-def cost_model(options: ProposerOptions) -> ForwardCostModel | MeasuredStepCost:
-    """The options' line, learned from vLLM's measured steps when ``calibrate`` is on."""
-    prior = step_cost_model(options)
-    return MeasuredStepCost(prior) if options.calibrate else prior

@@ -15,6 +15,7 @@ intervals measured for that batch size; the first ``warmup`` intervals are held 
 from __future__ import annotations
 
 import statistics
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -84,3 +85,51 @@ class MeasuredStepCost:
         sequences = sequences or 1
         a, c = self.line(sequences)
         return a + c * max(tokens - sequences, 0)
+
+
+def step_line(step_fixed_ms: float, step_row_ms: float, draft_token_ms: float) -> ForwardCostModel:
+    """Our engine's cost model (``fixed + per_token * (B + D) + per_sequence * (B - 1)`` seconds for B sequences
+    and D drafted tokens) equal to ``step_fixed + step_row * B + draft_token * D`` (where ``step_row <
+    draft_token`` it overstates the step by ``(draft_token - step_row) * B``)."""
+    fixed, row, token = step_fixed_ms / 1e3, step_row_ms / 1e3, draft_token_ms / 1e3
+    if row >= token:
+        return ForwardCostModel(fixed_s=fixed + row - token, per_token_s=token, per_sequence_s=row - token)
+    return ForwardCostModel(fixed_s=fixed, per_token_s=token, per_sequence_s=0.0)
+
+
+def vllm_step_cost(
+    step_fixed_ms: float, step_row_ms: float, draft_token_ms: float, calibrate: bool
+) -> ForwardCostModel | MeasuredStepCost:
+    """The prior line, learned from vLLM's measured steps when `calibrate` is on."""
+    prior = step_line(step_fixed_ms, step_row_ms, draft_token_ms)
+    return MeasuredStepCost(prior) if calibrate else prior
+
+
+class StepClock:
+    """Times vLLM's decode steps for a `MeasuredStepCost`: the interval between two ``propose`` calls is the step
+    that verified the first call's drafts. Only steps that decoded the rows drafted for, none prefilling, teach."""
+
+    def __init__(self, cost: ForwardCostModel | MeasuredStepCost):
+        self.cost = cost
+        self._running: tuple[int, int, float] | None = None  # (sequences, tokens, start) of the running step
+
+    def tick(self, rows: int, prefilled: bool, timed: bool) -> float | None:
+        """A step of `rows` ended and the next starts now: learn the one that ended; returns the start (None:
+        not `timed`)."""
+        now = time.perf_counter()
+        last, self._running = self._running, None
+        if not timed:
+            return None
+        if last is not None and not prefilled and last[0] == rows:
+            sequences, tokens, start = last
+            self.cost.measured(tokens, now - start, sequences)
+        return now
+
+    def started(self, sequences: int, tokens: int, start: float | None) -> None:
+        """The step started at `start` feeds `tokens` for `sequences` rows (nothing when not timed)."""
+        if start is not None:
+            self._running = (sequences, tokens, start)
+
+    def skip(self) -> None:
+        """The running step is not timed."""
+        self._running = None
