@@ -205,10 +205,10 @@ def test_a_fault_for_one_request_leaves_the_others_drafting():
     # raises for one prompt.
     original = p._draft
 
-    def faulty(req, *args):
-        if req.key == prompt_key(bad):
+    def faulty(rid, *args):
+        if p.srt._active[rid].key == prompt_key(bad):
             raise RuntimeError("injected fault")
-        return original(req, *args)
+        return original(rid, *args)
 
     faults, accepted = p.stats()["faults"], p.stats()["accepted"]
     p._draft = faulty

@@ -137,7 +137,13 @@ class SRTProposer:
         started = self.clock.tick(rows, prefilled, timed=not undrafted and self.options.calibrate)
         decoding, raw = [], []
         for i in live:
-            draft = self._step(req_ids[i], i, kinds[i], sampled_token_ids[i], int(num_tokens_no_spec[i]), token_ids_cpu)
+            draft = Draft()
+            if req_ids[i] not in self._broken:
+                try:
+                    n = int(num_tokens_no_spec[i])
+                    draft = self._step(req_ids[i], i, kinds[i], sampled_token_ids[i], n, token_ids_cpu)
+                except Exception:
+                    self._fault(req_ids[i], i)
             if kinds[i] is RequestKind.ROLLOUT:
                 decoding.append(i)
                 raw.append(draft)
@@ -163,19 +169,13 @@ class SRTProposer:
 
     # ---- rows to SRT's requests ------------------------------------------------------------------
     def _step(self, rid: str, i: int, kind: RequestKind, sampled: list[int], n: int, token_ids: np.ndarray) -> Draft:
-        """Hand SRT the row's new tokens (every one since the last call) and draft for it; a fault gives none."""
-        if rid in self._broken:
-            return Draft()
-        try:
-            row = self._rows.get(rid) or self._begin(rid, i, kind, token_ids)
-            self._settle(row, len(sampled) - 1)
-            if n > row.stored:
-                self.srt.add_tokens(rid, token_ids[i, row.stored : n].tolist())
-                row.stored = n
-            return self._draft(rid, n, token_ids[i]) if kind is RequestKind.ROLLOUT else Draft()
-        except Exception:
-            self._fault(rid, i)
-            return Draft()
+        """Hand SRT the row's new tokens (every one since the last call) and draft for it."""
+        row = self._rows.get(rid) or self._begin(rid, i, kind, token_ids)
+        self._settle(row, len(sampled) - 1)
+        if n > row.stored:
+            self.srt.add_tokens(rid, token_ids[i, row.stored : n].tolist())
+            row.stored = n
+        return self._draft(rid, n, token_ids[i]) if kind is RequestKind.ROLLOUT else Draft()
 
     def _begin(self, rid: str, i: int, kind: RequestKind, token_ids: np.ndarray) -> _Row:
         """First sight of a request: SRT continues the held turn its prompt extends, or starts its prompt's tree."""
