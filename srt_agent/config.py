@@ -351,7 +351,7 @@ class EngineConfig(_Strict):
     @field_validator("drafter")
     @classmethod
     def _known_drafter(cls, value: str) -> str:
-        from .spec import DRAFTERS
+        from .drafting import DRAFTERS
 
         if value not in DRAFTERS:
             raise ValueError(f"unknown drafter {value!r}; choose one of {sorted(DRAFTERS)}")

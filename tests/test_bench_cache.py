@@ -15,7 +15,7 @@ from srt_agent.bench.cache import (
     run_drafter,
 )
 from srt_agent.cli import app
-from srt_agent.spec import Draft, make_drafter
+from srt_agent.drafting import Draft, make_drafter
 
 
 def test_accepted_tokens_walks_the_draft_tree_along_the_truth():

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from srt_agent.bench.cache import available_drafters
-from srt_agent.spec import (
+from srt_agent.drafting import (
     DRAFTERS,
     Draft,
     Drafter,
@@ -167,7 +167,7 @@ def test_arctic_drafts_from_other_responses():
 @pytest.mark.parametrize("name", sorted(DRAFTERS))
 def test_every_drafter_declares_what_it_offers(name):
     """Capabilities are declared on the class, and each flag matches what the class has."""
-    from srt_agent.spec import DrafterCapabilities, RolloutCache
+    from srt_agent.drafting import DrafterCapabilities, RolloutCache
 
     cls = DRAFTERS[name].load()
     caps = vars(cls).get("capabilities")

@@ -8,8 +8,8 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from srt_agent.spec import RolloutCache
-from srt_agent.spec.trees.tree import CompiledTokenTree
+from srt_agent.drafting import RolloutCache
+from srt_agent.drafting.trees.tree import CompiledTokenTree
 
 BACKENDS = ["python"] + (["compiled"] if CompiledTokenTree is not None else [])
 

@@ -15,8 +15,8 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from srt_agent.spec import ReferenceTokenTree
-from srt_agent.spec.trees.tree import CompiledTokenTree
+from srt_agent.drafting import ReferenceTokenTree
+from srt_agent.drafting.trees.tree import CompiledTokenTree
 
 BACKENDS = [
     pytest.param(ReferenceTokenTree, id="python"),
@@ -253,11 +253,11 @@ def test_package_falls_back_to_the_reference_tree_without_the_extension():
     """With the compiled module unavailable the package still imports, warns, and works."""
     code = (
         "import sys, warnings\n"
-        "sys.modules['srt_agent.spec.trees._tree'] = None\n"
+        "sys.modules['srt_agent.drafting.trees._tree'] = None\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
-        "    from srt_agent.spec import make_drafter, ReferenceTokenTree\n"
-        "    from srt_agent.spec.trees.tree import tree_class\n"
+        "    from srt_agent.drafting import make_drafter, ReferenceTokenTree\n"
+        "    from srt_agent.drafting.trees.tree import tree_class\n"
         "assert any('pure-Python tree' in str(w.message) for w in caught), caught\n"
         "assert tree_class() is ReferenceTokenTree\n"
         "d = make_drafter('srt')\n"

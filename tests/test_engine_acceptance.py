@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from srt_agent.spec import Draft
-from srt_agent.spec.choice.acceptance import AcceptanceModel, conditionals
+from srt_agent.drafting import Draft
+from srt_agent.drafting.choice.acceptance import AcceptanceModel, conditionals
 
 
 def chain(scores: list[float]) -> Draft:

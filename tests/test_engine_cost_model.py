@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from srt_agent.spec import Draft
-from srt_agent.spec.choice.cost_model import ForwardCostModel, choose_drafts, choose_nodes
+from srt_agent.drafting import Draft
+from srt_agent.drafting.choice.cost_model import ForwardCostModel, choose_drafts, choose_nodes
 
 
 def rate(drafts: list[Draft], kept: list[list[int]], base: int, model: ForwardCostModel) -> float:

@@ -7,12 +7,12 @@ import random
 import pytest
 import torch
 
+from srt_agent.drafting import DRAFTERS, Draft, is_lenient, make_drafter
+from srt_agent.drafting.choice.cost_model import ForwardCostModel
+from srt_agent.drafting.drafters.model_drafting import ModelDrafter
 from srt_agent.engine import Engine, SamplingParams
 from srt_agent.models import tiny_random_model
 from srt_agent.models.architectures import VERIFIED
-from srt_agent.spec import DRAFTERS, Draft, is_lenient, make_drafter
-from srt_agent.spec.choice.cost_model import ForwardCostModel
-from srt_agent.spec.drafters.model_drafting import ModelDrafter
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
 N_SAMPLES = 3  # a GRPO group per prompt: siblings share the prompt key

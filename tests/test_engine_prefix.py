@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from srt_agent.drafting import DRAFTERS, make_drafter
 from srt_agent.engine import Engine, SamplingParams
 from srt_agent.engine.prefix_cache import PrefixCache
 from srt_agent.models import tiny_random_model
-from srt_agent.spec import DRAFTERS, make_drafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

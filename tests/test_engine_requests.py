@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
+from srt_agent.drafting import Draft, make_drafter
 from srt_agent.engine import AsyncEngine, Engine, SamplingParams
 from srt_agent.models import LoadedModel, tiny_random_model
-from srt_agent.spec import Draft, make_drafter
 
 PROMPT = [5, 17, 33, 2, 99, 140]
 

@@ -8,12 +8,12 @@ import random
 import pytest
 import torch
 
+from srt_agent.drafting import Draft
 from srt_agent.engine import Engine, SamplingParams
 from srt_agent.models import tiny_random_model
 from srt_agent.models.architectures import VERIFIED, UnsupportedModel
 from srt_agent.runner.model_runner import Chunk, ModelRunner, check_model
 from srt_agent.runner.tree_order import draft_order
-from srt_agent.spec import Draft
 
 TOKENS = [5, 17, 33, 2, 99, 140, 7, 64, 200, 3, 12, 250]
 

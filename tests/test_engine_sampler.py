@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from srt_agent.drafting import Draft
 from srt_agent.engine import Engine, SamplingParams
 from srt_agent.runner.sampler import (
     RowSampling,
@@ -17,7 +18,6 @@ from srt_agent.runner.sampler import (
     sample_rows,
     uniforms,
 )
-from srt_agent.spec import Draft
 
 CONTEXT = [3, 1, 4, 1, 5, 9, 2, 6]
 

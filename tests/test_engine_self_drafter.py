@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from srt_agent.drafting import make_drafter
+from srt_agent.drafting.choice.cost_model import ForwardCostModel
+from srt_agent.drafting.draft import Draft
+from srt_agent.drafting.drafters.model_drafting import chain_gain, plan_model_drafts
 from srt_agent.engine import Engine, SamplingParams
 from srt_agent.models import tiny_random_model
 from srt_agent.runner.quantize import keeps_float, quantized_copy
-from srt_agent.spec import make_drafter
-from srt_agent.spec.choice.cost_model import ForwardCostModel
-from srt_agent.spec.draft import Draft
-from srt_agent.spec.drafters.model_drafting import chain_gain, plan_model_drafts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -111,7 +111,7 @@ def test_a_full_batch_with_nothing_waiting_is_model_drafted_only_where_all_are_n
 
 
 def test_the_slowest_sequences_expected_gain():
-    from srt_agent.spec.choice.cost_model import JointMinimum
+    from srt_agent.drafting.choice.cost_model import JointMinimum
 
     chain = Draft([1, 2], [-1, 0], [0.5, 0.25])
     fork = Draft([3, 4], [-1, -1], [0.5, 0.5])  # two children of the root: reaches depth 1 for sure
@@ -131,9 +131,9 @@ def test_the_slowest_sequences_expected_gain():
 def test_the_draft_cache_reuses_exactly_the_prefix_the_sequence_still_shares(diverge):
     """What the draft cache holds stays valid up to the first token where the sequence left it (a
     rejected draft token), and never covers the context's last token (it is fed again)."""
+    from srt_agent.drafting.drafters.model_drafting import DraftRequest
+    from srt_agent.drafting.drafters.self_drafter import _DraftState
     from srt_agent.runner.sampler import RowSampling
-    from srt_agent.spec.drafters.model_drafting import DraftRequest
-    from srt_agent.spec.drafters.self_drafter import _DraftState
 
     drafter = make_drafter("self")
     cached = [5, 6, 7, 8, 9, 10, 11]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from srt_agent.drafting.drafters.self_drafter import SelfDrafter
 from srt_agent.models import tiny_random_model
 from srt_agent.runner.quantize import check_scheme
-from srt_agent.spec.drafters.self_drafter import SelfDrafter
 
 
 @pytest.mark.parametrize("scheme", ["int4", "fp8"])

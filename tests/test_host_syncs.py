@@ -30,9 +30,9 @@ from device_tracking import device_arg, package_line, runner_state, tensors_in
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from srt_agent.drafting import make_drafter
 from srt_agent.engine import Engine, SamplingParams, verification
 from srt_agent.models import tiny_random_model
-from srt_agent.spec import make_drafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -16,10 +16,10 @@ import pytest
 import torch
 from rl_envs import tiny_env_file
 
+from srt_agent.drafting import RolloutCache
 from srt_agent.models import load_tokenizer, tiny_random_model
 from srt_agent.rl.checkpoint import find_checkpoint, load_checkpoint
 from srt_agent.rl.trainer import Trainer
-from srt_agent.spec import RolloutCache
 
 ROOT = Path(__file__).resolve().parents[1]
 SRT_AGENT = str(Path(sys.executable).with_name("srt-agent"))

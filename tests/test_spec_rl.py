@@ -11,10 +11,10 @@ import math
 
 import pytest
 
+from srt_agent.drafting import is_lenient
+from srt_agent.drafting.drafters.spec_rl import SpecRLDrafter
 from srt_agent.engine import Engine, SamplingParams
 from srt_agent.engine.lenient import acceptance_uniform, lenient_accept
-from srt_agent.spec import is_lenient
-from srt_agent.spec.drafters.spec_rl import SpecRLDrafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

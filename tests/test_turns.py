@@ -3,7 +3,7 @@ count, bytes and age; a turn may be continued past a few tokens sampled beyond a
 
 import pytest
 
-from srt_agent.spec.trees.held_turns import HeldTurns
+from srt_agent.drafting.trees.held_turns import HeldTurns
 
 
 def test_a_prompt_claims_the_longest_held_turn_it_extends():

@@ -10,8 +10,8 @@ from hypothesis import given, settings, strategies as st
 pytest.importorskip("verl.workers.rollout.router", reason="verl is an optional extra: pip install 'srt-agent[verl]'")
 
 from srt_agent.bench.affinity import AffinityBenchSpec, run_affinity_bench  # noqa: E402
+from srt_agent.drafting.trees.keys import prompt_key  # noqa: E402
 from srt_agent.integrations.verl.affinity import ConsistentHashRing, PromptAffinityRouter  # noqa: E402
-from srt_agent.spec.trees.keys import prompt_key  # noqa: E402
 
 KEYS = [f"prompt-{i}" for i in range(2000)]
 

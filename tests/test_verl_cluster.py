@@ -28,14 +28,14 @@ from verl.workers.rollout.replica import get_rollout_replica_class  # noqa: E402
 
 from srt_agent.agent import Env, StepResult  # noqa: E402
 from srt_agent.agent.retool import interpreter_block  # noqa: E402
+from srt_agent.drafting import RolloutCache  # noqa: E402
+from srt_agent.drafting.trees.keys import prompt_key  # noqa: E402
 from srt_agent.engine import Engine  # noqa: E402
 from srt_agent.integrations.verl.adapter import SRTServerAdapter  # noqa: E402
 from srt_agent.integrations.verl.affinity import ConsistentHashRing, PromptAffinityRouter  # noqa: E402
 from srt_agent.integrations.verl.replica import SRTReplica  # noqa: E402
 from srt_agent.integrations.verl.wire import from_verl_sampling  # noqa: E402
 from srt_agent.models import tiny_random_model  # noqa: E402
-from srt_agent.spec import RolloutCache  # noqa: E402
-from srt_agent.spec.trees.keys import prompt_key  # noqa: E402
 from srt_agent.tools.local import bwrap_path  # noqa: E402
 
 # A Ray cluster and two engine actors: about a minute and a half on 2 cores. Each test makes the rollouts it

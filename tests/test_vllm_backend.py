@@ -22,13 +22,13 @@ from srt_agent.agent.toolconfig import load_tools  # noqa: E402
 from srt_agent.backends import VLLMUnavailable, choose_backend, make_backend  # noqa: E402
 from srt_agent.backends.vllm import tiny_model_dir  # noqa: E402
 from srt_agent.config import EnvConfig, RunAheadOptions, load_env_config  # noqa: E402
+from srt_agent.drafting.trees.keys import prompt_key  # noqa: E402
 from srt_agent.engine import Engine, SamplingParams  # noqa: E402
 from srt_agent.engine.run_ahead import WindowPrompt  # noqa: E402
 from srt_agent.models import load_model  # noqa: E402
 from srt_agent.rl.checkpoint import load_checkpoint  # noqa: E402
 from srt_agent.rl.trainer import Trainer  # noqa: E402
 from srt_agent.sources.arithmetic import arithmetic_tasks  # noqa: E402
-from srt_agent.spec.trees.keys import prompt_key  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [[1, 2, 3, 4], [17, 400, 9, 9, 31], [2048, 7]]
@@ -450,8 +450,8 @@ def test_missing_vllm_is_one_clear_line(monkeypatch):
 def test_a_run_interrupted_and_resumed_on_vllm_equals_the_uninterrupted_one(tmp_path, model_dir, monkeypatch):
     """Two GRPO steps on the vLLM backend, once straight through and once stopped by Ctrl-C during step 2's
     rollouts and resumed from the checkpoint: the same rollouts (exact sampling), rewards and trees."""
+    from srt_agent.drafting import RolloutCache
     from srt_agent.rl.rollouts import PolicyRollouts
-    from srt_agent.spec import RolloutCache
 
     path = tmp_path / "tiny.yaml"
     path.write_text(
@@ -501,7 +501,7 @@ def test_trees_saved_on_our_engine_are_found_by_vllms_proposer(tmp_path, model_d
     """One prompt key for every tree holder (``cache.keys``): a step on our engine, then the run resumed on
     vLLM. vLLM's proposer keys prompts by their tokens alone; it finds the saved trees, so step 2's rollouts of
     the same prompts grow them (no second tree per prompt) and draft from them."""
-    from srt_agent.spec import RolloutCache
+    from srt_agent.drafting import RolloutCache
 
     def write(backend: str, steps: int):
         path = tmp_path / f"{backend}.yaml"

@@ -16,12 +16,12 @@ from srt_agent.backends.vllm import proposer_call, reload_weights, srt_proposer,
 from srt_agent.backends.vllm.engine import VLLMEngine, VLLMUnsupported
 from srt_agent.backends.vllm.plugin import check_seam, expand_reference, fix_state
 from srt_agent.backends.vllm.proposer import ProposerOptions, SRTProposer
-from srt_agent.spec import RolloutCache
-from srt_agent.spec.choice.acceptance import AcceptanceModel
-from srt_agent.spec.choice.step_cost import step_line, vllm_step_cost
-from srt_agent.spec.draft import Draft
-from srt_agent.spec.drafters.srt import GLOBAL_KEY
-from srt_agent.spec.trees.keys import prompt_key
+from srt_agent.drafting import RolloutCache
+from srt_agent.drafting.choice.acceptance import AcceptanceModel
+from srt_agent.drafting.choice.step_cost import step_line, vllm_step_cost
+from srt_agent.drafting.draft import Draft
+from srt_agent.drafting.drafters.srt import GLOBAL_KEY
+from srt_agent.drafting.trees.keys import prompt_key
 
 pytestmark = pytest.mark.slow  # starting a vLLM engine takes ~10 s here
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator, Mapping
 
-from ..spec.registry import VLLM_DRAFTERS
+from ..drafting.registry import VLLM_DRAFTERS
 from .base import Capabilities, Refusal, Registered, RolloutBackend, RunAheadControl
 from .vllm import VLLMUnavailable, vllm_missing
 

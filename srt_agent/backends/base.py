@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
+    from ..drafting import RolloutCache
     from ..engine import RequestOutput, SamplingParams
     from ..engine.run_ahead import WindowPrompt
-    from ..spec import RolloutCache
 
 
 @dataclass(frozen=True)

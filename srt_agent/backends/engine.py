@@ -7,10 +7,10 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from ..drafting import RolloutCache, capabilities
 from ..engine import AsyncEngine, Engine
 from ..engine.run_ahead import WindowPrompt
 from ..engine.stats import cost_table, engine_settings
-from ..spec import RolloutCache, capabilities
 from .base import Capabilities, Refusal, Registered
 
 

@@ -18,9 +18,9 @@ from typing import Any
 
 from verl.workers.rollout.router import GlobalRequestLoadBalancer
 
+from ..drafting import SRTDrafter
+from ..drafting.draft import Draft
 from ..integrations.verl.affinity import PromptAffinityRouter
-from ..spec import SRTDrafter
-from ..spec.draft import Draft
 from .cache import WorkloadSpec, make_workload, run_drafter
 
 POLICIES = ("affinity", "affinity-bounded", "verl-default")

@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from ..spec.draft import Draft
-from ..spec.drafter import Drafter
-from ..spec.drafters.arctic import ArcticDrafter
-from ..spec.registry import drafter_unavailable, make_drafter
+from ..drafting.draft import Draft
+from ..drafting.drafter import Drafter
+from ..drafting.drafters.arctic import ArcticDrafter
+from ..drafting.registry import drafter_unavailable, make_drafter
 
 MODES = ("sequential", "lockstep")
 DRAFTERS = ("srt", "ngram", "suffix", "history", "arctic")

@@ -218,7 +218,7 @@ def run_hf(loaded, config, prompts, prompt_lookup: bool, report) -> list[dict]:
 
 def available_methods(methods: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """(methods that can run here, notes on those skipped)."""
-    from ..spec import drafter_unavailable
+    from ..drafting import drafter_unavailable
 
     ok, notes = [], []
     for m in methods:

@@ -41,7 +41,7 @@ def environment(device: torch.device) -> dict:
     """What the check ran on: device, versions, and which token tree the drafters use."""
     import transformers
 
-    from ..spec.trees.tree import tree_class
+    from ..drafting.trees.tree import tree_class
 
     out = dict(
         device=str(device),

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..spec import RolloutCache
-from ..spec.trees.keys import prompt_key
+from ..drafting import RolloutCache
+from ..drafting.trees.keys import prompt_key
 
 GLOBAL = "responses"
 

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..config import EnvConfig, RunAheadOptions, load_env_config
+from ..drafting import is_lenient
 from ..rl.rollouts import RolloutVariant
-from ..spec import is_lenient
 
 
 @dataclass(frozen=True)

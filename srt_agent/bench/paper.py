@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import EnvConfig
+from ..drafting import DRAFTERS, drafter_unavailable, make_drafter
 from ..rl.rollouts import RolloutVariant
-from ..spec import DRAFTERS, drafter_unavailable, make_drafter
 from .methods import METHODS as ALL_METHODS, Method, bench_env as load_bench_env, pick
 from .recorder import RecordedStep, StepRecorder
 

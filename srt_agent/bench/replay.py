@@ -18,15 +18,15 @@ import sys
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from ..drafting import make_drafter
+from ..drafting.choice.cost_model import ForwardCostModel
+from ..drafting.draft import Draft
 from ..engine.drafting import Drafting
 from ..engine.params import SamplingParams
 from ..engine.run_ahead import RowCost, RunAheadOptions
 from ..engine.scheduler import Scheduler
 from ..engine.sequence import Sequence
 from ..engine.stats import EngineStats
-from ..spec import make_drafter
-from ..spec.choice.cost_model import ForwardCostModel
-from ..spec.draft import Draft
 from .rollout_trace import RolloutTrace, TracedRunAhead, TracedStep, TracedTrajectory, cost_model_of
 
 TREE_DRAFTERS = ("srt", "history")

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..agent.trajectory import Trajectory
-from ..spec.choice.cost_model import ForwardCostModel
+from ..drafting.choice.cost_model import ForwardCostModel
 
 
 @dataclass

@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from ..spec.request_kind import RequestKind
+from ..drafting.request_kind import RequestKind
 from .params import RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)

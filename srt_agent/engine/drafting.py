@@ -15,12 +15,12 @@ import logging
 import time
 from collections.abc import Iterator
 
+from ..drafting.choice.acceptance import AcceptanceModel
+from ..drafting.choice.cost_model import ForwardCostModel, choose_drafts
+from ..drafting.draft import Draft, validate_draft
+from ..drafting.drafter import Drafter, capabilities
+from ..drafting.drafters.model_drafting import DraftRequest, plan_model_drafts
 from ..runner.sampler import RowSampling
-from ..spec.choice.acceptance import AcceptanceModel
-from ..spec.choice.cost_model import ForwardCostModel, choose_drafts
-from ..spec.draft import Draft, validate_draft
-from ..spec.drafter import Drafter, capabilities
-from ..spec.drafters.model_drafting import DraftRequest, plan_model_drafts
 from .sequence import Sequence
 from .stats import EngineStats
 
@@ -33,7 +33,7 @@ def resolve_drafter(drafter: str | Drafter | None) -> Drafter | None:
     if drafter is None:
         return None
     if isinstance(drafter, str):
-        from ..spec import make_drafter
+        from ..drafting import make_drafter
 
         return make_drafter(drafter)
     if not isinstance(drafter, Drafter):

@@ -20,14 +20,14 @@ from collections.abc import Hashable, Sequence as Seq
 import torch
 
 from ..config import EngineConfig
+from ..drafting.choice.cost_model import ForwardCostModel
+from ..drafting.draft import Draft
+from ..drafting.drafter import Drafter
+from ..drafting.request_kind import RequestKind
+from ..drafting.trees import keys
 from ..models import LoadedModel, cast_weights, resolve_device
 from ..runner.device_info import resolve_engine_dtype
 from ..runner.model_runner import Chunk, ModelRunner
-from ..spec.choice.cost_model import ForwardCostModel
-from ..spec.draft import Draft
-from ..spec.drafter import Drafter
-from ..spec.request_kind import RequestKind
-from ..spec.trees import keys
 from .drafting import Drafting, resolve_drafter
 from .params import RequestOutput, SamplingParams, check_prompt
 from .prefix_cache import PrefixCache

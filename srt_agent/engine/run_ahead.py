@@ -15,9 +15,9 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence as S
 from dataclasses import dataclass, field, replace
 
 from ..config import RUN_AHEAD_BUBBLES as BUBBLES, RunAheadOptions
+from ..drafting.choice.cost_model import ForwardCostModel
+from ..drafting.drafter import Drafter, capabilities
 from ..runner.model_runner import Chunk, ModelRunner
-from ..spec.choice.cost_model import ForwardCostModel
-from ..spec.drafter import Drafter, capabilities
 from .params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, Status, common_prefix

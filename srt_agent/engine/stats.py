@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..spec.choice.cost_model import ForwardCostModel
-from ..spec.drafter import capabilities
+from ..drafting.choice.cost_model import ForwardCostModel
+from ..drafting.drafter import capabilities
 
 DRAFTER_CALLS = ("start_request", "add_tokens", "draft", "stop_request", "end_step")
 

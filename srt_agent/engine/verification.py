@@ -16,10 +16,10 @@ from typing import NamedTuple
 
 import torch
 
+from ..drafting.draft import Draft
+from ..drafting.drafter import Drafter, capabilities
 from ..runner.model_runner import Chunk, ModelRunner
 from ..runner.sampler import RowSampling, draw, to_host, upload
-from ..spec.draft import Draft
-from ..spec.drafter import Drafter, capabilities
 from .lenient import acceptance_uniform, lenient_accept, target_logprobs
 from .sequence import Sequence
 from .stats import EngineStats

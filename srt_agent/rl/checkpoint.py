@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..drafting import RolloutCache
 from ..files.atomic import atomic_folder, write_atomic
-from ..spec import RolloutCache
 
 STATE_FILE = "state.pt"
 LATEST = "latest"

@@ -22,11 +22,11 @@ from ..agent.rollout import RolloutSummary, build_controller
 from ..agent.trajectory import Trajectory
 from ..backends import RolloutBackend, RunAheadControl
 from ..config import EnvConfig
+from ..drafting import RolloutCache
+from ..drafting.trees.keys import prompt_key
 from ..engine.run_ahead import RunAheadOptions, WindowPrompt
 from ..models import LoadedModel
 from ..sources.tasks import Task
-from ..spec import RolloutCache
-from ..spec.trees.keys import prompt_key
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,9 @@ from ..agent.toolconfig import load_tools, require_sandbox_runtime
 from ..agent.trajectory import Trajectory
 from ..backends import VLLM_IDENTICAL_NOTE
 from ..config import ConfigError, EnvConfig, load_env_config
+from ..drafting import DRAFTERS, RolloutCache, is_lenient
 from ..models import LoadedModel, load_model
 from ..runner.device_info import resolve_engine_dtype
-from ..spec import DRAFTERS, RolloutCache, is_lenient
 from .batch import Sample
 from .checkpoint import (
     SavedStep,

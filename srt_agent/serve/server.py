@@ -30,8 +30,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..agent.hermes import ChatFormat, parse_tool_calls
 from ..agent.trajectory import Trajectory
+from ..drafting.trees.keys import prompt_key
 from ..engine import RequestOutput, SamplingParams
-from ..spec.trees.keys import prompt_key
 from ..tools.server import BodyLimit
 from ..tools.threaded_server import served
 from .sessions import RequestError, Session, Sessions, Turn, normalize_messages

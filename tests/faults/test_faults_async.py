@@ -14,8 +14,8 @@ from faults_report import FaultRecord
 from injection import HostState, InjectedFault, engine_leaks, host_leaks
 from test_faults_engine import PROMPTS, FaultyDrafter, ModelFault, Req, reference
 
+from srt_agent.drafting import make_drafter
 from srt_agent.engine import AsyncEngine, Engine
-from srt_agent.spec import make_drafter
 
 MIX = tuple(Req(f"r{i}", tuple(PROMPTS[i % len(PROMPTS)]), 6 + i % 5, 100 + i, i % 3 == 0) for i in range(8))
 ANSWER_WITHIN_S = 30.0  # a hang shows up as a timeout, never as a stuck suite

@@ -21,7 +21,7 @@ from faults_report import FaultRecord
 from hypothesis import HealthCheck, given, settings, strategies as st
 from injection import InjectedFault
 
-from srt_agent.spec import RolloutCache
+from srt_agent.drafting import RolloutCache
 
 
 def filled_cache(seed: int = 0, prompts: int = 4, rollouts: int = 3, length: int = 80) -> RolloutCache:
@@ -131,7 +131,7 @@ def test_an_interrupted_save_keeps_the_previous_file(tmp_path, ledger, monkeypat
 WRITER = textwrap.dedent(
     """
     import random, sys
-    from srt_agent.spec import RolloutCache
+    from srt_agent.drafting import RolloutCache
     cache = RolloutCache(max_depth=16, max_match=8)
     rng = random.Random(3)
     for p in range(64):

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from injection import InjectedFault, engine_leaks
 
 import srt_agent.engine.verification as verification_module
+from srt_agent.drafting import make_drafter
 from srt_agent.engine import Engine, RequestOutput, SamplingParams
-from srt_agent.spec import make_drafter
 
 PROMPTS = ([1, 2, 3, 4], [10, 11, 12, 13, 14, 15, 16, 17], [30, 30, 30, 31, 32], list(range(40, 60)))
 FAULTY_PROMPT = list(range(64, 104))  # long, so stale KV in its slot would reach the next, shorter user

@@ -13,7 +13,7 @@ import pytest
 from faults_report import FaultRecord
 from vllm_engines import engine, generate, srt_engine, tokens
 
-from srt_agent.spec.trees.keys import prompt_key
+from srt_agent.drafting.trees.keys import prompt_key
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -8,10 +8,10 @@ One concept a module (``vllm`` itself is imported lazily, so every module here i
   interface (token ids in, our stop rule, exact sampling).
 * ``availability.py``: whether vLLM can serve a run here (``vllm_missing``, ``refusal``).
 * ``speculative.py``: ``speculative_config(drafter, n, **options)``, the ``speculative_config`` argument of
-  ``vllm.LLM`` for a drafter the registry (``srt_agent.spec.registry``) says vLLM runs: ``none`` (None),
+  ``vllm.LLM`` for a drafter the registry (``srt_agent.drafting.registry``) says vLLM runs: ``none`` (None),
   ``ngram``, ``suffix`` (vLLM's arctic-inference proposer) or ``srt`` (:class:`~.proposer.SRTProposer`; its
   options, see ``ProposerOptions``, travel to vLLM's processes in ``SRT_VLLM_PROPOSER``, which this sets).
-* ``proposer.py``: :class:`~.proposer.SRTProposer`, SRT's drafter (``srt_agent.spec``) as vLLM's proposer.
+* ``proposer.py``: :class:`~.proposer.SRTProposer`, SRT's drafter (``srt_agent.drafting``) as vLLM's proposer.
 * ``plugin.py``: the vLLM plugin (entry point ``vllm.general_plugins: srt``): the proposer's seam, exact
   sampling and the CPU temperature fix, installed in every vLLM process.
 * ``exact_sampling.py``: our engine's sampler inside vLLM's model runner.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 import platform
 
-from ...spec.registry import vllm_problem
+from ...drafting.registry import vllm_problem
 from ..base import Refusal
 
 INSTALL_HINT = (

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
+from ...drafting.request_kind import RequestKind
 from ...engine import AsyncEngine, RequestOutput, SamplingParams
-from ...spec.request_kind import RequestKind
 from ..base import Capabilities, Registered
 from ..engine import EngineRunAhead
 from .availability import refusal, vllm_version

@@ -24,10 +24,10 @@ from typing import Any
 import torch
 
 from ...config import RunAheadOptions
+from ...drafting.request_kind import RequestKind
 from ...engine.params import RequestOutput, SamplingParams, check_prompt
 from ...engine.sequence import Sequence
 from ...engine.stops import StopChecker
-from ...spec.request_kind import RequestKind
 from .availability import VLLMUnavailable, VLLMUnsupported, vllm_missing, vllm_version
 from .device_settings import VLLMSettings, apply_env
 from .run_ahead import VLLMRunAhead, check_run_ahead

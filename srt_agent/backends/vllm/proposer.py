@@ -1,9 +1,9 @@
-"""`SRTProposer`: SRT (:class:`~srt_agent.spec.SRTDrafter`, the drafter our engine uses) as vLLM V1's
+"""`SRTProposer`: SRT (:class:`~srt_agent.drafting.SRTDrafter`, the drafter our engine uses) as vLLM V1's
 speculative proposer.
 
 vLLM builds it for ``speculative_config={"method": "custom_class", ...}`` and calls ``propose`` after each step;
 the plugin hands it the runner's input batch and requests first (request ids, prompt lengths and each request's
-:class:`~srt_agent.spec.RequestKind`, carried in its sampling parameters' ``extra_args``). This module only
+:class:`~srt_agent.drafting.RequestKind`, carried in its sampling parameters' ``extra_args``). This module only
 translates: vLLM's rows to SRT's requests (their new tokens, a draft per row, which requests left), drafts sized
 to the batch by the cost model (vLLM verifies linear drafts, so SRT drafts chains), vLLM's measured steps into
 that model, and faults: a failure for one request gives it no draft and no more inserts; every other request
@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from ...spec import RequestKind, RolloutCache, SRTDrafter
-from ...spec.choice.acceptance import AcceptanceModel
-from ...spec.choice.cost_model import choose_drafts
-from ...spec.choice.step_cost import StepClock, vllm_step_cost
-from ...spec.draft import Draft
-from ...spec.drafters.srt import prompt_tree_bytes
+from ...drafting import RequestKind, RolloutCache, SRTDrafter
+from ...drafting.choice.acceptance import AcceptanceModel
+from ...drafting.choice.cost_model import choose_drafts
+from ...drafting.choice.step_cost import StepClock, vllm_step_cost
+from ...drafting.draft import Draft
+from ...drafting.drafters.srt import prompt_tree_bytes
 from .plugin import check_seam
 from .settings import ProposerOptions, proposer_options, request_kind
 

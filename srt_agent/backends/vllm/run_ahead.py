@@ -18,7 +18,7 @@ lever vLLM offers: whole requests, not rows of a forward pass. Before each vLLM 
   step's prompts only while one of their turns is live (their KV blocks are then in vLLM's prefix cache:
   only the last partial block is prefilled), upcoming ones whenever their whole prefill fits.
 
-Run-ahead requests are of kind ``run_ahead`` (:class:`~srt_agent.spec.RequestKind`), with seeds of their own and ``tokens_per_sequence`` as
+Run-ahead requests are of kind ``run_ahead`` (:class:`~srt_agent.drafting.RequestKind`), with seeds of their own and ``tokens_per_sequence`` as
 their length; the proposer stores their tokens (as run-ahead sequences, evicted first) and never drafts
 for them. Their outputs stop here: no caller, trajectory, log-prob or training batch sees them.
 """
@@ -30,11 +30,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ...config import RunAheadOptions
+from ...drafting.choice.cost_model import ForwardCostModel
 from ...engine.params import SamplingParams
 from ...engine.run_ahead import RunAheadWindow, WindowPrompt
 from ...engine.sequence import Sequence
 from ...engine.stops import StopChecker
-from ...spec.choice.cost_model import ForwardCostModel
 
 
 class RunAheadHost(Protocol):

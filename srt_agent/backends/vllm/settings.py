@@ -10,7 +10,7 @@ process layout inherits (in-process engines, spawned engine cores and workers, v
 * ``VLLM_USE_V2_MODEL_RUNNER``: vLLM's own switch; ``0`` selects the V1 model runner, the only one that calls
   custom proposers and the runner's ``_sample``.
 
-One setting travels per request instead: its :class:`~srt_agent.spec.RequestKind` (rollout, run-ahead or
+One setting travels per request instead: its :class:`~srt_agent.drafting.RequestKind` (rollout, run-ahead or
 undrafted), in its sampling parameters' ``extra_args`` under ``KIND_ARG`` (:func:`kind_args`, read back by
 :func:`request_kind` in the proposer's process).
 """
@@ -22,7 +22,7 @@ import os
 from typing import Any
 
 from ...config import ProposerOptions
-from ...spec.request_kind import RequestKind
+from ...drafting.request_kind import RequestKind
 
 __all__ = [
     "KIND_ARG",

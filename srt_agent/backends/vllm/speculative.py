@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...spec.registry import DRAFTERS, VLLM_DRAFTERS, vllm_problem
+from ...drafting.registry import DRAFTERS, VLLM_DRAFTERS, vllm_problem
 from .settings import set_proposer_options
 
 PROPOSER_CLASS = "srt_agent.backends.vllm.proposer.SRTProposer"

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
-from ...spec.trees.keys import prompt_key as first_turn_key
+from ...drafting.trees.keys import prompt_key as first_turn_key
 
 DEFAULT_VIRTUAL_NODES = 64
 DEFAULT_STICKY_SIZE = 10000  # request ids remembered for sticky routing (verl's default)

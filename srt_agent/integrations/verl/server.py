@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 
 from verl.workers.rollout.replica import TokenOutput
 
+from ...drafting import capabilities
+from ...drafting.trees.held_turns import HeldTurns
 from ...engine import AsyncEngine, Engine, RequestOutput
 from ...models import load_model
-from ...spec import capabilities
-from ...spec.trees.held_turns import HeldTurns
 from .wire import from_verl_sampling, to_token_output
 
 DEFAULT_MAX_BATCH = 64

@@ -11,7 +11,7 @@ try:
 except ImportError as exc:  # the extension is built by `pip install -e .`; keep working without it
     CompiledTokenTree = None
     warnings.warn(
-        f"srt_agent.spec.trees._tree is not built ({exc}); using the slow pure-Python tree. "
+        f"srt_agent.drafting.trees._tree is not built ({exc}); using the slow pure-Python tree. "
         "Rebuild with `pip install -e .` (needs a C++ compiler).",
         RuntimeWarning,
         stacklevel=2,
