@@ -50,14 +50,14 @@ pybind_include() {  # the pybind11 headers: PYTHON's pybind11, else one fetched 
   python3 -m pip install -q --no-deps --target "$tmp" pybind11 >/dev/null && echo "$tmp/pybind11/include"
 }
 
-build_tree() {  # build_tree PYTHON OUT_DIR: compile srt_agent/spec/trees/_tree.cpp for PYTHON (the flags of setup.py)
+build_tree() {  # build_tree PYTHON OUT_DIR: compile srt_agent/drafting/trees/_tree.cpp for PYTHON (the flags of setup.py)
   local include pybind suffix
   include=$("$1" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
   [ -f "$include/Python.h" ] || { echo "no Python.h for $1" >&2; return 1; }
   pybind=$(pybind_include "$1") || return 1
   suffix=$("$1" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
   c++ -O2 -std=c++17 -fvisibility=hidden -shared -fPIC -I"$pybind" -I"$include" \
-    srt_agent/spec/trees/_tree.cpp -o "$2/_tree$suffix"
+    srt_agent/drafting/trees/_tree.cpp -o "$2/_tree$suffix"
 }
 
 python312() {  # a CPython 3.12 here, if any (a pyenv shim that names no installed 3.12 does not count)
@@ -84,11 +84,11 @@ prepare() {
 }
 
 install_tree() {  # the carried extension if it loads there, else one built there, else none (pure Python)
-  local cache=srt_agent/spec
+  local cache=srt_agent/drafting/trees
   cp "$CARRY"/_tree.*.so "$cache/" 2>/dev/null || true
-  python3 -c 'from srt_agent.spec.trees._tree import TokenTree' 2>/dev/null && return
+  python3 -c 'from srt_agent.drafting.trees._tree import TokenTree' 2>/dev/null && return
   rm -f "$cache"/_tree.*.so
-  if build_tree python3 "$cache" && python3 -c 'from srt_agent.spec.trees._tree import TokenTree'; then
+  if build_tree python3 "$cache" && python3 -c 'from srt_agent.drafting.trees._tree import TokenTree'; then
     return
   fi
   rm -f "$cache"/_tree.*.so
