@@ -74,8 +74,9 @@ async def agent(base_url: str, task) -> float:
 
 
 def main() -> None:
-    from srt_agent.agent import EnvConfig, arithmetic_tasks
+    from srt_agent.agent import EnvConfig
     from srt_agent.serve import run_agents
+    from srt_agent.sources.arithmetic import arithmetic_tasks
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-llama")

@@ -114,7 +114,7 @@ def trace(task) -> dict | None:
 
 def write_traces(path: str, n: int, seed: int) -> int:
     """`n` procedural tasks (seed `seed`: the env's ``cold_start.seed``) as traces whose code ran right."""
-    from srt_agent.agent import arithmetic_tasks
+    from srt_agent.sources.arithmetic import arithmetic_tasks
 
     rows = [row for row in map(trace, arithmetic_tasks(n, seed=seed)) if row is not None]
     with open(path, "w") as f:
@@ -123,8 +123,9 @@ def write_traces(path: str, n: int, seed: int) -> int:
 
 
 def main() -> None:
-    from srt_agent.agent import EnvConfig, arithmetic_tasks
+    from srt_agent.agent import EnvConfig
     from srt_agent.serve import run_agents
+    from srt_agent.sources.arithmetic import arithmetic_tasks
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-llama")

@@ -5,19 +5,19 @@ imports the benchmarks or the CLI.
 
 - ``cli/``: the ``srt-agent`` command, one module per command group.
 - ``bench/``: every benchmark: workloads, side-by-side runs, rollout traces and their replay, plots.
-- ``rl/``: the trainer: cold start, algorithms (registries of advantage estimators and policy losses),
-  the step loop, policy updates, checkpoints, reports.
+- ``rl/``: the trainer: cold start, algorithms, the step loop, policy updates, checkpoints, reports.
 - ``integrations/``: verl and TRL (an outer layer: nothing below imports it).
-- ``sources/``: environment sources behind one registry (an Env class, an ``agent:`` function, verifiers,
-  arithmetic, reasoning-gym, verl files); its registry and ``Task`` import nothing above them, so every
-  layer reads them.
+- ``sources/``: environment sources, one module each (an Env class, an ``agent:`` function, verifiers,
+  arithmetic, reasoning-gym, verl files); they run the controller or the server.
+- ``serve/``: the OpenAI-compatible rollout server.
 - ``agent/``: the Env API, the multi-turn ReTool controller, parsing, rewards, rollouts.
+- ``config/``: the env/run config (the YAML schema) and the registries of every name a YAML can use
+  (estimators and losses, environment sources) with the ``Task`` they hand over; reading it needs no torch.
 - ``backends/``: the rollout-backend seam, its registry and its two implementations, our engine and vLLM
   (``backends/vllm/``: everything vLLM, SRT as vLLM's speculative proposer included).
-- ``engine/``: our engine: sequences, scheduler, drafting, verification, model runner, sampler, cost
-  model, run-ahead.
-- ``config.py``: the env/run config (the YAML schema); reading it needs no torch.
-- ``cache/``: the per-prompt rollout trees and the drafters behind one interface.
+- ``engine/``: our engine: sequences, scheduler, verification, run-ahead, and its options.
+- ``drafting/``: every drafter, their registry, the per-prompt trees and the choice of what to draft.
+- ``runner/``: running a causal LM over token trees: model runner, KV cache, tree attention, sampler.
 - ``models/``: model loading and the architectures the engine runs.
 - ``tools/``: the code interpreter and its sandboxes, and the SandboxFusion-compatible server.
 - ``files/``: atomic writes of files and folders (imports nothing of the package).

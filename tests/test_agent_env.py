@@ -13,8 +13,8 @@ from srt_agent.agent.env import Env, FunctionTool, StepResult, ToolResult
 from srt_agent.agent.retool import ReToolEnv, interpreter_block
 from srt_agent.agent.toolconfig import load_tools
 from srt_agent.config import InterpreterConfig, RewardConfig
+from srt_agent.config.tasks import Task
 from srt_agent.sources.arithmetic import arithmetic_tasks
-from srt_agent.sources.tasks import Task
 from srt_agent.tools.local import bwrap_path
 
 

@@ -9,7 +9,7 @@ from srt_agent.agent.trajectory import Trajectory
 from srt_agent.bench.replay import ReplayOptions, replay, replay_sweep
 from srt_agent.bench.rollout_trace import RolloutTrace, TracedRunAhead, TracedStep, TracedTrajectory
 from srt_agent.engine import Engine, SamplingParams
-from srt_agent.engine.run_ahead import RunAheadOptions
+from srt_agent.engine.options import RunAheadOptions
 from srt_agent.engine.stats import cost_table, engine_settings
 
 PROMPTS = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12]]

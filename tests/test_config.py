@@ -80,8 +80,8 @@ def test_unimportable_env_class(tmp_path):
 
 
 def test_relative_dataset_path_resolves_against_the_config(tmp_path):
+    from srt_agent.config.tasks import save_tasks
     from srt_agent.sources.arithmetic import arithmetic_tasks
-    from srt_agent.sources.tasks import save_tasks
 
     (tmp_path / "data").mkdir()
     save_tasks(arithmetic_tasks(4, seed=2), tmp_path / "data" / "t.jsonl")

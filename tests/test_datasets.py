@@ -8,8 +8,8 @@ import re
 import pytest
 
 from srt_agent.agent.rewards import score_response
+from srt_agent.config.tasks import Task, load_tasks, save_tasks
 from srt_agent.sources.arithmetic import ARITHMETIC_KINDS, RETOOL_SYSTEM_PROMPT, arithmetic_tasks
-from srt_agent.sources.tasks import Task, load_tasks, save_tasks
 
 
 def test_arithmetic_tasks_are_seeded_and_cover_every_kind():

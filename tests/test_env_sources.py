@@ -12,7 +12,8 @@ import pytest
 from srt_agent.agent.env import Env, StepResult
 from srt_agent.agent.rollout import run_rollouts
 from srt_agent.config import ConfigError, EnvConfig, load_env_config
-from srt_agent.sources import SOURCES, EnvSource, Task, episode_source, register, task_source
+from srt_agent.config.tasks import Task
+from srt_agent.sources import SOURCES, EnvSource, episode_source, register, task_source
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

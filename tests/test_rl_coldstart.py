@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from srt_agent.agent import EnvConfig, ReToolEnv, arithmetic_tasks, load_tools
+from srt_agent.agent import EnvConfig, ReToolEnv, load_tools
 from srt_agent.agent.env import ToolCallRecord
 from srt_agent.agent.retool import interpreter_block
 from srt_agent.agent.trajectory import Trajectory
@@ -22,7 +22,7 @@ from srt_agent.rl.traces import (
     procedural_traces,
     turn_end_token,
 )
-from srt_agent.sources.arithmetic import ARITHMETIC_KINDS
+from srt_agent.sources.arithmetic import ARITHMETIC_KINDS, arithmetic_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 

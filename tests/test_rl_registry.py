@@ -10,9 +10,9 @@ from rl_envs import tiny_env_file
 
 import srt_agent.rl.update as update_module
 from srt_agent.agent.controller import MultiTurnController
-from srt_agent.config import ConfigError, TrainConfig, load_env_config
+from srt_agent.config import ConfigError, TrainConfig, algorithm_registry as R, load_env_config
 from srt_agent.models import load_tokenizer, tiny_random_model
-from srt_agent.rl import algorithm_registry as R, algorithms as A
+from srt_agent.rl import algorithms as A
 from srt_agent.rl.batch import Sample
 from srt_agent.rl.trainer import Trainer
 from srt_agent.rl.update import compute_advantages

@@ -8,7 +8,8 @@ import pytest
 
 from srt_agent.drafting import make_drafter
 from srt_agent.engine import Engine, SamplingParams
-from srt_agent.engine.run_ahead import RunAheadOptions, WindowPrompt, branch_points, common_prefix
+from srt_agent.engine.options import RunAheadOptions
+from srt_agent.engine.run_ahead import WindowPrompt, branch_points, common_prefix
 
 PROMPTS = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12]]
 UPCOMING = [[20, 21, 22, 23], [30, 31]]

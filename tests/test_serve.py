@@ -15,12 +15,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from srt_agent.agent import EnvConfig, Task, arithmetic_tasks
+from srt_agent.agent import EnvConfig, Task
 from srt_agent.agent.chat import render_prompt
 from srt_agent.cli import app
 from srt_agent.engine import Engine, SamplingParams
 from srt_agent.models import load_model
 from srt_agent.serve import RolloutServer, run_agents
+from srt_agent.sources.arithmetic import arithmetic_tasks
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]

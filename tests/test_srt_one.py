@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from srt_agent.backends.vllm.proposer import SRTProposer
-from srt_agent.config import ProposerOptions
+from srt_agent.backends.vllm.proposer_options import ProposerOptions
 from srt_agent.drafting import make_drafter
 
 K = 8  # vLLM's num_speculative_tokens: the budget of every draft

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from srt_agent.agent import arithmetic_tasks, load_env_config
+from srt_agent.agent import load_env_config
 from srt_agent.agent.hermes import ChatFormat, call_text, parse_tool_calls
 from srt_agent.agent.trajectory import Trajectory
 from srt_agent.models import cache_root
 from srt_agent.rl.traces import load_message_traces, tool_chat_sample, turn_end_token
 from srt_agent.serve.sessions import Session, normalize_messages
+from srt_agent.sources.arithmetic import arithmetic_tasks
 from srt_agent.tools.local import bwrap_path
 
 ROOT = Path(__file__).resolve().parents[1]

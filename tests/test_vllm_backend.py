@@ -21,9 +21,10 @@ from srt_agent.agent.controller import MultiTurnController  # noqa: E402
 from srt_agent.agent.toolconfig import load_tools  # noqa: E402
 from srt_agent.backends import VLLMUnavailable, choose_backend, make_backend  # noqa: E402
 from srt_agent.backends.vllm import tiny_model_dir  # noqa: E402
-from srt_agent.config import EnvConfig, RunAheadOptions, load_env_config  # noqa: E402
+from srt_agent.config import EnvConfig, load_env_config  # noqa: E402
 from srt_agent.drafting.trees.keys import prompt_key  # noqa: E402
 from srt_agent.engine import Engine, SamplingParams  # noqa: E402
+from srt_agent.engine.options import RunAheadOptions  # noqa: E402
 from srt_agent.engine.run_ahead import WindowPrompt  # noqa: E402
 from srt_agent.models import load_model  # noqa: E402
 from srt_agent.rl.checkpoint import load_checkpoint  # noqa: E402

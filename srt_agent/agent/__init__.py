@@ -1,8 +1,7 @@
 """Agent environments, the ReTool multi-turn controller, parsing, rewards, datasets and rollouts."""
 
 from ..config import ConfigError, EnvConfig, RewardConfig, load_env_config
-from ..sources.arithmetic import arithmetic_tasks
-from ..sources.tasks import Task, load_tasks, save_tasks
+from ..config.tasks import Task, load_tasks, save_tasks
 from .controller import MultiTurnController
 from .env import Env, FunctionTool, StepResult, Tool, ToolCallRecord, ToolResult
 from .parsing import ParseError, ToolCall, extract_boxed, parse_tool_call
@@ -36,7 +35,6 @@ __all__ = [
     "ToolResult",
     "Trajectory",
     "answers_match",
-    "arithmetic_tasks",
     "build_controller",
     "extract_boxed",
     "load_env_config",

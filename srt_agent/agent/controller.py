@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from ..config import EnvConfig
+from ..config.tasks import Task
 from ..drafting.trees.keys import prompt_key
-from ..sources.tasks import Task
 from .chat import render_prompt, user_turn_text
 from .env import Env, StepResult, Tool
 from .trajectory import Trajectory

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-from ..sources.tasks import Task
+from ..config.tasks import Task
 
 ObservationRole = Literal["inline", "user"]
 

@@ -16,7 +16,7 @@ from rich.progress import (
 from rich.table import Table
 
 from ..config import ConfigError, EngineConfig, load_env_config, validate_config
-from ..sources.tasks import Task
+from ..config.tasks import Task
 from .controller import MultiTurnController
 from .rollout import RolloutSummary, build_controller, run_rollouts, write_jsonl
 from .trajectory import Trajectory

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..config import RewardConfig
-from ..sources.tasks import Task
+from ..config.tasks import Task
 from .env import Env, StepResult, Tool
 from .parsing import CODE_TOOL_NAME, RETOOL_STOP, ParseError, parse_tool_call
 from .rewards import answer_score, reward_of

@@ -1,5 +1,5 @@
-"""Rule rewards: ``\\boxed{}`` answers checked with math-verify (exact match as fallback) or by reasoning-gym's
-scorers, ReTool turn penalty."""
+"""Rule rewards: ``\\boxed{}`` answers checked with math-verify (exact match as fallback) or by the scorer of
+the source that made the task (reasoning-gym's, found in the source registry), ReTool turn penalty."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import re
 import threading
 
 from ..config import RewardConfig
-from ..sources.reasoning_gym import reasoning_gym_score
-from ..sources.tasks import Task
+from ..config.source_registry import SOURCES
+from ..config.tasks import Task
 from .parsing import extract_boxed
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -69,9 +69,10 @@ def reward_kind(task: Task | None, config: RewardConfig) -> str:
 
 def answer_score(response: str, ground_truth: str, config: RewardConfig, task: Task | None = None) -> float:
     """How right a whole response's final answer is, in [0, 1] (1: right), by the scorer ``config.kind`` picks."""
-    if task is not None and reward_kind(task, config) == "reasoning_gym":
+    kind = reward_kind(task, config)
+    if task is not None and kind != "boxed":  # a source that scores its own tasks (reasoning-gym)
         answer = final_answer(response)
-        return min(max(reasoning_gym_score(answer, task), 0.0), 1.0) if answer is not None else 0.0
+        return min(max(SOURCES[kind].score_answer(answer, task), 0.0), 1.0) if answer is not None else 0.0
     answer = extract_boxed(response)
     return float(answer is not None and answers_match(answer, str(ground_truth), config.use_math_verify))
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import EnvConfig
-from ..sources.tasks import Task
+from ..config.tasks import Task
 from .controller import MultiTurnController, ToolWaitStats
 from .toolconfig import load_tools
 from .trajectory import Trajectory

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import EnvConfig
-from ..engine.run_ahead import RunAheadOptions
+from ..engine.options import RunAheadOptions
 from ..rl.rollouts import RolloutVariant, window_prompt
 from .methods import METHODS, bench_env
 from .recorder import StepRecorder

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..config import EnvConfig, RunAheadOptions, load_env_config
+from ..config import EnvConfig, load_env_config
 from ..drafting import is_lenient
+from ..engine.options import RunAheadOptions
 from ..rl.rollouts import RolloutVariant
 
 

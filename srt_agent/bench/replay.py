@@ -22,8 +22,9 @@ from ..drafting import make_drafter
 from ..drafting.choice.cost_model import ForwardCostModel
 from ..drafting.draft import Draft
 from ..engine.drafting import Drafting
+from ..engine.options import RunAheadOptions
 from ..engine.params import SamplingParams
-from ..engine.run_ahead import RowCost, RunAheadOptions
+from ..engine.run_ahead import RowCost
 from ..engine.scheduler import Scheduler
 from ..engine.sequence import Sequence
 from ..engine.stats import EngineStats

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from ..config import EnvConfig, RunAheadOptions
+from ..config import EnvConfig
+from ..engine.options import RunAheadOptions
 from ..rl.evaluate import bootstrap_statistic, ratio_text
 from ..rl.metrics import StepFigures
 from ..rl.rollouts import RolloutVariant

@@ -1,7 +1,24 @@
-"""Batched, lossless speculative generation: sequences, scheduler, model runner, sampler, cost model."""
+"""Batched, lossless speculative generation: sequences, scheduler, model runner, sampler, cost model.
 
-from .async_engine import AsyncEngine, SteppingEngine
-from .engine import Engine
+The request types (:mod:`.params`) and the options (:mod:`.options`) import no torch; ``Engine``,
+``AsyncEngine`` and ``SteppingEngine`` load with it on first use, so the config reads the engine's
+defaults without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from .params import RequestMetrics, RequestOutput, SamplingParams
 
+#: names this package exports from modules that import torch, loaded on first use
+_LAZY = {"AsyncEngine": ".async_engine", "SteppingEngine": ".async_engine", "Engine": ".engine"}
+
 __all__ = ["AsyncEngine", "Engine", "RequestMetrics", "RequestOutput", "SamplingParams", "SteppingEngine"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,7 +19,6 @@ from collections.abc import Hashable, Sequence as Seq
 
 import torch
 
-from ..config import EngineConfig
 from ..drafting.choice.cost_model import ForwardCostModel
 from ..drafting.draft import Draft
 from ..drafting.drafter import Drafter
@@ -29,10 +28,11 @@ from ..models import LoadedModel, cast_weights, resolve_device
 from ..runner.device_info import resolve_engine_dtype
 from ..runner.model_runner import Chunk, ModelRunner
 from .drafting import Drafting, resolve_drafter
+from .options import EngineDefaults, RunAheadOptions
 from .params import RequestOutput, SamplingParams, check_prompt
 from .prefix_cache import PrefixCache
 from .prefix_sharing import PrefixSharing
-from .run_ahead import RunAhead, RunAheadOptions
+from .run_ahead import RunAhead
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
 from .stats import EngineStats
@@ -40,7 +40,7 @@ from .stops import StopChecker
 from .verification import Verifier, chunks_of
 
 log = logging.getLogger(__name__)
-DEFAULTS = EngineConfig()  # the env YAML's engine: section states the engine's defaults
+DEFAULTS = EngineDefaults()  # the env YAML's engine: section takes its defaults from these
 
 
 @dataclasses.dataclass

@@ -14,10 +14,10 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence as Seq
 from dataclasses import dataclass, field, replace
 
-from ..config import RUN_AHEAD_BUBBLES as BUBBLES, RunAheadOptions
 from ..drafting.choice.cost_model import ForwardCostModel
 from ..drafting.drafter import Drafter, capabilities
 from ..runner.model_runner import Chunk, ModelRunner
+from .options import RUN_AHEAD_BUBBLES as BUBBLES, RunAheadOptions
 from .params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, Status, common_prefix

@@ -2,7 +2,7 @@
 
 They follow verl's ``core_algos`` (same formulas, same metric names) so results carry over, and are
 tested against it on the same tensors. As there, advantage estimators and policy losses sit in
-registries (:mod:`srt_agent.rl.algorithm_registry`, re-exported here), found by the name the env YAML gives
+registries (:mod:`srt_agent.config.algorithm_registry`, re-exported here), found by the name the env YAML gives
 (``train.adv_estimator``, ``train.loss_mode``). Every estimator has one signature,
 ``fn(batch: AdvantageInputs, train: TrainConfig) -> (advantages, returns or None)``, and declares what it
 needs when registered: ``@register_adv_est("name", needs_values=True)`` is all it takes to add one.
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..config import KL_PENALTIES, LOSS_AGG_MODES
-from .algorithm_registry import (
+from ..config.algorithm_registry import (
     ADV_ESTIMATOR_REGISTRY,
     POLICY_LOSS_REGISTRY,
     AdvantageEstimator,
@@ -149,7 +149,7 @@ def gae_estimator(batch: AdvantageInputs, train: TrainConfig) -> tuple[torch.Ten
     return gae_advantages(batch.outcome_rewards(), batch.values, batch.mask, train.gamma, train.lam)
 
 
-# The functions above are registered by reference in srt_agent.rl.algorithm_registry (which needs no torch).
+# The functions above are registered by reference in srt_agent.config.algorithm_registry (which needs no torch).
 
 
 def overlong_penalty(response_length: int, max_length: int, buffer: int, factor: float = 1.0) -> float:
@@ -256,7 +256,7 @@ def vanilla_policy_loss(
     config: TrainConfig,
     weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """verl's ``vanilla`` loss (``loss_mode: vanilla``, registered by reference in srt_agent.rl.algorithm_registry):
+    """verl's ``vanilla`` loss (``loss_mode: vanilla``, registered by reference in srt_agent.config.algorithm_registry):
     :func:`policy_loss` with the config's clip ratios."""
     return policy_loss(
         old_logprobs,

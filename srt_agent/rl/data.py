@@ -6,7 +6,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..sources.tasks import Task
+from ..config.tasks import Task
 
 
 @dataclass

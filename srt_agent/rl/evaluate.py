@@ -19,7 +19,7 @@ from ..agent.parsing import CODE_TOOL_NAME
 from ..agent.rewards import score_response
 from ..agent.trajectory import Trajectory
 from ..config import EnvConfig, RewardConfig
-from ..sources.tasks import Task
+from ..config.tasks import Task
 from .progress import Phase, no_bar
 
 if TYPE_CHECKING:

@@ -16,8 +16,8 @@ from rich.console import Console
 
 from ..agent.rollout import write_jsonl
 from ..config import ConfigError, EnvConfig
+from ..config.tasks import Task
 from ..files.atomic import write_atomic
-from ..sources.tasks import Task
 from .evaluate import HELD_OUT_FIGURES, evaluate_policy, held_out_tasks, interval_text, reports_by_source
 from .progress import phase_bar
 

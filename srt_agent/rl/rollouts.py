@@ -22,11 +22,12 @@ from ..agent.rollout import RolloutSummary, build_controller
 from ..agent.trajectory import Trajectory
 from ..backends import RolloutBackend, RunAheadControl
 from ..config import EnvConfig
+from ..config.tasks import Task
 from ..drafting import RolloutCache
 from ..drafting.trees.keys import prompt_key
-from ..engine.run_ahead import RunAheadOptions, WindowPrompt
+from ..engine.options import RunAheadOptions
+from ..engine.run_ahead import WindowPrompt
 from ..models import LoadedModel
-from ..sources.tasks import Task
 
 
 @dataclass(frozen=True)

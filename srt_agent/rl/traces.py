@@ -23,9 +23,9 @@ from ..agent.controller import MultiTurnController
 from ..agent.hermes import ChatFormat
 from ..agent.retool import interpreter_block
 from ..agent.trajectory import Trajectory
+from ..config.tasks import Task, read_rows
 from ..drafting.trees.keys import prompt_key
 from ..engine.params import RequestOutput, SamplingParams
-from ..sources.tasks import Task, read_rows
 from .batch import Sample
 
 INTROS = (

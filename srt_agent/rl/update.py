@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..config import TrainConfig
-from .algorithm_registry import AdvantageEstimator
+from ..config.algorithm_registry import AdvantageEstimator
 from .algorithms import AdvantageInputs, agg_loss, get_policy_loss_fn, kl_penalty, value_loss
 from .batch import Sample, count_rollouts, mini_batches, pack, share_advantages
 from .metrics import sample_metrics

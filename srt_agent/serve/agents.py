@@ -19,7 +19,7 @@ from ..agent.controller import ToolWaitStats, trajectory_seed
 from ..agent.rollout import RolloutSummary, summarize
 from ..agent.trajectory import Trajectory
 from ..config import import_dotted
-from ..sources.tasks import Task
+from ..config.tasks import Task
 from .server import RolloutServer
 
 AgentFunction = Callable[[str, Task], Awaitable[float]]

@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from ..agent.controller import MultiTurnController
 from ..agent.rollout import RolloutSummary
 from ..agent.trajectory import Trajectory
+from ..config.tasks import Task
 from ..serve.agents import agent_rollouts, load_agent
-from .tasks import Task
 
 
 def rollout(

@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from .tasks import Task
+from ..config.tasks import Task
 
 if TYPE_CHECKING:
     from ..config import DatasetConfig, EnvConfig

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from ..agent.controller import MultiTurnController
 from ..agent.rollout import RolloutSummary, run_rollouts
 from ..agent.trajectory import Trajectory
-from .tasks import Task
+from ..config.tasks import Task
 
 
 def rollout(

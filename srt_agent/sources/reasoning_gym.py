@@ -11,8 +11,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from ..config.tasks import Task
 from .arithmetic import RETOOL_EXAMPLE, unseen_tasks
-from .tasks import Task
 
 if TYPE_CHECKING:
     from ..config import DatasetConfig, EnvConfig

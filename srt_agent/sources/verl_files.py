@@ -1,5 +1,5 @@
 """The file source: ``dataset.source`` a ``.jsonl`` or ``.parquet`` path of verl-layout rows (verl's own
-datasets, or tasks written with :func:`~srt_agent.sources.tasks.save_tasks`).
+datasets, or tasks written with :func:`~srt_agent.config.tasks.save_tasks`).
 
 A file has no held-out split of its own: held-out evaluation uses unseen arithmetic tasks.
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..config.tasks import Task, load_tasks
 from . import arithmetic
-from .tasks import Task, load_tasks
 
 if TYPE_CHECKING:
     from ..config import DatasetConfig, EnvConfig

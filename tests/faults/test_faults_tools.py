@@ -21,11 +21,12 @@ import torch
 from faults_report import FaultRecord
 from injection import HostState, InjectedFault, engine_leaks, host_leaks
 
-from srt_agent.agent import EnvConfig, MultiTurnController, ReToolEnv, arithmetic_tasks, load_tools
+from srt_agent.agent import EnvConfig, MultiTurnController, ReToolEnv, load_tools
 from srt_agent.agent.env import ToolResult
 from srt_agent.config import InterpreterConfig
 from srt_agent.engine import AsyncEngine, Engine
 from srt_agent.models import load_model
+from srt_agent.sources.arithmetic import arithmetic_tasks
 from srt_agent.tools import LocalSandbox
 from srt_agent.tools.cgroup import CgroupLimiter
 from srt_agent.tools.local import bwrap_path

@@ -10,7 +10,8 @@ One concept a module (``vllm`` itself is imported lazily, so every module here i
 * ``speculative.py``: ``speculative_config(drafter, n, **options)``, the ``speculative_config`` argument of
   ``vllm.LLM`` for a drafter the registry (``srt_agent.drafting.registry``) says vLLM runs: ``none`` (None),
   ``ngram``, ``suffix`` (vLLM's arctic-inference proposer) or ``srt`` (:class:`~.proposer.SRTProposer`; its
-  options, see ``ProposerOptions``, travel to vLLM's processes in ``SRT_VLLM_PROPOSER``, which this sets).
+  options, ``ProposerOptions``, travel to vLLM's processes in ``SRT_VLLM_PROPOSER``, which this sets).
+* ``proposer_options.py``: ``ProposerOptions``, the SRT proposer's knobs (``engine.vllm.proposer``).
 * ``proposer.py``: :class:`~.proposer.SRTProposer`, SRT's drafter (``srt_agent.drafting``) as vLLM's proposer.
 * ``plugin.py``: the vLLM plugin (entry point ``vllm.general_plugins: srt``): the proposer's seam, exact
   sampling and the CPU temperature fix, installed in every vLLM process.

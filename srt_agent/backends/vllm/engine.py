@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from ...config import RunAheadOptions
 from ...drafting.request_kind import RequestKind
+from ...engine.options import RunAheadOptions
 from ...engine.params import RequestOutput, SamplingParams, check_prompt
 from ...engine.sequence import Sequence
 from ...engine.stops import StopChecker

@@ -27,7 +27,8 @@ from ...drafting.choice.step_cost import StepClock, vllm_step_cost
 from ...drafting.draft import Draft
 from ...drafting.drafters.srt import prompt_tree_bytes
 from .plugin import check_seam
-from .settings import ProposerOptions, proposer_options, request_kind
+from .proposer_options import ProposerOptions
+from .settings import proposer_options, request_kind
 
 logger = logging.getLogger(__name__)
 MIN_LOUD_FAULTS = 8  # faults before a high fault share fails drafting loudly

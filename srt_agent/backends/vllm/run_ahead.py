@@ -29,8 +29,8 @@ from collections.abc import Hashable, Mapping, Sequence as Seq
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from ...config import RunAheadOptions
 from ...drafting.choice.cost_model import ForwardCostModel
+from ...engine.options import RunAheadOptions
 from ...engine.params import SamplingParams
 from ...engine.run_ahead import RunAheadWindow, WindowPrompt
 from ...engine.sequence import Sequence

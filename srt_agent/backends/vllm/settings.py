@@ -2,7 +2,7 @@
 process layout inherits (in-process engines, spawned engine cores and workers, verl's Ray actors given a
 ``runtime_env``). Each variable is named once here, with its reader; nothing else reads them.
 
-* ``SRT_VLLM_PROPOSER``: JSON of :class:`~.proposer.ProposerOptions` (the SRT proposer's knobs);
+* ``SRT_VLLM_PROPOSER``: JSON of :class:`~.proposer_options.ProposerOptions` (the SRT proposer's knobs);
   ``speculative_config("srt", ..., **options)`` writes it.
 * ``SRT_VLLM_EXACT_SAMPLING``: ``1`` while an engine that samples exactly builds its model runner (read by
   the plugin in that process and by the runner when it is built).
@@ -21,12 +21,11 @@ import json
 import os
 from typing import Any
 
-from ...config import ProposerOptions
 from ...drafting.request_kind import RequestKind
+from .proposer_options import ProposerOptions
 
 __all__ = [
     "KIND_ARG",
-    "ProposerOptions",
     "exact_sampling_requested",
     "kind_args",
     "request_kind",

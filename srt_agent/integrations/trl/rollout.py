@@ -21,8 +21,8 @@ from ...agent.controller import MultiTurnController
 from ...agent.rollout import build_controller, run_rollouts
 from ...agent.trajectory import Trajectory
 from ...config import EnvConfig, load_env_config
+from ...config.tasks import Task
 from ...models import LoadedModel, end_token_ids
-from ...sources.tasks import Task
 
 
 def as_messages(prompt: Any) -> list[dict]:

@@ -28,9 +28,9 @@ from ...agent.env import ToolResult
 from ...agent.rewards import retool_turn_shaped_reward
 from ...agent.trajectory import Trajectory
 from ...config import EnvConfig, RewardConfig, SamplingConfig
+from ...config.tasks import Task
 from ...engine import RequestOutput, SamplingParams
 from ...models import end_token_ids
-from ...sources.tasks import Task
 from .wire import from_token_output, to_verl_sampling
 
 SCORED = ("done", "max_turns")  # finish reasons after which the env has scored the trajectory

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from ..tasks import Task
+from ...config.tasks import Task
 from .tasksets import verifiers_id, verifiers_tasks
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ every rollout is one session (exact token ids, inserted tool/user tokens masked,
 is the episode's rubric sum (``Trace.reward`` over the task's ``@vf.reward`` functions).
 
 - :func:`srt_agent.sources.verifiers.tasksets.verifiers_tasks` maps the taskset's tasks to
-  :class:`~srt_agent.sources.tasks.Task` (the prompt messages, the task's index and key in ``extra_info``);
+  :class:`~srt_agent.config.tasks.Task` (the prompt messages, the task's index and key in ``extra_info``);
 - :func:`verifiers_agent` is an ``async def agent(base_url, task) -> float`` (what ``run_agents`` and the
   trainer's agent path run): it rebuilds the verifiers task from its index and runs
   ``Env.run_episode`` with the model client pointed at ``base_url``.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..tasks import Task
+from ...config.tasks import Task
 from .tasksets import import_verifiers, load_verifiers_env, verifiers_id
 
 

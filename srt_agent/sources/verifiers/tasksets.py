@@ -2,7 +2,7 @@
 
 :func:`load_verifiers_env` loads the environment (with srt-agent's harness, :mod:`srt_agent.sources.verifiers.harness`,
 on the local subprocess runtime unless ``env_options`` pins another); :func:`verifiers_tasks` maps its tasks to
-:class:`~srt_agent.sources.tasks.Task` (the prompt messages, the task's index and key in ``extra_info``). The
+:class:`~srt_agent.config.tasks.Task` (the prompt messages, the task's index and key in ``extra_info``). The
 episodes themselves run as agents against the rollout server: :mod:`srt_agent.sources.verifiers.episodes`.
 """
 
@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from ..tasks import Task
+from ...config.tasks import Task
 
 PREFIX = "verifiers:"
 DATA_SOURCE = "verifiers"

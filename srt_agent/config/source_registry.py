@@ -48,6 +48,8 @@ class EnvSource:
       values; then `rollout` (``(controller, loaded, tasks, n_samples, seed, on_done) -> (trajectories,
       summary)``, what ``agent.rollout.run_rollouts`` returns) is required. A source selected by its
       ``env:`` value alone names no Env class there; when it also loads tasks, they are the dataset.
+    - `score(answer, task) -> float` in [0, 1]: its tasks' answers scored by their own rule, for
+      ``reward.kind`` naming the source (and ``auto`` on its tasks); the final answer may be None.
     - `check_dataset(dataset section)`, `check_config(config)`: raise ValueError on a config it cannot run.
     - `run_ahead`: its episodes open with the Env's prompts (``controller.opening``), which run-ahead drafts.
     - `path`: its ``dataset.source`` is a file path (resolved against the config's folder).
@@ -62,6 +64,7 @@ class EnvSource:
     tasks: Target | None = None
     held_out: Target | None = None
     rollout: Target | None = None
+    score: Target | None = None
     check_dataset: Target | None = None
     check_config: Target | None = None
     run_ahead: bool = True
@@ -77,6 +80,9 @@ class EnvSource:
         self, controller: Any, loaded: Any, tasks: Sequence[Task], n_samples: int, seed: int | None, on_done: Any
     ) -> Any:
         return _call(self.rollout, "rollout", self.name, controller, loaded, tasks, n_samples, seed, on_done)
+
+    def score_answer(self, answer: str | None, task: Task) -> float:
+        return _call(self.score, "answer score", self.name, answer, task)
 
     def check(self, dataset: Any = None, config: Any = None) -> None:
         """Run the source's check of the ``dataset:`` section or of the whole config, where it has one."""
@@ -164,6 +170,7 @@ register(
         dataset=lambda source: source == "reasoning_gym",
         tasks="srt_agent.sources.reasoning_gym:dataset_tasks",
         held_out="srt_agent.sources.reasoning_gym:held_out",
+        score="srt_agent.sources.reasoning_gym:reasoning_gym_score",
         check_dataset="srt_agent.sources.reasoning_gym:check",
     )
 )

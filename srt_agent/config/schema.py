@@ -3,26 +3,25 @@ name the file and the bad key.
 
 The whole schema in one place, in the order of an env YAML: the rollout environment (model, tasks, tools,
 limits, sampling, rewards), the engine, and the ``train:`` and ``cold_start:`` sections.
-It imports nothing heavy (no torch, no engine), so reading and checking a config costs milliseconds.
+It imports nothing heavy (no torch), so reading and checking a config costs milliseconds: the engine's
+defaults come from :mod:`srt_agent.engine.options`, and the names a YAML gives (drafter, backend, estimator,
+loss, source) are checked against registries that load what they name only when it is used.
 Relative paths inside a config (dataset, tools, cold-start traces) are resolved against its folder.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from .sources.registry import EnvSource, episode_source, names_source, task_source
-from .sources.tasks import Task
-
-if TYPE_CHECKING:
-    from .rl.algorithm_registry import AdvantageEstimator
+from ..engine.options import EngineDefaults, RunAheadOptions
+from .algorithm_registry import AdvantageEstimator, get_adv_estimator, get_policy_loss
+from .source_registry import EnvSource, episode_source, names_source, task_source
+from .tasks import Task
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -142,37 +141,7 @@ class RewardConfig(_Strict):
 
 # ----- the engine ------------------------------------------------------------------------------------
 
-RUN_AHEAD_BUBBLES = ("tail", "tools", "update")
-RUN_AHEAD_STARTS = ("prompt", "branch")
-
-
-@dataclass
-class RunAheadOptions:
-    """How the engine runs ahead (see `srt_agent.engine.run_ahead`); the env YAML's
-    ``engine.run_ahead`` section (:class:`RunAheadConfig`) takes its defaults from here."""
-
-    bubbles: tuple[str, ...] = ("tail", "tools")
-    slack: float = 0.1  # a step may grow by this fraction of its predicted cost
-    tokens_per_sequence: int = 48
-    budget_tokens: int = 4096  # run-ahead tokens per window (an RL step), at most
-    start: str = "prompt"
-    max_sequences: int = 0  # run-ahead sequences at once (0: as many as there are free slots)
-    max_prefill_tokens: int = 512  # prefill per step in the update bubble (no real step to protect)
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        self.bubbles = tuple(self.bubbles)
-        bad = [b for b in self.bubbles if b not in RUN_AHEAD_BUBBLES]
-        if bad:
-            raise ValueError(f"unknown run-ahead bubble(s) {bad}; choose from {list(RUN_AHEAD_BUBBLES)}")
-        if self.start not in RUN_AHEAD_STARTS:
-            raise ValueError(f"unknown run-ahead start {self.start!r}; choose one of {list(RUN_AHEAD_STARTS)}")
-        if self.slack < 0 or self.tokens_per_sequence < 1 or self.budget_tokens < 0 or self.max_sequences < 0:
-            raise ValueError(
-                "run-ahead needs slack >= 0, tokens_per_sequence >= 1, budget_tokens >= 0, max_sequences >= 0"
-            )
-
-
+_ENGINE = EngineDefaults()  # the engine's own defaults, which engine: takes
 _RUN_AHEAD = RunAheadOptions()
 
 
@@ -214,53 +183,6 @@ class RunAheadConfig(_Strict):
             max_sequences=self.max_sequences,
             seed=seed,
         )
-
-
-@dataclass
-class ProposerOptions:
-    """The SRT proposer's knobs (JSON in ``SRT_VLLM_PROPOSER``; ``engine.vllm.proposer`` in an env YAML)."""
-
-    max_depth: int = 64  # tree depth (RolloutCache)
-    max_match: int = 32  # context tokens matched against the tree
-    max_bytes: int = 1 << 30  # trees, held turns (an eighth at most) and the global tree (a 32nd); LRU past it
-    max_nodes_per_prompt: int = 1 << 21
-    max_held: int = 4096  # finished turns kept open for their trajectory's next turn
-    held_ttl_s: float = 900.0  # a held turn not continued within this long is released
-    min_prob: float = 0.0  # draft nodes below this path frequency are not proposed
-    whole_prompt: bool = True  # a prompt's first rollout leads its tree with the whole prompt (drafts copy from it)
-    global_fallback: bool = True  # draft from a global tree of recent responses where it expects more
-    policy: str = "cost"  # "cost": draft what pays at this batch size; "always": up to num_speculative_tokens
-    step_fixed_ms: float = 30.0  # cost model of a decode step (2-core AVX-512 CPU, SmolLM2): fixed part,
-    step_row_ms: float = 2.8  # per sequence in the batch,
-    draft_token_ms: float = 2.4  # per drafted token verified
-    calibrate: bool = True  # learn each step shape's cost from vLLM's measured steps (the above is the prior)
-    trees: str | None = None  # a saved cache to start from
-    save_path: str | None = None  # save the trees here (atomically) when the batch drains; {dp_rank} allowed
-    save_interval_s: float = 300.0  # at most this often
-    max_fault_share: float = 0.1  # past this share of decoding rows failing (and 8 faults), drafting fails loudly
-
-    def __post_init__(self) -> None:
-        if self.policy not in ("cost", "always"):
-            raise ValueError(f"policy must be 'cost' or 'always', got {self.policy!r}")
-        if min(self.step_fixed_ms, self.step_row_ms, self.draft_token_ms) < 0:
-            raise ValueError("the cost model's terms must be >= 0")
-        if self.max_held < 0:
-            raise ValueError(f"max_held must be >= 0, got {self.max_held}")
-        if self.max_bytes <= 0 or self.held_ttl_s <= 0 or self.save_interval_s < 0:
-            raise ValueError("max_bytes and held_ttl_s must be positive, save_interval_s >= 0")
-        if not 0 <= self.max_fault_share <= 1:
-            raise ValueError(f"max_fault_share must lie in [0, 1], got {self.max_fault_share}")
-
-    @classmethod
-    def checked(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """`options` if they make valid ProposerOptions (ValueError naming the unknown keys otherwise)."""
-        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(
-                f"unknown SRT proposer option(s) {unknown}; known: {[f.name for f in dataclasses.fields(cls)]}"
-            )
-        cls(**options)
-        return options
 
 
 class VLLMOptions(_Strict):
@@ -308,12 +230,14 @@ class VLLMOptions(_Strict):
         default_factory=dict,
         description="options of SRT's proposer inside vLLM (drafter srt): max_bytes, max_held, held_ttl_s, min_prob, "
         "whole_prompt, global_fallback, policy, step_fixed_ms, step_row_ms, draft_token_ms, calibrate, save_path, save_interval_s, ... "
-        "(ProposerOptions above)",
+        "(srt_agent.backends.vllm.proposer_options.ProposerOptions)",
     )
 
     @field_validator("proposer")
     @classmethod
     def _known_proposer_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from ..backends.vllm.proposer_options import ProposerOptions
+
         return ProposerOptions.checked(value)
 
 
@@ -323,26 +247,30 @@ class EngineConfig(_Strict):
         description="engine: ours; vllm: vLLM in this process; auto: vLLM where installed and the drafter has a vLLM counterpart",
     )
     vllm: VLLMOptions = Field(default_factory=VLLMOptions)
-    drafter: str = "srt"
-    device: str = "auto"
+    drafter: str = _ENGINE.drafter
+    device: str = _ENGINE.device
     dtype: Literal["auto", "float32", "bfloat16", "float16", "float64"] = Field(
         "auto",
         description="what the rollout engine computes in; auto: bfloat16 on a CUDA GPU that supports it, "
         "else the dtype the model was loaded in (float32)",
     )
-    max_batch: int = Field(32, ge=1)
-    max_context: int = Field(2048, ge=16)
-    calibrate: bool = Field(True, description="measure step costs at start-up (sizes drafts from the first step)")
+    max_batch: int = Field(_ENGINE.max_batch, ge=1)
+    max_context: int = Field(_ENGINE.max_context, ge=16)
+    calibrate: bool = Field(
+        _ENGINE.calibrate, description="measure step costs at start-up (sizes drafts from the first step)"
+    )
     run_ahead: RunAheadConfig = Field(default_factory=RunAheadConfig)
     prefix_sharing: bool = Field(
-        True, description="reuse the KV of cached prompt prefixes (GRPO siblings, system prompts)"
+        _ENGINE.prefix_sharing, description="reuse the KV of cached prompt prefixes (GRPO siblings, system prompts)"
     )
-    prefix_cache_tokens: int = Field(8192, ge=0, description="tokens of KV kept in the prefix cache's block pool")
+    prefix_cache_tokens: int = Field(
+        _ENGINE.prefix_cache_tokens, ge=0, description="tokens of KV kept in the prefix cache's block pool"
+    )
 
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, value: str) -> str:
-        from .backends import unknown_backend
+        from ..backends import unknown_backend
 
         if (unknown := unknown_backend(value)) is not None:
             raise ValueError(unknown)
@@ -351,7 +279,7 @@ class EngineConfig(_Strict):
     @field_validator("drafter")
     @classmethod
     def _known_drafter(cls, value: str) -> str:
-        from .drafting import DRAFTERS
+        from ..drafting import DRAFTERS
 
         if value not in DRAFTERS:
             raise ValueError(f"unknown drafter {value!r}; choose one of {sorted(DRAFTERS)}")
@@ -400,7 +328,7 @@ class TrainConfig(_Strict):
     lora: LoraConfig = Field(default_factory=LoraConfig)
     # policy loss
     adv_estimator: str | None = Field(
-        None, description="a registered advantage estimator (srt_agent.rl.algorithm_registry)"
+        None, description="a registered advantage estimator (srt_agent.config.algorithm_registry)"
     )
     norm_adv_by_std: bool = True
     loss_mode: str = Field("vanilla", description="a registered policy loss, as verl's loss_mode")
@@ -451,8 +379,6 @@ class TrainConfig(_Strict):
     @field_validator("adv_estimator")
     @classmethod
     def _registered_estimator(cls, value: str | None) -> str | None:
-        from .rl.algorithm_registry import get_adv_estimator
-
         if value is not None:
             get_adv_estimator(value)  # ValueError naming the registered ones
         return value
@@ -460,16 +386,12 @@ class TrainConfig(_Strict):
     @field_validator("loss_mode")
     @classmethod
     def _registered_loss(cls, value: str) -> str:
-        from .rl.algorithm_registry import get_policy_loss
-
         get_policy_loss(value)
         return value
 
     @property
     def estimator(self) -> AdvantageEstimator:
         """The registered advantage estimator `adv_estimator` names, with what it needs."""
-        from .rl.algorithm_registry import get_adv_estimator
-
         return get_adv_estimator(self.adv_estimator)
 
     @property
