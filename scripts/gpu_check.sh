@@ -16,7 +16,7 @@
 #
 # The target (docs/benchmarks/gpu.md): python3 3.12 with torch (CUDA), transformers, numpy, safetensors,
 # tokenizers, huggingface_hub, typer, rich, psutil, pyyaml, pybind11; no pydantic. What `bench gpu` imports
-# beyond those is pydantic and what it needs (srt_agent/config.py); nothing of fastapi, uvicorn,
+# beyond those is pydantic and what it needs (srt_agent/config/); nothing of fastapi, uvicorn,
 # gguf, math-verify, vLLM or verl. The models are random-weight ones built from configs: no weights and no
 # tokenizer travel. The token tree: the extension built here against CPython 3.12's headers, else built
 # there with its compiler, else the pure-Python tree (the check's summary names which one ran).
