@@ -19,13 +19,13 @@ from srt_agent.agent import (
     ReToolEnv,
     StepResult,
     Task,
-    arithmetic_tasks,
     load_tools,
 )
 from srt_agent.agent.chat import render_prompt
 from srt_agent.agent.env import Env
 from srt_agent.engine import AsyncEngine, Engine
 from srt_agent.models import load_model
+from srt_agent.sources.arithmetic import arithmetic_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 CODE = "<code>\n```python\nprint(6 * 7)\n```\n</code>"
