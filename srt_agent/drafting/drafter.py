@@ -21,7 +21,7 @@ class DrafterCapabilities:
     - ``needs_logprobs``: ``add_tokens`` also takes the sampled tokens' log-probabilities;
     - ``lenient``: its drafts carry an old policy's log-probabilities and are accepted by the lenient
       rule with its ``lenience`` (not exactly on-policy);
-    - ``model``: it runs a model bound to the engine's policy (`engine.model_drafting.ModelDrafter`).
+    - ``model``: it runs a model bound to the engine's policy (`drafting.drafters.model_drafting.ModelDrafter`).
     """
 
     trees: bool = False

@@ -1,4 +1,5 @@
-"""Batched, lossless speculative generation: sequences, scheduler, model runner, sampler, cost model.
+"""Batched, lossless speculative generation: sequences, scheduler, verification, drafting behind a fault
+boundary, run-ahead.
 
 The request types (:mod:`.params`) and the options (:mod:`.options`) import no torch; ``Engine``,
 ``AsyncEngine`` and ``SteppingEngine`` load with it on first use, so the config reads the engine's
