@@ -141,16 +141,22 @@ def look_ahead_then_serve(e: Engine, temperature: float) -> list:
     return [(o.token_ids, o.logprobs, o.finish_reason) for o in first + second]
 
 
+def _prompt_trees_only():
+    return make_drafter("srt", global_fallback=False)
+
+
 def test_slack_bounds_the_rows_that_ride_along_and_real_requests_accept_their_tokens(tiny_llama):
     """Slack 0 runs nothing ahead. With slack, step 1's idle rows fill the next prompts' trees; in step 2
     their real requests accept draft tokens that only run-ahead content put there, while what the
     requests emit (the training data) is token for token what they emit without run-ahead."""
-    # Drafts are all verified (no adaptive pruning), so a logged draft node is accepted iff emitted.
-    none = engine(tiny_llama, RunAheadOptions(slack=0.0), adaptive_drafts=False)
+    # Drafts are all verified (no adaptive pruning), so a logged draft node is accepted iff emitted. SRT runs
+    # without its global tree, which would draft other prompts' responses for both engines alike and blur what
+    # run-ahead content adds to the prompts' own trees.
+    none = engine(tiny_llama, RunAheadOptions(slack=0.0), adaptive_drafts=False, drafter=_prompt_trees_only())
     plain = look_ahead_then_serve(none, temperature=0.3)
     assert none.run_ahead.stats.tokens == 0
     # 10 ms per sequence-step, 1 ms per extra row: 5% of a 1-sequence step is half a row, 30% is three.
-    few = engine(tiny_llama, RunAheadOptions(slack=0.3), adaptive_drafts=False)
+    few = engine(tiny_llama, RunAheadOptions(slack=0.3), adaptive_drafts=False, drafter=_prompt_trees_only())
     log = DraftLog(few)
     served = look_ahead_then_serve(few, temperature=0.3)
     assert few.run_ahead.stats.tokens_upcoming > 0
