@@ -47,10 +47,14 @@ def srt_drafter(options: ProposerOptions, max_overshoot: int) -> SRTDrafter:
     srt = dict(chain=True, min_prob=o.min_prob, whole_prompt=o.whole_prompt, global_fallback=o.global_fallback)
     srt.update(max_held=o.max_held, held_ttl_s=o.held_ttl_s, max_overshoot=max_overshoot, max_bytes=o.max_bytes)
     if o.trees:
-        budget = prompt_tree_bytes(o.max_bytes, o.global_fallback)
-        cache = RolloutCache.load(o.trees, max_bytes=budget, max_nodes_per_prompt=o.max_nodes_per_prompt)
-        return SRTDrafter(cache, **srt)
+        return SRTDrafter(saved_trees(o, o.trees), **srt)
     return SRTDrafter(max_depth=o.max_depth, max_match=o.max_match, max_nodes_per_prompt=o.max_nodes_per_prompt, **srt)
+
+
+def saved_trees(options: ProposerOptions, path: str) -> RolloutCache:
+    """The prompt trees saved at `path`, within the options' share of the byte budget for them."""
+    budget = prompt_tree_bytes(options.max_bytes, options.global_fallback)
+    return RolloutCache.load(path, max_bytes=budget, max_nodes_per_prompt=options.max_nodes_per_prompt)
 
 
 class SRTProposer:
@@ -299,6 +303,4 @@ class SRTProposer:
         """Replace the trees with those saved at `path`; only between steps (after ``end_step``)."""
         if self._rows or self.srt.busy():
             raise RuntimeError("load the trees between steps: requests are running or held (call end_step)")
-        o = self.options
-        budget = prompt_tree_bytes(o.max_bytes, o.global_fallback)
-        self.srt.cache = RolloutCache.load(path, max_bytes=budget, max_nodes_per_prompt=o.max_nodes_per_prompt)
+        self.srt.cache = saved_trees(self.options, path)

@@ -16,7 +16,7 @@ draft from each other. Three more rules, each optional:
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..draft import Draft
 from ..drafter import DrafterCapabilities
@@ -62,7 +62,7 @@ class SRTStats:
     active: int
     held: int
     cache: CacheStats
-    responses: CacheStats | None = field(default=None)
+    responses: CacheStats | None = None
 
 
 class SRTDrafter:
