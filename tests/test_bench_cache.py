@@ -14,6 +14,7 @@ from srt_agent.bench.cache import (
     make_workload,
     run_drafter,
 )
+from srt_agent.bench.cache_scale import ScaleSetting, scale_run
 from srt_agent.cli import app
 from srt_agent.drafting import Draft, make_drafter
 
@@ -77,3 +78,30 @@ def test_cli_bench_cache_rejects_unknown_modes_and_drafters():
     assert runner.invoke(app, ["bench", "cache", "--quick", "--mode", "parallel"]).exit_code != 0
     result = runner.invoke(app, ["bench", "cache", "--quick", "--drafter", "medusa"])
     assert result.exit_code == 1 and "unknown drafter" in result.output
+
+
+def test_a_reduced_scale_run_crosses_every_bound_at_bounded_work():
+    """`bench cache --scale` in small: 64 rollouts in flight over budgets a few steps overflow. Every bound is
+    crossed (the prompt trees' node cap and byte budget, the global tree's cap), every step finishes, and keeping
+    the bounds costs at most a few tokens re-inserted per token stored."""
+    run = scale_run(
+        ScaleSetting.parse("64x300"), steps=3, rollouts_per_prompt=4, max_bytes=1 << 21, max_nodes_per_prompt=4000
+    )
+    steps = run["steps"]
+    assert [s["step"] for s in steps] == [1, 2, 3] and all(s["finished"] for s in steps)
+    assert all(s["tokens"] == 64 * 300 for s in steps)
+    assert sum(s["rebuilds"] for s in steps) > 0 and sum(s["trimmed_sequences"] for s in steps) > 0
+    assert sum(s["evicted_prompts"] for s in steps) > 0
+    assert all(s["work_per_token"] <= 4 for s in steps) and all(s["bytes"] <= 1 << 21 for s in steps)
+    assert all(s["accepted_per_draft"] > 0 for s in steps[1:])  # later steps draft from the earlier ones
+
+
+def test_cli_bench_cache_scale_writes_json_and_refuses_a_bad_setting(tmp_path):
+    out = tmp_path / "scale.json"
+    result = CliRunner().invoke(app, ["bench", "cache", "--scale", "16x50", "--steps", "2", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert [run["setting"] for run in data["scale"]] == [{"rollouts": 16, "tokens": 50}]
+    assert len(data["scale"][0]["steps"]) == 2
+    bad = CliRunner().invoke(app, ["bench", "cache", "--scale", "16by50"])
+    assert bad.exit_code == 2 and "ROLLOUTSxTOKENS" in bad.output

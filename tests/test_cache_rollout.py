@@ -40,28 +40,29 @@ def test_siblings_draft_from_each_other_within_a_step(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_tokens_dropped_from_a_running_request_leave_the_tree_as_if_never_added(backend):
-    """drop_last takes a running request's last tokens back out (a serving engine sampled them past a stop):
-    counts, drafts and saved sequences equal those of a cache that never saw them, and the request goes on."""
+def test_a_request_rewound_past_a_stop_goes_on_from_the_stop_without_a_rebuild(backend):
+    """drop_last rewinds a running request (a serving engine sampled tokens past a stop that the caller drops):
+    those tokens stay as a finished sample, the request goes on in a sequence led by the tokens before the stop,
+    so what follows the stop drafts after it; no rebuild, whatever the tree holds."""
     prompt = [100, 101, 102, 103]
-    dropped, kept = (
-        RolloutCache(max_depth=8, max_match=4, backend=backend),
-        RolloutCache(max_depth=8, max_match=4, backend=backend),
-    )
-    for cache in (dropped, kept):
-        cache.add_sequence("p", [100, 1, 2, 3])
-        cache.start_request("r", "p", prompt)
-        cache.add_tokens("r", [1, 2])
-    dropped.add_tokens("r", [7, 7, 8])
-    dropped.drop_last("r", 3)
-    for cache in (dropped, kept):
-        cache.add_tokens("r", [5, 6])
-        cache.stop_request("r")
-    assert dropped.sequences("p") == kept.sequences("p")
+    cache = RolloutCache(max_depth=8, max_match=4, backend=backend)
+    cache.add_sequence("p", [100, 1, 2, 3])
+    cache.start_request("r", "p", prompt)
+    cache.add_tokens("r", [1, 2, 7, 7, 8])
+    cache.drop_last("r", 3)
+    cache.add_tokens("r", [5, 6])
+    assert cache.sequences("p") == [[100, 1, 2, 3], prompt + [1, 2, 7, 7, 8], [102, 103, 1, 2, 5, 6]]
     for path in ([7], [2, 7], [5, 6], [1, 2, 5], [2]):
-        assert dropped.count("p", path) == kept.count("p", path)
-    assert dropped.draft("p", prompt + [1], budget=4) == kept.draft("p", prompt + [1], budget=4)
-    assert dropped.stats().bytes == kept.stats().bytes
+        assert cache.count("p", path) == occurrences(cache.sequences("p"), path)
+    # after the stop ("102 103 1 2"), the dropped 7 and the continuation 5 tie; the lower token goes first
+    assert cache.draft_request("r", prompt + [1, 2], budget=2).token_ids == [5, 7]
+    assert cache.draft_request("r", [5], budget=1).token_ids == [6]
+    stats = cache.stats()
+    assert stats.rebuilds == 0 and stats.rebuilt_tokens == 4 and stats.inserted_tokens == 4 + 4 + 5 + 2
+    cache.drop_last("r", 100)  # more than the request stored: it goes on from nothing
+    cache.add_tokens("r", [9])
+    cache.stop_request("r")
+    assert cache.sequences("p")[-1] == [9] and cache.stats().active_requests == 0
 
 
 def tree_bytes(cache: RolloutCache) -> int:

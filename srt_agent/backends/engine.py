@@ -7,11 +7,11 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ..drafting import RolloutCache, capabilities
+from ..drafting import RolloutCache, capabilities, drafter_capabilities, make_drafter
 from ..engine import AsyncEngine, Engine
 from ..engine.run_ahead import WindowPrompt
 from ..engine.stats import cost_table, engine_settings
-from .base import Capabilities, Refusal, Registered
+from .base import Capabilities, Refusal, Registered, run_tree_budget
 
 
 class EngineRunAhead:
@@ -90,9 +90,10 @@ class EngineBackend(AsyncEngine[Engine]):
 def engine_backend(config, loaded, drafter: str | None = None, run_ahead=None) -> EngineBackend:
     """Our engine for env config `config` (its ``engine:`` section) on `loaded`'s model."""
     e = config.engine
+    name = drafter or e.drafter
     engine = Engine(
         loaded,
-        drafter=drafter or e.drafter,
+        drafter=make_drafter(name, **run_tree_budget(config).drafter_options(drafter_capabilities(name))),
         device=e.device,
         max_batch=e.max_batch,
         max_context=e.max_context,

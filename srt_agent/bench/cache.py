@@ -5,8 +5,10 @@ steps; a sample mixes spans copied (with mutations) from earlier samples of the 
 repeats of its own earlier text, and fresh Zipf-distributed tokens. Every drafter sees the same
 token stream through the Drafter API, in two modes: ``sequential`` (one rollout at a time) and
 ``lockstep`` (all rollouts of a step interleaved, one decoding step each per round, as a batched
-engine runs them). A draft is verified greedily against the true next tokens; the accepted
-tokens plus one more are then appended, as after a verification pass.
+engine runs them). Each round every live rollout drafts, then each draft is verified greedily against the
+true next tokens and the accepted tokens plus one more are stored, as after a batched verification pass.
+Mean times are the thread's CPU time over each round's block of calls (what other processes take of a
+loaded machine is not counted); percentiles are per call, in wall time.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from ..drafting.draft import Draft
 from ..drafting.drafter import Drafter
@@ -126,6 +128,93 @@ class _Live:
     done: int = 0
 
 
+@dataclass
+class StepTimes:
+    """What one step's rollouts cost a drafter: CPU time of its drafts and inserts (blocks of calls timed by the
+    thread's CPU clock, so time the machine gives other processes is not counted), each call's wall time (for
+    percentiles), tokens, accepted draft tokens and each lockstep round's insert µs per token."""
+
+    draft_cpu_ns: int = 0
+    insert_cpu_ns: int = 0
+    draft_ns: list[int] = field(default_factory=list)
+    insert_ns: list[int] = field(default_factory=list)
+    tokens: int = 0
+    accepted: int = 0
+    round_insert_us: list[float] = field(default_factory=list)
+    finished: bool = True
+
+
+def run_step(
+    drafter: Drafter,
+    step: list[Rollout],
+    name: str,
+    mode: str,
+    budget: int,
+    on_tokens: Callable[[int], None] = lambda n: None,
+    time_limit_s: float = float("inf"),
+) -> StepTimes:
+    """Generate one step's rollouts through `drafter` (`name` prefixes request ids): rounds in which every live
+    rollout drafts, then every one stores what greedy verification kept (plus the next token), as a batched
+    engine does; `lockstep` runs all rollouts at once, `sequential` one after another."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+    times, start = StepTimes(), time.monotonic()
+    for w, wave in enumerate([step] if mode == "lockstep" else [[r] for r in step]):
+        live = [_Live(r, f"{name}/{w}/{i}/{r.prompt_key}", list(r.prompt_ids)) for i, r in enumerate(wave)]
+        for req in live:
+            drafter.start_request(req.request_id, req.rollout.prompt_key, req.rollout.prompt_ids)
+        while live and time.monotonic() - start < time_limit_s:
+            live = _round(drafter, live, budget, times, on_tokens)
+        times.finished = not live
+        for req in live:  # cut short by the time limit: they end where they got to
+            drafter.stop_request(req.request_id)
+    drafter.end_step()
+    return times
+
+
+def _round(drafter: Drafter, live: list[_Live], budget: int, times: StepTimes, on_tokens) -> list[_Live]:
+    """One decoding round of the live rollouts; those still running."""
+    clock = time.perf_counter_ns
+    drafts = []
+    cpu = time.thread_time_ns()
+    for req in live:
+        t0 = clock()
+        drafts.append(drafter.draft(req.request_id, req.context, budget))
+        times.draft_ns.append(clock() - t0)
+    times.draft_cpu_ns += time.thread_time_ns() - cpu
+    news = []
+    for req, draft in zip(live, drafts):
+        truth = req.rollout.response[req.done : req.done + budget + 1]
+        n = accepted_tokens(draft, truth)
+        times.accepted += n
+        news.append(truth[: n + 1])
+    cpu = time.thread_time_ns()
+    for req, new in zip(live, news):
+        t0 = clock()
+        drafter.add_tokens(req.request_id, new)
+        times.insert_ns.append(clock() - t0)
+    spent = time.thread_time_ns() - cpu
+    times.insert_cpu_ns += spent
+    tokens = 0
+    for req, new in zip(live, news):
+        req.context.extend(new)
+        req.done += len(new)
+        tokens += len(new)
+    times.tokens += tokens
+    times.round_insert_us.append(spent / 1e3 / max(1, tokens))
+    on_tokens(tokens)
+    for req in live:
+        if req.done >= len(req.rollout.response):
+            drafter.stop_request(req.request_id)
+    return [req for req in live if req.done < len(req.rollout.response)]
+
+
+def percentile_us(values: list[int], q: float = 0.99) -> float:
+    """The `q` quantile of wall times in ns, in µs (0 for none)."""
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] / 1e3 if values else 0.0
+
+
 def run_drafter(
     drafter: Drafter,
     workload: list[list[Rollout]],
@@ -138,47 +227,17 @@ def run_drafter(
         raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
     _release_free_memory()
     rss_before = _rss_bytes()
-    clock = time.perf_counter_ns
-    draft_ns: list[int] = []
-    insert_ns = 0
-    accepted = 0
-    tokens = 0
-    for s, step in enumerate(workload):
-        waves = [step] if mode == "lockstep" else [[r] for r in step]
-        for wave in waves:
-            live = [_Live(r, f"{s}/{i}/{r.prompt_key}", list(r.prompt_ids)) for i, r in enumerate(wave)]
-            for req in live:
-                drafter.start_request(req.request_id, req.rollout.prompt_key, req.rollout.prompt_ids)
-            while live:
-                for req in live:
-                    truth = req.rollout.response[req.done : req.done + budget + 1]
-                    t0 = clock()
-                    draft = drafter.draft(req.request_id, req.context, budget)
-                    draft_ns.append(clock() - t0)
-                    n = accepted_tokens(draft, truth)
-                    accepted += n
-                    new = truth[: n + 1]
-                    t0 = clock()
-                    drafter.add_tokens(req.request_id, new)
-                    insert_ns += clock() - t0
-                    req.context.extend(new)
-                    req.done += len(new)
-                    tokens += len(new)
-                    on_tokens(len(new))
-                finished = [req for req in live if req.done >= len(req.rollout.response)]
-                for req in finished:
-                    drafter.stop_request(req.request_id)
-                live = [req for req in live if req.done < len(req.rollout.response)]
-        drafter.end_step()
+    steps = [run_step(drafter, step, str(s), mode, budget, on_tokens) for s, step in enumerate(workload)]
     _release_free_memory()
     rss = _rss_bytes() - rss_before if rss_before is not None else None
     kept = _kept_bytes(drafter, rss)
-    draft_ns.sort()
+    tokens = sum(t.tokens for t in steps)
+    draft_ns = [ns for t in steps for ns in t.draft_ns]
     return DrafterResult(
-        accepted_per_draft=accepted / max(1, len(draft_ns)),
-        draft_us_mean=sum(draft_ns) / max(1, len(draft_ns)) / 1e3,
-        draft_us_p99=draft_ns[min(len(draft_ns) - 1, int(0.99 * len(draft_ns)))] / 1e3 if draft_ns else 0.0,
-        insert_us_per_token=insert_ns / max(1, tokens) / 1e3,
+        accepted_per_draft=sum(t.accepted for t in steps) / max(1, len(draft_ns)),
+        draft_us_mean=sum(t.draft_cpu_ns for t in steps) / max(1, len(draft_ns)) / 1e3,
+        draft_us_p99=percentile_us(draft_ns),
+        insert_us_per_token=sum(t.insert_cpu_ns for t in steps) / max(1, tokens) / 1e3,
         bytes_per_token=kept / tokens if kept is not None and tokens else None,
         rss_bytes_per_token=rss / tokens if rss is not None and tokens else None,
         drafts=len(draft_ns),

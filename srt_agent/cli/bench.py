@@ -28,11 +28,23 @@ def bench_cache(
     drafter: list[str] = typer.Option([], "--drafter", help="Drafters to run (default: all available)."),
     seed: int = typer.Option(0),
     quick: bool = typer.Option(False, "--quick", help="A tiny workload (4 prompts x 4 rollouts x 200 tokens)."),
+    scale: list[str] = typer.Option(
+        [], "--scale", help="SRT at a GPU step's size instead: ROLLOUTSxTOKENS in flight (e.g. 1024x1500), per step."
+    ),
     json_path: Path | None = JSON,
 ):
     """Rollout-cache drafters side by side (accepted tokens per draft, µs per draft and insert, bytes)."""
     from ..bench.cache import MODES, WorkloadSpec, cache_benchmark, result_table
 
+    if scale:
+        from ..bench.cache_scale import ScaleSetting, scale_benchmark, scale_table
+
+        with reported(ValueError):
+            settings = [ScaleSetting.parse(text) for text in scale]
+        result = scale_benchmark(settings, steps=steps, rollouts_per_prompt=rollouts, budget=budget, seed=seed)
+        console.print(scale_table(result))
+        write_json(result, json_path)
+        return
     if quick:
         prompts, rollouts, tokens = 4, 4, 200
     bad = [m for m in mode if m not in MODES]

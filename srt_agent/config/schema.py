@@ -266,6 +266,13 @@ class EngineConfig(_Strict):
     prefix_cache_tokens: int = Field(
         _ENGINE.prefix_cache_tokens, ge=0, description="tokens of KV kept in the prefix cache's block pool"
     )
+    tree_bytes: int | None = Field(
+        None,
+        gt=0,
+        description="bytes SRT's trees may hold per engine (prompt trees, held turns, the global tree of responses); "
+        "null: sized from the run (4 steps of prompts_per_step × n_samples rollouts of max_context tokens at 100 "
+        "bytes a token, at least 64 MiB, at most an eighth of the host memory available); printed at start",
+    )
 
     @field_validator("backend")
     @classmethod

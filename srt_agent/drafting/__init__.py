@@ -4,7 +4,7 @@ and the choice of what to draft at a batch size."""
 from .draft import EMPTY_DRAFT, Draft
 from .drafter import NO_CAPABILITIES, Drafter, DrafterCapabilities, capabilities
 from .drafters.srt import SRTDrafter
-from .registry import DRAFTERS, VLLM_DRAFTERS, drafter_unavailable, is_lenient, make_drafter
+from .registry import DRAFTERS, VLLM_DRAFTERS, drafter_capabilities, drafter_unavailable, is_lenient, make_drafter
 from .request_kind import RequestKind
 from .trees.rollout_cache import CacheStats, RolloutCache
 from .trees.tree import tree_class
@@ -24,6 +24,7 @@ __all__ = [
     "RolloutCache",
     "SRTDrafter",
     "capabilities",
+    "drafter_capabilities",
     "drafter_unavailable",
     "is_lenient",
     "make_drafter",

@@ -21,7 +21,11 @@ class DrafterCapabilities:
     - ``needs_logprobs``: ``add_tokens`` also takes the sampled tokens' log-probabilities;
     - ``lenient``: its drafts carry an old policy's log-probabilities and are accepted by the lenient
       rule with its ``lenience`` (not exactly on-policy);
-    - ``model``: it runs a model bound to the engine's policy (`drafting.drafters.model_drafting.ModelDrafter`).
+    - ``model``: it runs a model bound to the engine's policy (`drafting.drafters.model_drafting.ModelDrafter`);
+    - ``global_tree``: beside its prompt trees it keeps a global tree of responses across prompts.
+
+    A drafter with ``trees`` takes a ``max_bytes`` option (the budget of all it keeps), one with ``global_tree``
+    also ``global_bytes`` (that tree's part of it): how a run's `TreeBudget` reaches it.
     """
 
     trees: bool = False
@@ -29,6 +33,7 @@ class DrafterCapabilities:
     needs_logprobs: bool = False
     lenient: bool = False
     model: bool = False
+    global_tree: bool = False
 
 
 NO_CAPABILITIES = DrafterCapabilities()

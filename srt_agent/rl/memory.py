@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..backends.base import run_tree_budget
 from ..backends.vllm.kv_cache import kv_bytes_per_token, kv_cache_gib
 from ..config import ConfigError
 from ..runner.device_info import resolve_engine_dtype
@@ -104,13 +105,15 @@ def plan_memory(
     now: int | None = None,
     our_engines: int = 0,
     device: torch.device | str | None = None,
+    tree_engines: int = 0,
 ) -> MemoryPlan:
     """What a run of env config `config` on `model` (the loaded torch module) will hold at its peak.
 
     `vllm_engines`: vLLM engines alive at once; `policy_copies_model`: the trainer's policy is a copy of
     `model` (our engine serves `model`), not `model` itself; `our_engines`: our engines alive at once (each
     preallocates its KV cache: every slot at full context, and the prefix cache's block pool); `device`:
-    where the run computes (default: `model`'s device). Engines hold their weights and KV in the engine's
+    where the run computes (default: `model`'s device); `tree_engines`: engines whose drafter keeps SRT's trees
+    (host memory, within the run's tree budget). Engines hold their weights and KV in the engine's
     dtype (``engine.dtype``); the trainer float32 weights, gradients and AdamW moments."""
     train, engine = config.train, config.engine
     loaded_dtype = next(model.parameters()).dtype
@@ -144,6 +147,9 @@ def plan_memory(
         parts["gradients"] = trained
         parts["AdamW moments"] = 2 * trained
     parts["activations (one micro-batch)"] = activation_bytes(model.config, train.micro_batch_tokens)
+    if tree_engines:
+        trees = run_tree_budget(config).max_bytes
+        host[f"SRT's trees ({tree_engines} × {trees / 2**30:.2f} GiB at most)"] = trees * tree_engines
     now = int(resource_rss() if now is None else now)
     if on_device:
         return MemoryPlan(now, host, str(device), parts)

@@ -27,8 +27,9 @@ from ..agent.rollout import write_jsonl
 from ..agent.toolconfig import load_tools, require_sandbox_runtime
 from ..agent.trajectory import Trajectory
 from ..backends import VLLM_IDENTICAL_NOTE
+from ..backends.base import run_tree_budget
 from ..config import ConfigError, EnvConfig, load_env_config
-from ..drafting import DRAFTERS, RolloutCache, is_lenient
+from ..drafting import DRAFTERS, RolloutCache, drafter_capabilities, is_lenient
 from ..models import LoadedModel, load_model
 from ..runner.device_info import resolve_engine_dtype
 from .batch import Sample
@@ -186,8 +187,14 @@ class Trainer:
             raise ConfigError("dataset: no tasks")
         self.engine_dtype = resolve_engine_dtype(cfg.engine.dtype, self.loaded.device, self.loaded.dtype)
         own_copies, on_module = planned_engines(cfg, self.loaded, self.variants)
+        tree_engines = sum(drafter_capabilities(v.drafter).trees for v in self.variants)
         plan = plan_memory(
-            cfg, self.loaded.model, vllm_engines=own_copies, policy_copies_model=on_module > 0, our_engines=on_module
+            cfg,
+            self.loaded.model,
+            vllm_engines=own_copies,
+            policy_copies_model=on_module > 0,
+            our_engines=on_module,
+            tree_engines=tree_engines,
         )
         check_plan(plan, train.max_memory_gb)
         meter.mark("model loaded")
@@ -207,6 +214,8 @@ class Trainer:
                 + (" and run-ahead" if self.variants[0].run_ahead is not None else "")
                 + (f", compared with {', '.join(others)}" if others else "")
             )
+            if tree_engines:
+                self._log(run_tree_budget(cfg).line())
             state, saved_caches = load_checkpoint(self.resume) if self.resume is not None else (None, {})
             evaluate = self._evaluator(rollouts) if cfg.cold_start.eval_tasks else None
             if state is None:

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import torch
 
+from ...drafting import drafter_capabilities
 from ...drafting.request_kind import RequestKind
 from ...engine import AsyncEngine, RequestOutput, SamplingParams
-from ..base import Capabilities, Registered
+from ..base import Capabilities, Registered, run_tree_budget
 from ..engine import EngineRunAhead
 from .availability import refusal, vllm_version
 from .engine import VLLMEngine
@@ -162,6 +163,15 @@ class UndraftedView:
         """The owner closes the engine."""
 
 
+def proposer_options(config, drafter: str) -> dict:
+    """``engine.vllm.proposer`` with the run's tree budget where a tree drafter runs and those options do not
+    set ``max_bytes`` themselves."""
+    options = dict(config.engine.vllm.proposer)
+    if "max_bytes" not in options:
+        options.update(run_tree_budget(config).drafter_options(drafter_capabilities(drafter)))
+    return options
+
+
 def vllm_backend(config, loaded, drafter: str | None = None, run_ahead=None) -> VLLMBackend:
     """vLLM for env config `config` (``engine:`` and ``engine.vllm:``) serving `loaded`'s model: the
     directory it was loaded from, else a directory saved from `loaded` itself; `run_ahead` (options) with
@@ -184,7 +194,7 @@ def vllm_backend(config, loaded, drafter: str | None = None, run_ahead=None) -> 
         threads=e.vllm.threads,
         exact_sampling=e.vllm.exact_sampling,
         block_size=e.vllm.block_size,
-        proposer_options=e.vllm.proposer,
+        proposer_options=proposer_options(config, drafter),
         run_ahead=run_ahead,
         dtype=getattr(e, "dtype", "auto"),
         gpu_memory_utilization=e.vllm.gpu_memory_utilization,

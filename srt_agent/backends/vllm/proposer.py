@@ -46,6 +46,7 @@ def srt_drafter(options: ProposerOptions, max_overshoot: int) -> SRTDrafter:
     o = options
     srt = dict(chain=True, min_prob=o.min_prob, whole_prompt=o.whole_prompt, global_fallback=o.global_fallback)
     srt.update(max_held=o.max_held, held_ttl_s=o.held_ttl_s, max_overshoot=max_overshoot, max_bytes=o.max_bytes)
+    srt.update(global_bytes=o.global_bytes)
     if o.trees:
         return SRTDrafter(saved_trees(o, o.trees), **srt)
     return SRTDrafter(max_depth=o.max_depth, max_match=o.max_match, max_nodes_per_prompt=o.max_nodes_per_prompt, **srt)
@@ -53,7 +54,7 @@ def srt_drafter(options: ProposerOptions, max_overshoot: int) -> SRTDrafter:
 
 def saved_trees(options: ProposerOptions, path: str) -> RolloutCache:
     """The prompt trees saved at `path`, within the options' share of the byte budget for them."""
-    budget = prompt_tree_bytes(options.max_bytes, options.global_fallback)
+    budget = prompt_tree_bytes(options.max_bytes, options.global_fallback, options.global_bytes)
     return RolloutCache.load(path, max_bytes=budget, max_nodes_per_prompt=options.max_nodes_per_prompt)
 
 

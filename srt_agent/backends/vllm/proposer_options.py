@@ -14,7 +14,8 @@ class ProposerOptions:
 
     max_depth: int = 64  # tree depth (RolloutCache)
     max_match: int = 32  # context tokens matched against the tree
-    max_bytes: int = 1 << 30  # trees, held turns (an eighth at most) and the global tree (a 32nd); LRU past it
+    max_bytes: int = 1 << 30  # trees, held turns (an eighth at most) and the global tree; LRU past it
+    global_bytes: int | None = None  # the global tree's part of max_bytes (None: a 32nd)
     max_nodes_per_prompt: int = 1 << 21
     max_held: int = 4096  # finished turns kept open for their trajectory's next turn
     held_ttl_s: float = 900.0  # a held turn not continued within this long is released

@@ -26,7 +26,7 @@ class HybridDrafter:
     """SRT trees (``.tree``, whose ``.cache`` is the rollout cache) plus a self-drafter (``.model``)."""
 
     name = "srt+self"
-    capabilities = DrafterCapabilities(trees=True, run_ahead=True, model=True)
+    capabilities = DrafterCapabilities(trees=True, run_ahead=True, model=True, global_tree=True)
 
     def __init__(self, quantization: str = "auto", tree_width: int = 1, **tree_options) -> None:
         self.tree = SRTDrafter(**tree_options)

@@ -9,8 +9,11 @@ draft from each other. Three more rules, each optional:
 * held turns: a finished turn that may go on under a fresh id (``hold``, as vLLM's proposer ends turns) is held,
   and a later request whose prompt extends it (the tool output appended) continues its sequence; it may leave out up to
   ``max_overshoot`` tokens sampled past a stop that the caller dropped;
-* ``global_fallback``: a tree of every turn's tokens after its context, across prompts, drafts where it
-  expects more accepted tokens than the prompt's own tree (a prompt without history still drafts).
+* ``global_fallback``: a tree of turns' tokens after their context, across prompts, drafts where it expects more
+  accepted tokens than the prompt's own tree (a prompt without history still drafts). It is fed by at most one
+  running turn per prompt and ``GLOBAL_FEEDERS`` in all: what it is for (what responses share across prompts)
+  needs no GRPO siblings, whose tokens are the prompt trees' job, and a batch of 1,024 long rollouts would
+  otherwise double the insert cost and fill its small share of the budget many times a step.
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ from dataclasses import dataclass
 
 from ..draft import Draft
 from ..drafter import DrafterCapabilities
+from ..trees.budget import GLOBAL_FEEDERS, GLOBAL_SHARE
 from ..trees.held_turns import HeldTurns
 from ..trees.keys import prompt_key as hash_key
 from ..trees.rollout_cache import CacheStats, RolloutCache
 
 HELD_SHARE = 8  # held turns take at most 1/HELD_SHARE of the byte budget
-GLOBAL_SHARE = 32  # the global tree of recent responses takes 1/GLOBAL_SHARE of it
 GLOBAL_NODE_BYTES = 96  # bytes a global-tree node may take (43-81 measured): sets its node cap
 GLOBAL_KEY = "responses"
 COUNTERS = (
@@ -35,13 +38,20 @@ COUNTERS = (
     "whole_prompts",  # prompt trees led by their whole prompt
     "global_drafts",  # drafts taken from the global tree, which expected more than the prompt's
     "rewound",  # continuations that left out tokens sampled past a stop (they stay in the tree)
-    "dropped_past_stop",  # turns whose tokens past the caller's stop left the tree (end_turn)
+    "dropped_past_stop",  # turns rewound to the caller's stop (end_turn)
 )
 
 
-def prompt_tree_bytes(max_bytes: int, global_fallback: bool) -> int:
+def global_tree_bytes(max_bytes: int, global_fallback: bool, global_bytes: int | None = None) -> int:
+    """The global tree's part of `max_bytes`: `global_bytes` if given (a `TreeBudget`'s), else a 32nd."""
+    if not global_fallback:
+        return 0
+    return max_bytes // GLOBAL_SHARE if global_bytes is None else global_bytes
+
+
+def prompt_tree_bytes(max_bytes: int, global_fallback: bool, global_bytes: int | None = None) -> int:
     """The prompt trees' part of `max_bytes`: what the held turns and the global tree leave."""
-    return max_bytes - max_bytes // HELD_SHARE - (max_bytes // GLOBAL_SHARE if global_fallback else 0)
+    return max_bytes - max_bytes // HELD_SHARE - global_tree_bytes(max_bytes, global_fallback, global_bytes)
 
 
 @dataclass
@@ -51,7 +61,7 @@ class _Turn:
     tokens: list[int]  # everything stored so far: prompt, responses, tool outputs
     floor: int  # the prompt this turn was given: a next turn shares at least that much
     run_ahead: bool = False
-    in_global: bool = False
+    in_global: bool = False  # its tokens go into the global tree too
 
 
 @dataclass
@@ -70,11 +80,11 @@ class SRTDrafter:
 
     ``chain=True`` drafts one path (the most frequent child at each step: what vLLM verifies); ``min_prob``
     drops draft nodes whose path frequency falls below it; ``max_bytes`` bounds the prompt trees, the held
-    turns (an eighth) and the global tree (a 32nd) together; ``max_held=0`` holds no turns.
+    turns (an eighth) and the global tree (``global_bytes``, default a 32nd) together; ``max_held=0`` holds no turns.
     """
 
     name = "srt"
-    capabilities = DrafterCapabilities(trees=True, run_ahead=True)
+    capabilities = DrafterCapabilities(trees=True, run_ahead=True, global_tree=True)
 
     def __init__(
         self,
@@ -88,6 +98,7 @@ class SRTDrafter:
         held_ttl_s: float = 900.0,
         max_overshoot: int = 0,
         max_bytes: int = 1 << 30,
+        global_bytes: int | None = None,
         **tree_options,
     ) -> None:
         if cache is not None and tree_options:
@@ -97,12 +108,11 @@ class SRTDrafter:
         if max_overshoot < 0:
             raise ValueError(f"max_overshoot must be >= 0, got {max_overshoot}")
         held_bytes = max_bytes // HELD_SHARE
-        global_bytes = max_bytes // GLOBAL_SHARE if global_fallback else 0
-        self.cache = (
-            cache
-            if cache is not None
-            else RolloutCache(max_bytes=prompt_tree_bytes(max_bytes, global_fallback), **tree_options)
-        )
+        if global_bytes is not None and not 0 < global_bytes <= max_bytes // 2:
+            raise ValueError(f"global_bytes must be in (0, max_bytes / 2], got {global_bytes} of {max_bytes}")
+        prompt_bytes = prompt_tree_bytes(max_bytes, global_fallback, global_bytes)
+        global_bytes = global_tree_bytes(max_bytes, global_fallback, global_bytes)
+        self.cache = cache if cache is not None else RolloutCache(max_bytes=prompt_bytes, **tree_options)
         self.responses = (
             RolloutCache(
                 max_depth=self.cache.max_depth,
@@ -119,6 +129,7 @@ class SRTDrafter:
         self.counters = dict.fromkeys(COUNTERS, 0)
         self._active: dict[Hashable, _Turn] = {}
         self._held: dict[int, _Turn] = {}  # sequence id -> a finished turn
+        self._feeders: dict[Hashable, int] = {}  # prompt key -> the sequence that feeds the global tree for it
         self._next_sequence = 0
 
     # ---- requests --------------------------------------------------------------------------------
@@ -155,7 +166,8 @@ class SRTDrafter:
 
     def end_turn(self, request_id: Hashable, length: int) -> None:
         """The caller ended the request's turn at `length` tokens (prompt included) by a rule the engine did not
-        know: what was stored past it (sampled inside an accepted draft) leaves the prompt's tree."""
+        know: the prompt tree's sequence goes on from there (what was stored past it, sampled inside an accepted
+        draft, stays in the tree as a finished sample; see `RolloutCache.drop_last`)."""
         turn = self._turn(request_id)
         if len(turn.tokens) <= length:
             return
@@ -191,9 +203,12 @@ class SRTDrafter:
         """The prompt tree's draft after `context`, or the global tree's where that one expects more."""
         turn = self._turn(request_id)
         own = self.cache.draft_request(turn.sequence, context, budget, self.chain, self.min_prob)
-        if not turn.in_global or own.expected_accepted >= budget:  # nothing expects more than a sure full draft
+        if self.responses is None or turn.run_ahead or own.expected_accepted >= budget:  # nothing beats a sure draft
             return own
-        other = self.responses.draft_request(turn.sequence, context, budget, self.chain, self.min_prob)
+        if turn.in_global:
+            other = self.responses.draft_request(turn.sequence, context, budget, self.chain, self.min_prob)
+        else:
+            other = self.responses.draft(GLOBAL_KEY, context, budget, self.chain, self.min_prob)
         if other.expected_accepted <= own.expected_accepted:
             return own
         self.counters["global_drafts"] += 1
@@ -245,15 +260,21 @@ class SRTDrafter:
             raise ValueError(f"request {request_id!r} is already running")
 
     def _start_global(self, turn: _Turn) -> None:
-        """The turn's tokens after its prompt go into the global tree too (``global_fallback``)."""
-        turn.in_global = self.responses is not None
+        """The turn's tokens after its prompt go into the global tree too (``global_fallback``), if no other
+        running turn of its prompt feeds it and fewer than ``GLOBAL_FEEDERS`` do."""
+        turn.in_global = (
+            self.responses is not None and turn.key not in self._feeders and len(self._feeders) < GLOBAL_FEEDERS
+        )
         if turn.in_global:
+            self._feeders[turn.key] = turn.sequence
             self.responses.start_request(turn.sequence, GLOBAL_KEY, [])
 
     def _stop_sequences(self, turn: _Turn) -> None:
         self.cache.stop_request(turn.sequence)
         if turn.in_global:
             self.responses.stop_request(turn.sequence)
+            del self._feeders[turn.key]
+            turn.in_global = False
 
     def _open(self, request_id: Hashable, turn: _Turn) -> None:
         self._active[request_id] = turn

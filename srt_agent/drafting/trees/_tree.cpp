@@ -45,6 +45,7 @@ struct Node {
     int32_t seq = kNone;  // the edge's tokens are seqs[seq][off, off + len)
     int32_t off = 0;
     int32_t count = 0;    // occurrences of the path to (any position on) this edge
+    int32_t first = 0;    // the edge's first token (kept with the node so a child scan reads no sequence)
     int32_t parent = kNone;
     int32_t first_child = kNone;
     int32_t next = kNone;  // siblings
@@ -168,9 +169,16 @@ public:
         sequence_bytes_ = sequence_bytes_ - before + held_bytes(seq);
     }
 
-    std::vector<int32_t> sequence(int seq) const {
-        if (!valid(seq)) throw py::value_error("sequence " + std::to_string(seq) + " does not exist in this tree");
-        return seqs_[seq];
+    std::vector<int32_t> sequence(int seq, int64_t start) const {
+        require_valid(seq);
+        const std::vector<int32_t>& tokens = seqs_[seq];
+        auto from = tokens.begin() + std::min<int64_t>(std::max<int64_t>(start, 0), int64_t(tokens.size()));
+        return std::vector<int32_t>(from, tokens.end());
+    }
+
+    int64_t sequence_length(int seq) const {
+        require_valid(seq);
+        return int64_t(seqs_[seq].size());
     }
 
     void extend(int seq, const std::vector<int64_t>& raw) {
@@ -223,6 +231,7 @@ public:
                 fail_if(ch.parent != n || ch.prev != prev, "broken child links", c);
                 fail_if(ch.len < 1 || ch.count < 1, "empty edge or zero count", c);
                 fail_if(ch.off < 0 || size_t(ch.off) + ch.len > seqs_[ch.seq].size(), "edge outside its sequence", c);
+                fail_if(ch.first != seqs_[ch.seq][ch.off], "first token out of date", c);
                 fail_if(node.wide && index_.find(n, first_token(ch)) != c, "child index out of date", c);
                 fail_if(n != kRoot && ch.count > node.count, "child counted more than its parent", c);
                 depth[c] = depth[n] + ch.len;
@@ -245,6 +254,10 @@ private:
 
     size_t held_bytes(int seq) const { return (seqs_[seq].capacity() + cursors_[seq].capacity()) * sizeof(int32_t); }
 
+    void require_valid(int seq) const {
+        if (!valid(seq)) throw py::value_error("sequence " + std::to_string(seq) + " does not exist in this tree");
+    }
+
     void require_open(int seq) const {
         if (!is_open(seq)) throw py::value_error("sequence " + std::to_string(seq) + " is not open in this tree");
     }
@@ -255,7 +268,7 @@ private:
     }
 
     int32_t token_at(const Node& n, int32_t k) const { return seqs_[n.seq][n.off + k]; }
-    int32_t first_token(const Node& n) const { return seqs_[n.seq][n.off]; }
+    static int32_t first_token(const Node& n) { return n.first; }
 
     void append(int32_t seq, int32_t tok) {
         std::vector<int32_t>& tokens = seqs_[seq];
@@ -292,6 +305,7 @@ private:
                 N.len += 1;
                 C.off += 1;
                 C.len -= 1;
+                C.first = token_at(C, 0);
                 return n;
             }
             int32_t u = new_node(C.seq, C.off, 1, C.count + 1);  // split (C may move: re-fetch)
@@ -299,6 +313,7 @@ private:
             Node& B = nodes_[c];
             B.off += 1;
             B.len -= 1;
+            B.first = token_at(B, 0);
             B.parent = u;
             B.prev = B.next = kNone;
             nodes_[u].first_child = c;
@@ -310,6 +325,7 @@ private:
         if (n != kRoot && N.count == C.count && N.first_child == c && C.next == kNone) {  // c absorbs n
             C.seq = seq;
             C.off = pos - N.len;
+            C.first = N.first;
             C.len = uint16_t(N.len + 1);
             replace_child(N.parent, n, c);
             release(n);
@@ -332,6 +348,7 @@ private:
         Node& n = nodes_[id];
         n.seq = seq;
         n.off = off;
+        n.first = seqs_[seq][off];
         n.len = uint16_t(len);
         n.count = count;
         return id;
@@ -507,7 +524,9 @@ PYBIND11_MODULE(_tree, m) {
              "Append tokens to open sequence `seq`, counting every new window.")
         .def("close", &TokenTree::close, py::arg("seq"), "Mark `seq` finished.")
         .def("is_open", &TokenTree::is_open, py::arg("seq"))
-        .def("sequence", &TokenTree::sequence, py::arg("seq"))
+        .def("sequence", &TokenTree::sequence, py::arg("seq"), py::arg("start") = 0,
+             "The tokens of sequence `seq` from position `start` on.")
+        .def("sequence_length", &TokenTree::sequence_length, py::arg("seq"))
         .def("count", &TokenTree::count, py::arg("path"), "Occurrences of the token string `path`.")
         .def("match", &TokenTree::match, py::arg("context"), py::arg("max_match"))
         .def("draft", &TokenTree::draft, py::arg("context"), py::arg("budget"), py::arg("max_match"),

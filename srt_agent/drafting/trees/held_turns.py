@@ -10,6 +10,9 @@ rollout of that context) and leave out at most ``max_overshoot`` of the turn's t
 
 Turns are held least recently used first, within a count (``max_held``), a byte budget (``max_bytes``; the
 tokens are stored as int32) and an age (``ttl_s``: a trajectory's next turn comes within a tool call's time).
+A claim looks only at the turns whose context starts like the prompt: each turn is indexed by a hash of its
+first ``BLOCK``-aligned part of its context, and a prompt hashes each of its ``BLOCK``-aligned prefixes once, so
+claiming costs O(prompt length + the turns sharing that prefix), not O(turns held).
 """
 
 from __future__ import annotations
@@ -21,12 +24,27 @@ from dataclasses import dataclass
 
 import numpy as np
 
+BLOCK = 64  # turns are indexed by the hash of their context's first multiple of BLOCK tokens
+_BASE = np.uint64(0x9E3779B97F4A7C15)
+
 
 @dataclass
 class _Held:
     tokens: np.ndarray  # int32
     floor: int  # a continuing prompt shares at least these leading tokens
     held_at: float
+    anchor: tuple[int, int]  # (length, hash) of the context prefix it is indexed by
+    order: int  # when it was held (ties go to the earliest)
+
+
+def block_hashes(tokens: np.ndarray, upto: int) -> np.ndarray:
+    """Hashes of the prefixes ``tokens[:0], tokens[:BLOCK], tokens[:2 * BLOCK], ...`` up to `upto` tokens: a
+    polynomial hash mod 2**64 (collisions are caught by the exact comparison that follows a lookup)."""
+    n = upto - upto % BLOCK
+    with np.errstate(over="ignore"):
+        powers = np.cumprod(np.full(n, _BASE, dtype=np.uint64))
+        terms = (tokens[:n].astype(np.uint64) + np.uint64(1)) * powers
+        return np.concatenate(([np.uint64(0)], np.cumsum(terms, dtype=np.uint64)[BLOCK - 1 :: BLOCK]))
 
 
 class HeldTurns:
@@ -45,15 +63,23 @@ class HeldTurns:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_held, self.max_bytes, self.ttl_s, self.clock = max_held, max_bytes, ttl_s, clock
         self._turns: OrderedDict[Hashable, _Held] = OrderedDict()  # least recently used first
+        self._index: dict[tuple[int, int], set[Hashable]] = {}  # anchor -> keys of the turns it starts
         self.nbytes = 0
+        self.compared = 0  # held turns claims compared token by token (the index keeps it to those that may match)
+        self._held_count = 0
 
     def hold(self, key: Hashable, tokens: Sequence[int], floor: int | None = None) -> list[Hashable]:
         """Hold a finished turn (`floor`: how many leading tokens a continuing prompt must share; all by
         default); returns the keys released to stay within the bounds."""
         if key in self._turns:
             self._drop(key)
-        held = _Held(np.asarray(tokens, dtype=np.int32), len(tokens) if floor is None else floor, self.clock())
+        array = np.asarray(tokens, dtype=np.int32)
+        floor = len(array) if floor is None else floor
+        anchor = floor - floor % BLOCK
+        held = _Held(array, floor, self.clock(), (anchor, int(block_hashes(array, anchor)[-1])), self._held_count)
+        self._held_count += 1
         self._turns[key] = held
+        self._index.setdefault(held.anchor, set()).add(key)
         self.nbytes += held.tokens.nbytes
         released = self.expire()
         while self._turns and (
@@ -67,8 +93,12 @@ class HeldTurns:
         shares, its length). The prompt shares all of it, or leaves out up to `max_overshoot` tokens of its tail;
         the turn sharing the most wins."""
         prompt = np.asarray(prompt_ids, dtype=np.int64)
+        hashes = block_hashes(prompt, len(prompt))
+        candidates = [key for i, h in enumerate(hashes.tolist()) for key in self._index.get((i * BLOCK, h), ())]
         best, best_shared = None, 0
-        for key, held in self._turns.items():
+        for key in sorted(candidates, key=lambda k: self._turns[k].order):  # the earliest held wins a tie
+            held = self._turns[key]
+            self.compared += 1
             n, floor = len(held.tokens), held.floor
             if floor > len(prompt) or n - max_overshoot > len(prompt) or n <= best_shared:
                 continue
@@ -96,17 +126,26 @@ class HeldTurns:
         if self.ttl_s is None:
             return []
         cutoff = self.clock() - self.ttl_s
-        return [self._drop(key) for key, held in list(self._turns.items()) if held.held_at < cutoff]
+        expired = []
+        while self._turns and next(iter(self._turns.values())).held_at < cutoff:  # held in time order
+            expired.append(self._drop(next(iter(self._turns))))
+        return expired
 
     def release_all(self) -> list[Hashable]:
         """Forget every held turn; returns their keys."""
         keys = list(self._turns)
         self._turns.clear()
+        self._index.clear()
         self.nbytes = 0
         return keys
 
     def _drop(self, key: Hashable) -> Hashable:
-        self.nbytes -= self._turns.pop(key).tokens.nbytes
+        held = self._turns.pop(key)
+        self.nbytes -= held.tokens.nbytes
+        keys = self._index[held.anchor]
+        keys.discard(key)
+        if not keys:
+            del self._index[held.anchor]
         return key
 
     def __len__(self) -> int:

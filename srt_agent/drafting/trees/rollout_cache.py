@@ -5,12 +5,19 @@ request streams its tokens (sampled or forced) into its prompt's tree as they co
 prompt draft from each other within a step. The first ``max_match`` prompt tokens go in ahead of each
 response so the first response tokens can be drafted too.
 
-Memory is bounded twice: a prompt whose tree grows past ``max_nodes_per_prompt`` nodes is rebuilt from its
-newest rollouts, and when the total passes ``max_bytes`` whole prompts are evicted, least recently used
-first. Run-ahead content (continuations generated in idle capacity, never trained on) drafts like any
-rollout but goes first when room runs out: over the byte budget every prompt's run-ahead sequences are
-dropped before any real rollout is evicted, and a node-cap rebuild drops them before real ones.
-The file format that saves the trees is in `persistence`.
+Memory is bounded twice, each bound kept at amortised O(1) work per inserted token at any batch:
+
+* a prompt whose tree grows past ``max_nodes_per_prompt`` nodes is rebuilt to about half of it: running
+  sequences first (whole while they fit, else trimmed to their last ``max_depth`` tokens, all a running
+  sequence's next windows need), then the newest finished ones, real rollouts before run-ahead content. So
+  running content cannot pin a tree above its cap, and since a rebuild waits until half as many tokens as it
+  kept went in since the last one, rebuilding costs at most a few re-inserted tokens per inserted token;
+* when the total passes ``max_bytes``, run-ahead content goes first, then whole prompts, least recently used
+  first, down to seven eighths of the budget (so the next eviction waits for an eighth of it to fill again).
+
+Run-ahead content (continuations generated in idle capacity, never trained on) drafts like any rollout but
+goes first when room runs out. ``CacheStats`` counts the work: tokens inserted, tokens re-inserted by
+rebuilds, rebuilds, trimmed sequences, evictions. The file format that saves the trees is in `persistence`.
 """
 
 from __future__ import annotations
@@ -42,6 +49,15 @@ class CacheStats:
     run_ahead_tokens: int = 0
     run_ahead_bytes: int = 0  # the trees' bytes in proportion to the run-ahead share of their tokens
     evicted_run_ahead: int = 0  # run-ahead sequences dropped to make room
+    inserted_tokens: int = 0  # tokens the callers stored
+    rebuilt_tokens: int = 0  # tokens re-inserted by node-cap rebuilds and trims (the bounds' work)
+    rebuilds: int = 0
+    trimmed_sequences: int = 0  # running sequences a rebuild cut to their last max_depth tokens
+
+    @property
+    def work_per_token(self) -> float:
+        """Tokens put through a tree per token stored: 1 plus what keeping the bounds cost."""
+        return (self.inserted_tokens + self.rebuilt_tokens) / max(1, self.inserted_tokens)
 
 
 @dataclass
@@ -51,9 +67,11 @@ class _PromptTree:
     active: dict[Hashable, int] = field(default_factory=dict)  # request id -> open sequence id
     run_ahead: set[int] = field(default_factory=set)  # ids of run-ahead sequences
     nbytes: int = 0
+    inserted: int = 0  # tokens stored since the last rebuild
+    gate: int = 0  # tokens to store before the next node-cap rebuild (half of what the last one kept)
 
     def run_ahead_tokens(self) -> int:
-        return sum(len(self.tree.sequence(s)) for s in self.run_ahead)
+        return sum(self.tree.sequence_length(s) for s in self.run_ahead)
 
 
 @dataclass
@@ -89,6 +107,7 @@ class RolloutCache:
         self._bytes = 0
         self._evicted = 0
         self._evicted_run_ahead = 0
+        self._work = dict.fromkeys(("inserted_tokens", "rebuilt_tokens", "rebuilds", "trimmed_sequences"), 0)
 
     # ---- streaming rollouts -------------------------------------------------------------------
     def start_request(
@@ -119,14 +138,22 @@ class RolloutCache:
         self._extend(req.prompt_key, self._prompts[req.prompt_key], req.seq, token_ids)
 
     def drop_last(self, request_id: Hashable, count: int) -> None:
-        """Take the last `count` tokens of a running request back out of its prompt's tree (tokens a serving
-        engine sampled past a stop that the caller drops); the tree is rebuilt as if they never went in."""
+        """The running request goes on from before its last `count` tokens (tokens a serving engine sampled past
+        a stop that the caller drops): they stay in the tree as a finished sample (the policy did sample them),
+        and the request continues in a new sequence led by the `max_match` tokens before them. O(max_match)."""
         req = self._request(request_id)
         if count <= 0 or req.detached:
             return
         entry = self._prompts[req.prompt_key]
-        length = len(entry.tree.sequence(req.seq))
-        self._rebuild_with(entry, set(entry.seqs), {req.seq: max(0, length - count)})
+        cut = max(0, entry.tree.sequence_length(req.seq) - count)
+        lead = entry.tree.sequence(req.seq, cut - self.max_match)[: min(cut, self.max_match)]
+        entry.tree.close(req.seq)
+        seq = entry.tree.add_sequence()
+        entry.seqs.append(seq)
+        if req.seq in entry.run_ahead:
+            entry.run_ahead.add(seq)
+        entry.active[request_id] = req.seq = seq
+        self._extend(req.prompt_key, entry, seq, lead, work="rebuilt_tokens")
 
     def stop_request(self, request_id: Hashable) -> None:
         """Finish a request; its tokens stay in the tree."""
@@ -148,6 +175,7 @@ class RolloutCache:
             entry.run_ahead.add(seq)
         entry.tree.extend(seq, tokens)
         entry.tree.close(seq)
+        self._stored(entry, len(tokens), "inserted_tokens")
         self._grown(prompt_key, entry)
 
     def forget(self, prompt_key: Hashable) -> None:
@@ -209,6 +237,7 @@ class RolloutCache:
             run_ahead_tokens=sum(run_ahead_tokens),
             run_ahead_bytes=sum(e.nbytes * n // max(e.tree.num_tokens, 1) for e, n in zip(entries, run_ahead_tokens)),
             evicted_run_ahead=self._evicted_run_ahead,
+            **self._work,
         )
 
     def __contains__(self, prompt_key: Hashable) -> bool:
@@ -286,19 +315,32 @@ class RolloutCache:
         self._prompts.move_to_end(prompt_key)
         return entry
 
-    def _extend(self, prompt_key: Hashable, entry: _PromptTree, seq: int, token_ids: Sequence[int]) -> None:
+    def _extend(
+        self,
+        prompt_key: Hashable,
+        entry: _PromptTree,
+        seq: int,
+        token_ids: Sequence[int],
+        work: str = "inserted_tokens",
+    ) -> None:
         try:
             entry.tree.extend(seq, token_ids)
         except TypeError:
             check_tokens(token_ids)  # raises a ValueError naming the bad token
             raise
+        self._stored(entry, len(token_ids), work)
         self._grown(prompt_key, entry)
+
+    def _stored(self, entry: _PromptTree, n: int, work: str) -> None:
+        entry.inserted += n
+        self._work[work] += n
 
     def _grown(self, prompt_key: Hashable, entry: _PromptTree) -> None:
         """Keep the per-prompt node cap and the global byte budget after `entry` grew."""
         self._resize(entry, entry.tree.nbytes)
-        if entry.tree.num_nodes > self.max_nodes_per_prompt and len(entry.seqs) > len(entry.active):
-            self._rebuild(entry, keep_tokens=entry.tree.num_tokens // 2)
+        if entry.tree.num_nodes > self.max_nodes_per_prompt and entry.inserted >= entry.gate:
+            half = self.max_nodes_per_prompt // 2
+            self._rebuild(entry, keep_tokens=entry.tree.num_tokens * half // entry.tree.num_nodes)
         if self._bytes > self.max_bytes:
             self._evict(prompt_key)
 
@@ -307,35 +349,43 @@ class RolloutCache:
         entry.nbytes = nbytes
 
     def _rebuild(self, entry: _PromptTree, keep_tokens: int) -> None:
-        """Replace the tree by one holding the running sequences and the newest finished ones, real
-        rollouts before run-ahead content."""
+        """Replace the tree by one of about `keep_tokens` tokens: the running sequences (newest first; those past
+        the room left trimmed to their last ``max_depth`` tokens), then the newest finished ones, real rollouts
+        before run-ahead content."""
         running = set(entry.active.values())
-        kept, total = set(), 0
+        length = {seq: entry.tree.sequence_length(seq) for seq in entry.seqs}
+        tails = {seq: min(length[seq], self.max_depth) for seq in running}
+        total = sum(tails.values())  # what running sequences keep at least
+        keep: dict[int, int] = {}  # sequence -> its first token kept
         for run_ahead in (False, True):
-            for seq in reversed(entry.seqs):
-                if (seq in entry.run_ahead) != run_ahead:
-                    continue
-                n = len(entry.tree.sequence(seq))
-                if seq in running or total + n <= keep_tokens:
-                    kept.add(seq)
-                    total += 0 if seq in running else n
-        self._rebuild_with(entry, kept)
+            for finished in (False, True):
+                for seq in reversed(entry.seqs):
+                    if (seq in entry.run_ahead) != run_ahead or (seq not in running) != finished:
+                        continue
+                    extra = length[seq] - tails.get(seq, 0)
+                    if total + extra <= keep_tokens:
+                        keep[seq], total = 0, total + extra
+                    elif seq in running:
+                        keep[seq] = length[seq] - tails[seq]
+        self._work["trimmed_sequences"] += sum(1 for seq, start in keep.items() if start)
+        self._rebuild_with(entry, keep)
 
-    def _rebuild_with(self, entry: _PromptTree, keep: set[int], lengths: dict[int, int] | None = None) -> None:
-        """Replace the tree by one holding only the sequences `keep` (oldest first, as before; `lengths`: how
-        many tokens of some to keep); running requests whose sequence is dropped are detached."""
+    def _rebuild_with(self, entry: _PromptTree, keep: dict[int, int]) -> None:
+        """Replace the tree by one holding only the sequences in `keep` (oldest first, as before), each from the
+        token `keep` gives on; running requests whose sequence is dropped are detached."""
         old = entry.tree
         running = {seq: rid for rid, seq in entry.active.items()}
         new = self._tree_cls(self.max_depth)
-        seqs, active, run_ahead = [], {}, set()
+        seqs, active, run_ahead, total = [], {}, set(), 0
         for seq in entry.seqs:
             if seq not in keep:
                 if seq in running:
                     self._requests[running[seq]].detached = True
                 continue
             sid = new.add_sequence()
-            tokens = old.sequence(seq)
-            new.extend(sid, tokens[: lengths[seq]] if lengths and seq in lengths else tokens)
+            tokens = old.sequence(seq, keep[seq])
+            new.extend(sid, tokens)
+            total += len(tokens)
             seqs.append(sid)
             if seq in entry.run_ahead:
                 run_ahead.add(sid)
@@ -345,26 +395,29 @@ class RolloutCache:
             else:
                 new.close(sid)
         entry.tree, entry.seqs, entry.active, entry.run_ahead = new, seqs, active, run_ahead
+        entry.inserted, entry.gate = 0, total // 2
+        self._work["rebuilds"] += 1
+        self._work["rebuilt_tokens"] += total
         self._resize(entry, new.nbytes)
 
     def _evict(self, current: Hashable) -> None:
-        """Get under budget: drop run-ahead content (least recently used prompts first), then evict
-        least recently used prompts; trim `current` before evicting it."""
+        """Get down to seven eighths of the budget: drop run-ahead content (least recently used prompts first),
+        then evict least recently used prompts; trim `current` to its running tails before evicting it."""
+        low = self.max_bytes - self.max_bytes // 8
         for key in list(self._prompts):
-            if self._bytes <= self.max_bytes:
+            if self._bytes <= low:
                 return
             entry = self._prompts[key]
             if entry.run_ahead:
                 self._evicted_run_ahead += len(entry.run_ahead)
-                self._rebuild_with(entry, set(entry.seqs) - entry.run_ahead)
+                self._rebuild_with(entry, dict.fromkeys([s for s in entry.seqs if s not in entry.run_ahead], 0))
         for key in list(self._prompts):
-            if self._bytes <= self.max_bytes:
+            if self._bytes <= low:
                 return
             if key != current:
                 self._drop(key)
-        entry = self._prompts[current]
-        self._rebuild(entry, keep_tokens=0)
-        if self._bytes > self.max_bytes:
+        self._rebuild(self._prompts[current], keep_tokens=0)
+        if self._bytes > low:
             self._drop(current)
 
     def _drop(self, prompt_key: Hashable, evicted: bool = True) -> None:

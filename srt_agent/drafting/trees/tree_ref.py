@@ -89,8 +89,12 @@ class ReferenceTokenTree:
         self._open(seq)
         del self._cursors[seq]
 
-    def sequence(self, seq: int) -> list[int]:
-        return list(self._seqs[seq])
+    def sequence(self, seq: int, start: int = 0) -> list[int]:
+        """The tokens of sequence `seq` from position `start` on."""
+        return self._seqs[seq][max(start, 0) :]
+
+    def sequence_length(self, seq: int) -> int:
+        return len(self._seqs[seq])
 
     def is_open(self, seq: int) -> bool:
         return seq in self._cursors
