@@ -8,7 +8,13 @@ import random
 import pytest
 
 from srt_agent.drafting import Draft
-from srt_agent.drafting.choice.cost_model import ForwardCostModel, choose_drafts, choose_nodes
+from srt_agent.drafting.choice.cost_model import (
+    ForwardCostModel,
+    best_prefix,
+    choose_drafts,
+    choose_nodes,
+    joint_rate_bound,
+)
 
 
 def rate(drafts: list[Draft], kept: list[list[int]], base: int, model: ForwardCostModel) -> float:
@@ -152,3 +158,37 @@ def test_decoding_only_steps_give_a_fit_without_negative_terms():
     assert model.fixed_s == pytest.approx(0.030, rel=0.2)
     for s in (2, 5, 12):  # unmeasured decoding shapes come out of the fit
         assert model.predict(s, s) == pytest.approx(0.030 + 0.0026 * (s - 1), rel=0.1)
+
+
+def chain(rng: random.Random, depth: int, first: float) -> Draft:
+    scores, score = [], 1.0
+    for d in range(depth):
+        score *= first if d == 0 else rng.uniform(0.5, 1.0)
+        scores.append(score)
+    return Draft(list(range(depth)), list(range(-1, depth - 1)), scores, 4)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_joint_rate_bound_never_rules_out_a_choice_the_cost_model_would_make(seed):
+    """The proposer stops drafting a batch once `joint_rate_bound` says no choice could pay: whenever the choice
+    (makespan, joint) verifies anything, the bound for those drafts lies above the rate of verifying nothing, and
+    a bound at or below it means an empty choice."""
+    rng = random.Random(seed)
+    model = ForwardCostModel(fixed_s=rng.uniform(0.001, 0.05), per_token_s=rng.uniform(1e-5, 3e-3))
+    model.per_sequence_s = rng.uniform(0.0, 2e-3)
+    if seed % 2:
+        model.calibrate([(t, model.predict(t) * rng.uniform(0.7, 1.3)) for t in (2, 4, 8, 16, 32)])
+    rows, depth = rng.randint(1, 12), rng.randint(1, 8)
+    drafts = [chain(rng, depth, rng.uniform(0.6, 1.0) if seed % 3 else 1.0) for _ in range(rows)]
+    reach = 1.0
+    for d in drafts:
+        reach *= d.scores[0]
+    bound = joint_rate_bound(model, rows, depth, reach)
+    verify_none = 1.0 / model.predict(rows, rows)
+    chosen = choose_nodes(drafts, rows, model, makespan=True, joint=True)
+    if any(chosen):
+        assert bound > verify_none
+        best = best_prefix(drafts, rows, model, makespan=True, joint=True)
+        assert best.rate <= bound * (1 + 1e-9)
+    if bound <= verify_none:
+        assert not any(chosen)

@@ -384,7 +384,7 @@ def test_a_stop_inside_an_accepted_draft_then_a_next_turn_continues_the_same_tre
 
 
 def test_drafting_fails_loudly_once_faults_are_no_longer_rare():
-    """A moved seam (a test double: the proposer's per-request step raises) must not read as 'SRT drafts
+    """A moved seam (a test double: the proposer's per-request insert raises) must not read as 'SRT drafts
     nothing': past max_fault_share of the rows (and 8 faults) propose raises; one failing request among many
     does not."""
 
@@ -394,12 +394,11 @@ def test_drafting_fails_loudly_once_faults_are_no_longer_rare():
 
     p = SRTProposer(options=ProposerOptions(max_fault_share=0.1))
 
-    def step(rid, *args):
+    def store(rid, *args):
         if rid.startswith("bad"):
             raise KeyError("num_prompt_tokens")
-        return Draft()
 
-    p._step = step
+    p._store = store
     arrays = (np.zeros(4, dtype=np.int64), np.zeros((4, 8), dtype=np.int64))
     for i in range(20):  # one bad request in 20 batches of 4: 1 fault in 80 rows
         ids = [f"good{i}-{j}" for j in range(3)] + ([f"bad{i}"] if i == 0 else [f"good{i}-3"])

@@ -22,9 +22,9 @@ import numpy as np
 
 from ...drafting import RequestKind, RolloutCache, SRTDrafter
 from ...drafting.choice.acceptance import AcceptanceModel
-from ...drafting.choice.cost_model import choose_drafts
+from ...drafting.choice.cost_model import choose_drafts, joint_rate_bound
 from ...drafting.choice.step_cost import StepClock, vllm_step_cost
-from ...drafting.draft import Draft
+from ...drafting.draft import EMPTY_DRAFT, Draft
 from ...drafting.drafters.srt import prompt_tree_bytes
 from .plugin import check_seam
 from .proposer_options import ProposerOptions
@@ -38,7 +38,7 @@ MIN_LOUD_FAULTS = 8  # faults before a high fault share fails drafting loudly
 class _Row:
     kind: RequestKind
     stored: int  # tokens of the row already handed to SRT
-    draft: Draft = field(default_factory=Draft)  # the last draft proposed (raw scores), settled next step
+    draft: Draft = field(default_factory=lambda: EMPTY_DRAFT)  # the last draft proposed (raw scores), settled next step
 
 
 def srt_drafter(options: ProposerOptions, max_overshoot: int) -> SRTDrafter:
@@ -79,7 +79,7 @@ class SRTProposer:
         self._rows: dict[str, _Row] = {}  # vLLM request id -> row state
         self._broken: set[str] = set()  # requests a fault happened for: no drafts, no inserts
         self._stats = dict.fromkeys(
-            "steps drafted accepted rows rows_drafted rows_seen rows_undrafted faults saves".split(), 0
+            "steps drafted accepted rows rows_drafted rows_seen rows_undrafted faults saves host_ns".split(), 0
         )
         self._stats["expected"] = 0.0
         self._first_fault: str | None = None
@@ -121,12 +121,22 @@ class SRTProposer:
         slot_mappings: Any = None,
     ) -> list[list[int]]:
         """One draft (a list of token ids, maybe empty) per batch row."""
+        started = time.perf_counter_ns()
+        try:
+            return self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        finally:
+            self._stats["host_ns"] += time.perf_counter_ns() - started
+
+    def _propose(
+        self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray
+    ) -> list[list[int]]:
         rows = len(sampled_token_ids)
         self._stats["rows_seen"] += rows
         try:
             req_ids = list(self._batch.req_ids[:rows])
             self._retire(set(self._batch.req_ids))
-            kinds = [self._kind(rid) for rid in req_ids]
+            kinds = [row.kind if (row := self._rows.get(rid)) is not None else self._kind(rid) for rid in req_ids]
+            lengths = num_tokens_no_spec[:rows].tolist()
         except Exception:  # the batch itself is unreadable: no drafts this step
             self.clock.skip()  # nor a timed step
             self._fault("batch", None, rows)
@@ -141,19 +151,15 @@ class SRTProposer:
         ]
         prefilled = len(live) < rows or any(req_ids[i] not in self._rows for i in live)
         started = self.clock.tick(rows, prefilled, timed=not undrafted and self.options.calibrate)
-        decoding, raw = [], []
         for i in live:
-            draft = Draft()
             if req_ids[i] not in self._broken:
                 try:
-                    n = int(num_tokens_no_spec[i])
-                    draft = self._step(req_ids[i], i, kinds[i], sampled_token_ids[i], n, token_ids_cpu)
+                    self._store(req_ids[i], i, kinds[i], len(sampled_token_ids[i]) - 1, lengths[i], token_ids_cpu)
                 except Exception:
                     self._fault(req_ids[i], i)
-            if kinds[i] is RequestKind.ROLLOUT:
-                decoding.append(i)
-                raw.append(draft)
         self._observe()
+        decoding = [i for i in live if kinds[i] is RequestKind.ROLLOUT]
+        raw = self._draft_rows([req_ids[i] for i in decoding], [lengths[i] for i in decoding], decoding, token_ids_cpu)
         drafts: list[list[int]] = [[] for _ in range(rows)]
         for i, draft in zip(decoding, self.choose(raw)):
             if req_ids[i] in self._rows and req_ids[i] not in self._broken:
@@ -174,14 +180,40 @@ class SRTProposer:
         )
 
     # ---- rows to SRT's requests ------------------------------------------------------------------
-    def _step(self, rid: str, i: int, kind: RequestKind, sampled: list[int], n: int, token_ids: np.ndarray) -> Draft:
-        """Hand SRT the row's new tokens (every one since the last call) and draft for it."""
+    def _store(self, rid: str, i: int, kind: RequestKind, accepted: int, n: int, token_ids: np.ndarray) -> None:
+        """Hand SRT the row's new tokens (every one since the last call; `accepted` of its last draft)."""
         row = self._rows.get(rid) or self._begin(rid, i, kind, token_ids)
-        self._settle(row, len(sampled) - 1)
+        self._settle(row, accepted)
         if n > row.stored:
             self.srt.add_tokens(rid, token_ids[i, row.stored : n].tolist())
             row.stored = n
-        return self._draft(rid, n, token_ids[i]) if kind is RequestKind.ROLLOUT else Draft()
+
+    def _draft_rows(self, rids: list[str], lengths: list[int], rows: list[int], token_ids: np.ndarray) -> list[Draft]:
+        """The decoding rows' drafts. With the cost policy, drafting stops where no choice could pay at this batch
+        (`joint_rate_bound`: before the first draft, even for sure ones; after a row with no draft, which rules out
+        every draft; or once the drafts so far, the rest sure, cannot), and then no row gets one."""
+        drafts = none = [EMPTY_DRAFT] * len(rids)
+        cost = self.options.policy == "cost"
+        verify_none = 1.0 / self.cost.predict(len(rids), len(rids))
+        if cost and joint_rate_bound(self.cost, len(rids), self.k) <= verify_none:
+            return none
+        drafts = list(none)
+        reach = 1.0  # the product of the drafted rows' calibrated first-token acceptance
+        for j, (rid, n, i) in enumerate(zip(rids, lengths, rows)):
+            draft = EMPTY_DRAFT
+            if rid not in self._broken and rid in self._rows:
+                try:
+                    draft = self._draft(rid, n, token_ids[i])
+                except Exception:
+                    self._fault(rid, i)
+            drafts[j] = draft
+            if cost:
+                if not len(draft):
+                    return none
+                reach *= self.acceptance.conditional(min(draft.scores[0], 1.0), draft.match_len)
+                if joint_rate_bound(self.cost, len(rids), self.k, reach) <= verify_none:
+                    return none
+        return drafts
 
     def _begin(self, rid: str, i: int, kind: RequestKind, token_ids: np.ndarray) -> _Row:
         """First sight of a request: SRT continues the held turn its prompt extends, or starts its prompt's tree."""
@@ -196,7 +228,7 @@ class SRTProposer:
     def _draft(self, rid: str, n: int, tokens: np.ndarray) -> Draft:
         budget = min(self.k, self.max_model_len - n - 1)
         if budget <= 0:
-            return Draft()
+            return EMPTY_DRAFT
         return self.srt.draft(rid, tokens[max(0, n - self.srt.cache.max_match) : n].tolist(), budget)
 
     def _kind(self, rid: str | None) -> RequestKind:
@@ -253,9 +285,10 @@ class SRTProposer:
     # ---- cost and acceptance ---------------------------------------------------------------------
     def _settle(self, row: _Row, accepted: int) -> None:
         """Count how much of the row's last draft was accepted (learned from at the step's end)."""
-        draft, row.draft = row.draft, Draft()
+        draft = row.draft
         if not len(draft):
             return
+        row.draft = EMPTY_DRAFT
         accepted = max(0, min(accepted, len(draft)))
         self._verified.append((draft, accepted))
         self._stats["drafted"] += len(draft)
@@ -290,6 +323,7 @@ class SRTProposer:
         srt = self.srt.stats()
         out = {**self._stats, **srt.counters}
         out["acceptance"] = out["accepted"] / out["drafted"] if out["drafted"] else 0.0
+        out["host_us_per_row"] = out["host_ns"] / 1e3 / max(1, out["rows_seen"])  # propose's time per batch row
         out["nodes_tested"] = self.acceptance.nodes_tested  # drafted tokens whose parent was accepted …
         out["nodes_accepted"] = self.acceptance.nodes_accepted  # … and those of them accepted
         out.update(active=len(self._rows), held=srt.held, cache=asdict(srt.cache))

@@ -76,6 +76,12 @@ class ForwardCostModel:
         """The per-shape figures (calibrated and observed), as {"sequences", "tokens", "seconds"} rows."""
         return [dict(sequences=q, tokens=t, seconds=self._shapes[(q, t)]) for q, t in sorted(self._shapes)]
 
+    def cheapest(self, low: int, high: int, sequences: int) -> float:
+        """A lower bound on the predicted seconds of a step of `sequences` feeding `low` to `high` tokens: the least
+        measured figure there, or the line's at `low` (the line rises with tokens)."""
+        measured = [s for (q, t), s in self._shapes.items() if q == sequences and low <= t <= high]
+        return min(measured + [self.fixed_s + self.per_token_s * low + self.per_sequence_s * (sequences - 1)])
+
     def predict(self, tokens: int, sequences: int | None = None) -> float:
         """Seconds for a step of `sequences` (default 1) feeding `tokens` (the fit when that shape is unmeasured)."""
         if sequences is not None and (sequences, tokens) in self._shapes:
@@ -196,6 +202,17 @@ def best_prefix(
         if rate > best_rate:
             best_rate, best_count = rate, count
     return PrefixChoice(best_rate, best_count, base_rate, candidates)
+
+
+def joint_rate_bound(model: ForwardCostModel, sequences: int, max_depth: int, reach: float = 1.0) -> float:
+    """An upper bound on the rate `best_prefix` can reach with `makespan` and `joint` for `sequences` decoding rows
+    (one pending token each) drafting chains of at most `max_depth` tokens, when the product over the sequences of
+    their first draft token's acceptance is at most `reach` (1: drafts not known yet): a choice whose slowest
+    sequence expects to accept from d levels verifies at least d nodes per sequence, and E[min accepted] is then at
+    most ``d × reach``. Compare it with ``1 / model.predict(sequences, sequences)`` (verifying nothing) to skip
+    drafting that cannot pay."""
+    top = sequences * (1 + max_depth)
+    return max((1.0 + d * reach) / model.cheapest(sequences * (1 + d), top, sequences) for d in range(1, max_depth + 1))
 
 
 class JointMinimum:

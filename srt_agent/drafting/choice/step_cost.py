@@ -81,6 +81,10 @@ class MeasuredStepCost:
         c = max(0.0, (covariance + self.slope_weight * scaled_c) / (max(spread, 0.0) + self.slope_weight))
         return max(mean_t - c * mean_d, 1e-6), c
 
+    def cheapest(self, low: int, high: int, sequences: int) -> float:
+        """The least predicted seconds of a step of `sequences` feeding `low` to `high` tokens: at `low`."""
+        return self.predict(low, sequences)
+
     def predict(self, tokens: int, sequences: int | None = None) -> float:
         sequences = sequences or 1
         a, c = self.line(sequences)

@@ -157,7 +157,7 @@ class SRTDrafter:
         self.counters["run_ahead_requests"] += 1
 
     def add_tokens(self, request_id: Hashable, token_ids: Sequence[int]) -> None:
-        turn = self._turn(request_id)
+        turn = self._active.get(request_id) or self._turn(request_id)
         tokens = list(token_ids)
         self.cache.add_tokens(turn.sequence, tokens)
         if turn.in_global:

@@ -131,7 +131,7 @@ class RolloutCache:
 
     def add_tokens(self, request_id: Hashable, token_ids: Sequence[int]) -> None:
         """Append sampled or forced tokens of a running request to its prompt's tree."""
-        req = self._request(request_id)
+        req = self._requests.get(request_id) or self._request(request_id)
         if req.detached:
             check_tokens(token_ids)
             return
@@ -337,8 +337,11 @@ class RolloutCache:
 
     def _grown(self, prompt_key: Hashable, entry: _PromptTree) -> None:
         """Keep the per-prompt node cap and the global byte budget after `entry` grew."""
-        self._resize(entry, entry.tree.nbytes)
-        if entry.tree.num_nodes > self.max_nodes_per_prompt and entry.inserted >= entry.gate:
+        tree = entry.tree
+        nbytes = tree.nbytes
+        self._bytes += nbytes - entry.nbytes
+        entry.nbytes = nbytes
+        if entry.inserted >= entry.gate and tree.num_nodes > self.max_nodes_per_prompt:
             half = self.max_nodes_per_prompt // 2
             self._rebuild(entry, keep_tokens=entry.tree.num_tokens * half // entry.tree.num_nodes)
         if self._bytes > self.max_bytes:
