@@ -5,7 +5,8 @@ vLLM for CPUs runs a tiny random Llama (SmolLM2's tokenizer) in this process, so
 proposer's share of it is what a GPU step would pay on the host: GRPO groups of ``rollouts_per_prompt`` samples
 of ``prompts`` prompts (``prompts × rollouts_per_prompt`` rows in flight) decode ``tokens`` tokens at T = 1, and
 the same prompts come back for ``steps`` RL-like steps (new samples, the trees kept), so later steps draft from
-earlier ones. The proposer times its own ``propose`` (host µs per row per step); the step is vLLM's wall time
+earlier ones. The proposer times its own ``propose`` (host µs per row per step: wall time, and its thread's CPU
+time, which leaves out what vLLM's own CPU threads take of these cores meanwhile); the step is vLLM's wall time
 per engine step. SRT runs with its default options (the cost policy sizes drafts to the batch).
 """
 
@@ -66,6 +67,7 @@ def run_proposer_bench(spec: ProposerBenchSpec) -> dict:
         steps = after["steps"] - before["steps"]
         seen = after["rows_seen"] - before["rows_seen"]
         host_ms = (after["host_ns"] - before["host_ns"]) / 1e6
+        cpu_ms = (after["host_cpu_ns"] - before["host_cpu_ns"]) / 1e6
         figures.append(
             {
                 "step": step,
@@ -75,6 +77,7 @@ def run_proposer_bench(spec: ProposerBenchSpec) -> dict:
                 "vllm_step_ms": seconds * 1e3 / max(1, steps),
                 "proposer_ms_per_step": host_ms / max(1, steps),
                 "proposer_us_per_row": host_ms * 1e3 / max(1, seen),
+                "proposer_cpu_us_per_row": cpu_ms * 1e3 / max(1, seen),
                 "proposer_share_of_step": host_ms / 1e3 / seconds,
                 "drafted": after["drafted"] - before["drafted"],
                 "accepted": after["accepted"] - before["accepted"],
@@ -87,7 +90,9 @@ def proposer_table(result: dict):
     """A rich table: one row per step."""
     from rich.table import Table
 
-    table = Table("step", "engine steps", "rows/step", "vLLM step ms", "proposer ms/step", "µs/row", "share")
+    table = Table(
+        "step", "engine steps", "rows/step", "vLLM step ms", "proposer ms/step", "µs/row", "CPU µs/row", "share"
+    )
     for s in result["steps"]:
         table.add_row(
             str(s["step"]),
@@ -96,6 +101,7 @@ def proposer_table(result: dict):
             f"{s['vllm_step_ms']:.1f}",
             f"{s['proposer_ms_per_step']:.2f}",
             f"{s['proposer_us_per_row']:.1f}",
+            f"{s['proposer_cpu_us_per_row']:.1f}",
             f"{s['proposer_share_of_step']:.1%}",
         )
     return table

@@ -79,7 +79,8 @@ class SRTProposer:
         self._rows: dict[str, _Row] = {}  # vLLM request id -> row state
         self._broken: set[str] = set()  # requests a fault happened for: no drafts, no inserts
         self._stats = dict.fromkeys(
-            "steps drafted accepted rows rows_drafted rows_seen rows_undrafted faults saves host_ns".split(), 0
+            "steps drafted accepted rows rows_drafted rows_seen rows_undrafted faults saves host_ns host_cpu_ns".split(),
+            0,
         )
         self._stats["expected"] = 0.0
         self._first_fault: str | None = None
@@ -121,11 +122,12 @@ class SRTProposer:
         slot_mappings: Any = None,
     ) -> list[list[int]]:
         """One draft (a list of token ids, maybe empty) per batch row."""
-        started = time.perf_counter_ns()
+        started, cpu = time.perf_counter_ns(), time.thread_time_ns()
         try:
             return self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         finally:
             self._stats["host_ns"] += time.perf_counter_ns() - started
+            self._stats["host_cpu_ns"] += time.thread_time_ns() - cpu
 
     def _propose(
         self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray
@@ -324,6 +326,7 @@ class SRTProposer:
         out = {**self._stats, **srt.counters}
         out["acceptance"] = out["accepted"] / out["drafted"] if out["drafted"] else 0.0
         out["host_us_per_row"] = out["host_ns"] / 1e3 / max(1, out["rows_seen"])  # propose's time per batch row
+        out["host_cpu_us_per_row"] = out["host_cpu_ns"] / 1e3 / max(1, out["rows_seen"])  # … its thread's CPU time
         out["nodes_tested"] = self.acceptance.nodes_tested  # drafted tokens whose parent was accepted …
         out["nodes_accepted"] = self.acceptance.nodes_accepted  # … and those of them accepted
         out.update(active=len(self._rows), held=srt.held, cache=asdict(srt.cache))
