@@ -50,12 +50,10 @@ def _decode_step(proposer, engine, turns: list[_Turn], rng) -> tuple[list[list[i
     proposer.bind_input_batch(_Batch([t.vllm_id for t in turns], [len(t.prompt) for t in turns]))
     sampled = [t.out[-1:] for t in turns]
     vllm_drafts = proposer.propose(sampled, np.array([len(c) for c in contexts]), token_ids)
-    engine_drafts = []
-    for turn, context in zip(turns, contexts):
-        new = context[engine.stored[turn.engine_id] :]
-        engine.drafter.add_tokens(turn.engine_id, new)
+    for turn, context in zip(turns, contexts):  # as the engine's step does: every sequence's tokens, then drafts
+        engine.drafter.add_tokens(turn.engine_id, context[engine.stored[turn.engine_id] :])
         engine.stored[turn.engine_id] = len(context)
-        engine_drafts.append(engine.drafter.draft(turn.engine_id, context, K).token_ids)
+    engine_drafts = [engine.drafter.draft(t.engine_id, c, K).token_ids for t, c in zip(turns, contexts)]
     return vllm_drafts, engine_drafts
 
 

@@ -156,7 +156,7 @@ class SRTProposer:
         for i in live:
             if req_ids[i] not in self._broken:
                 try:
-                    self._store(req_ids[i], i, kinds[i], len(sampled_token_ids[i]) - 1, lengths[i], token_ids_cpu)
+                    self._store(req_ids[i], i, kinds[i], sampled_token_ids[i], lengths[i], token_ids_cpu)
                 except Exception:
                     self._fault(req_ids[i], i)
         self._observe()
@@ -182,12 +182,14 @@ class SRTProposer:
         )
 
     # ---- rows to SRT's requests ------------------------------------------------------------------
-    def _store(self, rid: str, i: int, kind: RequestKind, accepted: int, n: int, token_ids: np.ndarray) -> None:
-        """Hand SRT the row's new tokens (every one since the last call; `accepted` of its last draft)."""
+    def _store(self, rid: str, i: int, kind: RequestKind, sampled: list[int], n: int, token_ids: np.ndarray) -> None:
+        """Hand SRT the row's new tokens (every one since the last call: usually just what this step `sampled`)."""
         row = self._rows.get(rid) or self._begin(rid, i, kind, token_ids)
-        self._settle(row, accepted)
+        self._settle(row, len(sampled) - 1)
         if n > row.stored:
-            self.srt.add_tokens(rid, token_ids[i, row.stored : n].tolist())
+            self.srt.add_tokens(
+                rid, sampled if n - row.stored == len(sampled) else token_ids[i, row.stored : n].tolist()
+            )
             row.stored = n
 
     def _draft_rows(self, rids: list[str], lengths: list[int], rows: list[int], token_ids: np.ndarray) -> list[Draft]:

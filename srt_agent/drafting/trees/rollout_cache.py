@@ -175,7 +175,8 @@ class RolloutCache:
             entry.run_ahead.add(seq)
         entry.tree.extend(seq, tokens)
         entry.tree.close(seq)
-        self._stored(entry, len(tokens), "inserted_tokens")
+        entry.inserted += len(tokens)
+        self._work["inserted_tokens"] += len(tokens)
         self._grown(prompt_key, entry)
 
     def forget(self, prompt_key: Hashable) -> None:
@@ -328,12 +329,9 @@ class RolloutCache:
         except TypeError:
             check_tokens(token_ids)  # raises a ValueError naming the bad token
             raise
-        self._stored(entry, len(token_ids), work)
+        entry.inserted += len(token_ids)
+        self._work[work] += len(token_ids)
         self._grown(prompt_key, entry)
-
-    def _stored(self, entry: _PromptTree, n: int, work: str) -> None:
-        entry.inserted += n
-        self._work[work] += n
 
     def _grown(self, prompt_key: Hashable, entry: _PromptTree) -> None:
         """Keep the per-prompt node cap and the global byte budget after `entry` grew."""
