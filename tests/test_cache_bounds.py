@@ -132,10 +132,9 @@ def test_rewinding_a_running_request_costs_its_lead_not_the_tree(backend):
     assert_counts_match_the_stored_sequences(cache, "p", rng)
 
 
-def test_srt_at_batch_keeps_its_global_tree_bounded_and_fed_by_one_turn_per_prompt():
-    """128 rollouts of 16 prompts in lockstep through SRT with a small budget: at most one running turn per prompt
-    feeds the global tree (GLOBAL_FEEDERS in all), every turn may draft from it, and its node cap holds at
-    bounded work."""
+def test_srt_at_batch_keeps_its_global_tree_bounded_and_fed_by_a_bounded_share_of_the_batch():
+    """128 rollouts of 16 prompts in lockstep through SRT with a small budget: GLOBAL_FEEDERS running turns feed
+    the global tree, every turn may draft from it, and its node cap holds at bounded work."""
     srt = SRTDrafter(max_bytes=1 << 20)  # the global tree gets 32 KiB: a node cap of 341
     cap = srt.responses.max_nodes_per_prompt
     rng = random.Random(4)
@@ -145,7 +144,7 @@ def test_srt_at_batch_keeps_its_global_tree_bounded_and_fed_by_one_turn_per_prom
         for rid in rids:
             p = int(rid.split("/")[1])
             srt.start_request(rid, f"prompt{p}", [900 + p, 901, 902])
-        assert len(srt._feeders) == 16 <= GLOBAL_FEEDERS
+        assert len(srt._feeders) == GLOBAL_FEEDERS < len(rids)
         for _ in range(60):
             for rid in rids:
                 srt.draft(rid, srt._active[rid].tokens, 8)

@@ -10,10 +10,10 @@ draft from each other. Three more rules, each optional:
   and a later request whose prompt extends it (the tool output appended) continues its sequence; it may leave out up to
   ``max_overshoot`` tokens sampled past a stop that the caller dropped;
 * ``global_fallback``: a tree of turns' tokens after their context, across prompts, drafts where it expects more
-  accepted tokens than the prompt's own tree (a prompt without history still drafts). It is fed by at most one
-  running turn per prompt and ``GLOBAL_FEEDERS`` in all: what it is for (what responses share across prompts)
-  needs no GRPO siblings, whose tokens are the prompt trees' job, and a batch of 1,024 long rollouts would
-  otherwise double the insert cost and fill its small share of the budget many times a step.
+  accepted tokens than the prompt's own tree (a prompt without history still drafts). At most ``GLOBAL_FEEDERS``
+  running turns feed it at once (every turn of a batch up to that size): a batch of 1,024 long rollouts would
+  otherwise double the insert cost and refill its share of the budget many times a step, for content (what
+  responses share across prompts) that a sample of the batch already holds.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class SRTDrafter:
         self.counters = dict.fromkeys(COUNTERS, 0)
         self._active: dict[Hashable, _Turn] = {}
         self._held: dict[int, _Turn] = {}  # sequence id -> a finished turn
-        self._feeders: dict[Hashable, int] = {}  # prompt key -> the sequence that feeds the global tree for it
+        self._feeders: set[int] = set()  # the sequences of the running turns that feed the global tree
         self._next_sequence = 0
 
     # ---- requests --------------------------------------------------------------------------------
@@ -260,20 +260,18 @@ class SRTDrafter:
             raise ValueError(f"request {request_id!r} is already running")
 
     def _start_global(self, turn: _Turn) -> None:
-        """The turn's tokens after its prompt go into the global tree too (``global_fallback``), if no other
-        running turn of its prompt feeds it and fewer than ``GLOBAL_FEEDERS`` do."""
-        turn.in_global = (
-            self.responses is not None and turn.key not in self._feeders and len(self._feeders) < GLOBAL_FEEDERS
-        )
+        """The turn's tokens after its prompt go into the global tree too (``global_fallback``), if fewer than
+        ``GLOBAL_FEEDERS`` running turns feed it."""
+        turn.in_global = self.responses is not None and len(self._feeders) < GLOBAL_FEEDERS
         if turn.in_global:
-            self._feeders[turn.key] = turn.sequence
+            self._feeders.add(turn.sequence)
             self.responses.start_request(turn.sequence, GLOBAL_KEY, [])
 
     def _stop_sequences(self, turn: _Turn) -> None:
         self.cache.stop_request(turn.sequence)
         if turn.in_global:
             self.responses.stop_request(turn.sequence)
-            del self._feeders[turn.key]
+            self._feeders.discard(turn.sequence)
             turn.in_global = False
 
     def _open(self, request_id: Hashable, turn: _Turn) -> None:

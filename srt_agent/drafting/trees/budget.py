@@ -3,7 +3,7 @@
 The trees hold every rollout of a step (``rollouts_per_step`` of up to ``tokens_per_rollout`` tokens) for
 ``HISTORY_STEPS`` steps at ``BYTES_PER_TOKEN`` (what `bench cache` measures per stored token), within
 ``MIN_BYTES`` and an eighth of the host memory available. The global tree of responses gets what its feeders
-(one running turn per prompt, ``GLOBAL_FEEDERS`` at most) hold at full length, within a 64th and an eighth of
+(the running turns that feed it, ``GLOBAL_FEEDERS`` at most) hold at full length, within a 64th and an eighth of
 the budget; held turns keep their eighth. A user's ``max_bytes`` replaces the first figure, not the shares.
 """
 
@@ -15,7 +15,7 @@ BYTES_PER_TOKEN = 100  # a stored token in a prompt tree (72-94 measured by `srt
 HISTORY_STEPS = 4  # steps of rollouts the budget keeps, so revisits draft from more than the last one
 MIN_BYTES = 64 << 20
 HOST_SHARE = 8  # at most an eighth of the host memory available, unless the user says more
-GLOBAL_FEEDERS = 64  # running turns that feed the global tree at once (one per prompt)
+GLOBAL_FEEDERS = 64  # running turns that feed the global tree at once
 GLOBAL_SHARE = 32  # the global tree's share of a budget nobody sized for the run
 
 
