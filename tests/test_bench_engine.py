@@ -34,6 +34,9 @@ def test_bench_engine_quick_writes_json(tmp_path):
     assert all(c["seconds"] > 0 for c in costs)
     assert {(c["sequences"], c["tokens"]) for c in costs if c["batch"] == 4} >= {(1, 1), (1, 16), (4, 4), (4, 8)}
     assert "verification cost at batch 4" in result.output
+    pairs = data["head_to_head"]["1"]  # quick runs none, srt, self, srt+self: of the pairs only srt / none ran
+    assert list(pairs) == ["srt / none"] and pairs["srt / none"]["time_ratio_all"] > 0
+    assert "batch 1, srt / none time:" in result.output
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
 
 

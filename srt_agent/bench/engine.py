@@ -22,6 +22,8 @@ import torch
 from ..engine import Engine
 from ..engine.params import SamplingParams
 from ..models import LoadedModel, load_model
+from ..rl.evaluate import ratio_text
+from .vllm import pair_ratios
 
 QUESTIONS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -34,6 +36,8 @@ QUESTIONS = [
     "Find the greatest common divisor of 84 and 126 using Python.",
 ]
 METHODS = ("none", "ngram", "suffix", "history", "srt", "arctic", "self", "srt+self")
+# head to head, per batch size: the first method's time over the second's, paired by epoch (same seeds)
+PAIRS = (("srt", "arctic"), ("srt", "suffix"), ("srt", "none"), ("arctic", "none"))
 DTYPES = ("float32", "bfloat16")
 
 
@@ -253,8 +257,10 @@ def _run(config: EngineBenchConfig, report: Callable[[dict], None]) -> dict:
         methods.insert(0, "none")
     runs: list[dict] = []
     costs: list[dict] = []
+    head_to_head: dict[str, dict] = {}
     for batch in config.batches:
         batch_runs, calibration = run_batch(loaded, config, methods, batch, prompts, max_context, report)
+        head_to_head[str(batch)] = pair_ratios(epoch_steps(batch_runs), PAIRS)
         costs += [dict(batch=batch, **row) for row in calibration]
         reference = {r["epoch"]: r["outputs"] for r in batch_runs if r["method"] == "none"}
         for r in batch_runs:
@@ -267,7 +273,43 @@ def _run(config: EngineBenchConfig, report: Callable[[dict], None]) -> dict:
     for r in runs:
         r.pop("outputs", None)
     notes += [f"torch threads: {torch.get_num_threads()}", *config.notes]
-    return dict(config=asdict(config), runs=runs, summary=summarize(runs), verification_cost=costs, notes=notes)
+    return dict(
+        config=asdict(config),
+        runs=runs,
+        summary=summarize(runs),
+        head_to_head=head_to_head,
+        verification_cost=costs,
+        notes=notes,
+    )
+
+
+def epoch_steps(runs: list[dict]) -> list[dict]:
+    """One batch size's runs as paired units, one per epoch (the same seeds for every method): each method's
+    wall time and tokens, and whether its trees were warm (epochs after the first: ``revisit``)."""
+    epochs = sorted({r["epoch"] for r in runs})
+    return [
+        {
+            "revisit": epoch > 1,
+            "methods": {
+                r["method"]: {"gen_s": r["wall_s"], "tokens": r["tokens"]} for r in runs if r["epoch"] == epoch
+            },
+        }
+        for epoch in epochs
+    ]
+
+
+def head_to_head_lines(result: dict) -> list[str]:
+    """One line per batch size and pair: the first method's time over the second's, with 95% paired bootstrap
+    intervals over the epochs (all, and warm trees)."""
+    lines = []
+    for batch, pairs in result.get("head_to_head", {}).items():
+        for name, row in pairs.items():
+            spans = row["intervals"]
+            lines.append(
+                f"batch {batch}, {name} time: {ratio_text(row['time_ratio_all'], spans.get('time_ratio_all'))}, "
+                f"warm trees {ratio_text(row['time_ratio_revisit'], spans.get('time_ratio_revisit'))}"
+            )
+    return lines
 
 
 def identical_share(outputs: list[list[int]], reference: list[list[int]]) -> float:

@@ -45,7 +45,14 @@ def bench_engine(
     """The speculative engine per drafter and batch size (tokens/s, tokens per forward, speedup)."""
     from rich.progress import Progress
 
-    from ..bench.engine import METHODS, EngineBenchConfig, run_engine_bench, summary_table, verification_cost_lines
+    from ..bench.engine import (
+        METHODS,
+        EngineBenchConfig,
+        head_to_head_lines,
+        run_engine_bench,
+        summary_table,
+        verification_cost_lines,
+    )
 
     if quick:
         config = dataclasses.replace(EngineBenchConfig.quick(), dtype=dtype, adaptive_drafts=adaptive)
@@ -81,7 +88,7 @@ def bench_engine(
         with reported(ValueError, code=1, message=PLAIN):
             result = run_engine_bench(config, report)
     console.print(summary_table(result))
-    for note in verification_cost_lines(result) + result["notes"]:
+    for note in head_to_head_lines(result) + verification_cost_lines(result) + result["notes"]:
         console.print(f"[dim]{note}[/dim]")
     write_json(result, json_path)
     if plot is not None:
