@@ -15,7 +15,13 @@ def sandbox_serve(
     port: int = typer.Option(8080, help="TCP port."),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0 for all)."),
     backend: str = typer.Option("local", help="Where programs run: local (bubblewrap) or docker (a container each)."),
-    workers: int = typer.Option(4, min=1, help="Programs run at the same time."),
+    workers: int | None = typer.Option(
+        None, min=1, help="Programs running at once (default: 64 per core, at most one per 128 MiB of memory)."
+    ),
+    fresh_slots: int | None = typer.Option(
+        None, min=1, help="Programs in their first --quantum-s at normal priority (default: 2 per core)."
+    ),
+    quantum_s: float = typer.Option(0.5, help="Past this a program runs at idle priority (SCHED_IDLE)."),
     timeout_s: float = typer.Option(10.0, help="Default run timeout; requests may ask for up to --max-timeout-s."),
     max_timeout_s: float = typer.Option(60.0, help="Cap on a request's run_timeout."),
     memory_mb: int = typer.Option(512, help="Default memory limit; requests may ask for up to --max-memory-mb."),
@@ -52,6 +58,8 @@ def sandbox_serve(
     config = ServerConfig(
         sandbox,
         workers=workers,
+        fresh_slots=fresh_slots,
+        quantum_s=quantum_s,
         max_timeout_s=max_timeout_s,
         max_memory_mb=max_memory_mb,
         max_request_bytes=max_request_bytes,
