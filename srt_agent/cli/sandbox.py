@@ -19,9 +19,11 @@ def sandbox_serve(
         None, min=1, help="Programs running at once (default: 64 per core, at most one per 128 MiB of memory)."
     ),
     fresh_slots: int | None = typer.Option(
-        None, min=1, help="Programs in their first --quantum-s at normal priority (default: 2 per core)."
+        None, min=1, help="Programs starting at once: in their first 0.5 s and --quantum-s (default: 2 per core)."
     ),
-    quantum_s: float = typer.Option(0.5, help="Past this a program runs at idle priority (SCHED_IDLE)."),
+    quantum_s: float = typer.Option(
+        0.2, help="CPU seconds a program runs at normal priority; then at idle priority (SCHED_IDLE)."
+    ),
     timeout_s: float = typer.Option(10.0, help="Default run timeout; requests may ask for up to --max-timeout-s."),
     max_timeout_s: float = typer.Option(60.0, help="Cap on a request's run_timeout."),
     memory_mb: int = typer.Option(512, help="Default memory limit; requests may ask for up to --max-memory-mb."),

@@ -571,13 +571,13 @@ class LocalSandbox:
             pid = _read_child_pid(status_r, status, timeout_s=max(run.timeout, 10.0))
             if pid is not None and cgroup is not None:
                 cgroup.add(pid)
+            if watch is not None:  # before the program starts
+                watch(proc.pid)
             try:
                 os.write(block_w, b"go")
             except BrokenPipeError:  # bwrap failed before starting anything; its stderr says why
                 pass
             close(block_w)
-            if watch is not None:
-                watch(proc.pid)
 
         try:
             status_r, status_w = os.pipe()

@@ -46,6 +46,14 @@ def cpu_and_wait_s(pid: int) -> tuple[float, float] | None:
     return int(ran) / 1e9, int(waited) / 1e9
 
 
+def set_nice(pid: int, nice: int) -> None:
+    """Give `pid` the nice value `nice` (its children to come inherit it)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    except OSError:
+        pass
+
+
 def lower_priority(pid: int) -> None:
     """Put `pid` in SCHED_IDLE: it runs when no normal process wants the CPU."""
     try:

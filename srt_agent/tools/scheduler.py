@@ -2,10 +2,12 @@
 
 Every request has a deadline counted from its arrival (the server sets it from the request's timeouts), so
 time spent queued counts against it; a request still queued at its deadline is answered at once, and a
-program started late gets only the time left. Programs start while fewer than `max_running` run and fewer
-than `fresh_slots` are in their first `quantum_s`; past it a program's processes drop to SCHED_IDLE, so a
-short program started later (a `print(1)` behind a hundred busy loops) gets the CPU first, and its fresh
-slot passes on. Under a backlog the request with the most time left starts first: the oldest ones are the
+program started late gets only the time left. Programs start at nice PROGRAM_NICE (the server itself keeps
+the CPU it needs to answer), while fewer than `max_running` run and fewer than `fresh_slots` are fresh.
+Once a program has used `quantum_s` of CPU its processes drop to SCHED_IDLE, so a short program started
+later (a `print(1)` behind a hundred busy loops, which needs a few hundredths of a second) gets the CPU
+first; a program seen to use less than that in its first FRESH_S (it sleeps) keeps its priority. Either
+way its fresh slot passes on, and only then: at most `fresh_slots` programs compete at normal priority. Under a backlog the request with the most time left starts first: the oldest ones are the
 least likely to finish in time anyway. A cancelled request (its client left) has its processes killed.
 
 A program that timed out without having had its time is reported ``overloaded``, not ``timeout``: it was
@@ -25,7 +27,9 @@ from dataclasses import dataclass, field
 from . import proctree
 from .base import SandboxResult
 
-TICK_S = 0.25  # how often running programs are looked at (priority, CPU figures, cancellations)
+TICK_S = 0.2  # how often running programs are looked at (priority, CPU figures, cancellations)
+FRESH_S = 0.5  # a program that used less than its CPU quantum in this long is not CPU-bound
+PROGRAM_NICE = 5  # programs start this much below the server's priority
 MIN_START_S = 0.05  # a request with less time than this left is not started
 ALLOWED_SHARE = 0.5  # a program allowed less than this share of its limit (the rest went queueing) was cut short
 WAIT_SHARE = 0.1  # ... and one that waited for a CPU longer than it ran, and at least this share of its limit, starved
@@ -43,7 +47,7 @@ def default_max_running(cores: int | None = None, memory_mb: int | None = None) 
 
 
 def default_fresh_slots(cores: int | None = None) -> int:
-    """Programs in their first quantum at once by default: two per core."""
+    """Programs starting (fresh) at once by default: two per core."""
     return 2 * (cores or os.cpu_count() or 1)
 
 
@@ -84,7 +88,13 @@ class Job:
     roots: list[int] = field(default_factory=list)
     seen: dict[int, tuple[float, float]] = field(default_factory=dict)
     demoted: set[int] = field(default_factory=set)
+    lowered: bool = False  # it has used its CPU quantum: its processes run at idle priority
+    sleeper: bool = False  # it used less than its quantum in its first FRESH_S: it keeps its priority
     cancelled: bool = False
+
+    @property
+    def fresh(self) -> bool:
+        return self.started is not None and not (self.lowered or self.sleeper)
 
     def load(self, now: float) -> RunLoad:
         start = self.started if self.started is not None else now
@@ -123,7 +133,7 @@ class RunScheduler:
         self,
         max_running: int | None = None,
         fresh_slots: int | None = None,
-        quantum_s: float = 0.5,
+        quantum_s: float = 0.2,
         memory_reserve_mb: int | None = None,
     ):
         self.max_running = max_running or default_max_running()
@@ -167,7 +177,7 @@ class RunScheduler:
 
     def stats(self) -> dict:
         with self._lock:
-            fresh = self._fresh(time.monotonic())
+            fresh = self._fresh()
             return {
                 "running": len(self._running),
                 "queued": len(self._queued),
@@ -191,8 +201,8 @@ class RunScheduler:
 
     # ----- under the lock ---------------------------------------------------------------------------
 
-    def _fresh(self, now: float) -> int:
-        return sum(1 for job in self._running if job.started is not None and now - job.started < self.quantum_s)
+    def _fresh(self) -> int:
+        return sum(1 for job in self._running if job.fresh)
 
     def _room_in_memory(self, job: Job) -> bool:
         available = meminfo_mb().get("MemAvailable")
@@ -206,7 +216,7 @@ class RunScheduler:
             result = SandboxResult(status="timeout", stderr="no time was left to run it", wall_s=0.0)
             load = job.load(now)
             self._settle(job, judged(result, load, job.limit_s), load)
-        while self._queued and len(self._running) < self.max_running and self._fresh(now) < self.fresh_slots:
+        while self._queued and len(self._running) < self.max_running and self._fresh() < self.fresh_slots:
             job = max(self._queued, key=lambda j: j.deadline)
             if not self._room_in_memory(job):
                 break
@@ -230,6 +240,7 @@ class RunScheduler:
 
     def _run(self, job: Job) -> None:
         def watch(pid: int) -> None:
+            proctree.set_nice(pid, PROGRAM_NICE)  # before the program starts: all it forks inherits it
             with self._lock:
                 job.roots.append(pid)
                 if job.cancelled:
@@ -251,16 +262,19 @@ class RunScheduler:
             self._dispatch(now)
 
     def _sample(self, jobs: list[Job], children: dict[int, list[int]]) -> None:
-        """Record CPU figures of the jobs' processes; demote those past their first quantum."""
-        now = time.monotonic()
+        """Record CPU figures of the jobs' processes; lower the priority of those past their CPU quantum."""
         for job in jobs:
-            past_quantum = job.started is not None and now - job.started >= self.quantum_s
-            for pid in proctree.descendants(job.roots, children):
+            pids = proctree.descendants(job.roots, children)
+            for pid in pids:
                 figures = proctree.cpu_and_wait_s(pid)
                 if figures is not None:
                     before = job.seen.get(pid, (0.0, 0.0))
                     job.seen[pid] = (max(before[0], figures[0]), max(before[1], figures[1]))
-                if past_quantum and pid not in job.demoted:
+            used = sum(ran for ran, _ in job.seen.values())
+            job.lowered = job.lowered or used >= self.quantum_s
+            job.sleeper = not job.lowered and time.monotonic() - job.started >= FRESH_S
+            for pid in pids if job.lowered else ():
+                if pid not in job.demoted:
                     proctree.lower_priority(pid)
                     job.demoted.add(pid)
 
@@ -274,4 +288,7 @@ class RunScheduler:
             children = proctree.children_by_parent() if watched else {}
             with self._lock:
                 self._sample([job for job in watched if job in self._running], children)
-                self._dispatch(time.monotonic())
+                now = time.monotonic()
+                for job in self._running:  # a sandbox that shows no processes (Docker's): passes its slot on
+                    job.sleeper = job.sleeper or (not job.roots and now - job.started >= FRESH_S)
+                self._dispatch(now)

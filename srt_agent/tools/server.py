@@ -46,7 +46,7 @@ SANDBOX_FUSION_LANGUAGES = (
 )  # fmt: skip
 ALIASES = {"python3": "python"}  # request language -> the sandbox's
 DOCKER_LANGUAGES = ("python", "bash")
-DISCONNECT_POLL_S = 0.25
+DISCONNECT_POLL_S = 1.0
 
 
 class RunCodeRequest(BaseModel):
@@ -165,14 +165,14 @@ def _timed_out_at_once() -> RunCodeResponse:
 @dataclasses.dataclass
 class ServerConfig:
     """What the server runs with: the base sandbox (local or Docker), how many programs run at once (`workers`,
-    default from the machine's cores and memory; `fresh_slots` of them in their first `quantum_s` at normal
-    priority, see scheduler.py), caps on what requests may ask, and the seconds in-flight requests get to
+    default from the machine's cores and memory; `fresh_slots` of them starting, each at normal priority for
+    its first `quantum_s` of CPU, see scheduler.py), caps on what requests may ask, and the seconds in-flight requests get to
     finish when the server stops (`shutdown_grace_s`)."""
 
     sandbox: LocalSandbox | DockerSandbox
     workers: int | None = None
     fresh_slots: int | None = None
-    quantum_s: float = 0.5
+    quantum_s: float = 0.2
     max_timeout_s: float = 60.0
     max_memory_mb: int = 4096
     max_request_bytes: int = 8 << 20
