@@ -52,15 +52,18 @@ class TestJudgement:
     """When a timeout is the program's own and when load caused it (pure figures)."""
 
     def test_cut_short_by_the_queue(self):
-        assert starved(RunLoad(queued_s=8, allowed_s=2, cpu_s=2, cpu_wait_s=0), limit_s=10)
+        assert starved(RunLoad(queued_s=8, allowed_s=2, cpu_s=2, cpu_wait_s=0, processes=3), limit_s=10, cores=2)
 
     def test_starved_of_the_cpu(self):
-        assert starved(RunLoad(allowed_s=10, cpu_s=0.3, cpu_wait_s=9), limit_s=10)
+        assert starved(RunLoad(allowed_s=10, cpu_s=0.3, cpu_wait_s=9, processes=3), limit_s=10, cores=2)
 
-    def test_its_own_loop_or_sleep(self):
-        assert not starved(RunLoad(allowed_s=10, cpu_s=9.8, cpu_wait_s=0.1), limit_s=10)
-        assert not starved(RunLoad(allowed_s=10, cpu_s=0.0, cpu_wait_s=0.0), limit_s=10)  # it slept
-        assert not starved(RunLoad(allowed_s=10, cpu_s=None, cpu_wait_s=None), limit_s=10)
+    def test_its_own_loop_sleep_or_fork_bomb(self):
+        assert not starved(RunLoad(allowed_s=10, cpu_s=9.8, cpu_wait_s=0.1, processes=3), limit_s=10, cores=2)
+        slept = RunLoad(allowed_s=3, cpu_s=0.0, cpu_wait_s=0.5, processes=3)  # waited to start, then slept
+        assert not starved(slept, limit_s=3, cores=2)
+        assert not starved(RunLoad(allowed_s=10, cpu_s=None, cpu_wait_s=None), limit_s=10, cores=2)
+        bomb = RunLoad(allowed_s=3, cpu_s=0.9, cpu_wait_s=2.7, processes=64)  # it waits for its own processes
+        assert not starved(bomb, limit_s=3, cores=2)
 
     def test_defaults_follow_cores_and_memory(self):
         assert default_max_running(cores=2, memory_mb=24 << 10) == 128

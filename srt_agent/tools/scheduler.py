@@ -11,8 +11,9 @@ way its fresh slot passes on, and only then: at most `fresh_slots` programs comp
 least likely to finish in time anyway. A cancelled request (its client left) has its processes killed.
 
 A program that timed out without having had its time is reported ``overloaded``, not ``timeout``: it was
-allowed less than half its limit once it left the queue, or it waited for a CPU (runnable, but other
-programs had the cores) longer than it ran on one, and for at least a tenth of its limit.
+allowed less than half its limit once it left the queue, or it spent at least half of its time runnable but
+waiting for a CPU and got less than half a core on average — unless it ran more processes than the machine
+has cores (a fork bomb waits for its own processes).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ TICK_S = 0.2  # how often running programs are looked at (priority, CPU figures,
 FRESH_S = 0.5  # a program that used less than its CPU quantum in this long is not CPU-bound
 PROGRAM_NICE = 5  # programs start this much below the server's priority
 MIN_START_S = 0.05  # a request with less time than this left is not started
-ALLOWED_SHARE = 0.5  # a program allowed less than this share of its limit (the rest went queueing) was cut short
-WAIT_SHARE = 0.1  # ... and one that waited for a CPU longer than it ran, and at least this share of its limit, starved
+STARVED_SHARE = 0.5  # allowed less than this share of its limit, or waiting this share of its time: starved
+SANDBOX_PROCESSES = 2  # bubblewrap's own processes (it and the sandbox's init) beside the program's
 MEMORY_PER_RUN_MB = 128  # what the default `max_running` budgets per program (a Python program takes 10-30 MB)
 
 Work = Callable[[float, Callable[[int], None]], SandboxResult]  # (deadline, watch) -> result
@@ -72,6 +73,7 @@ class RunLoad:
     allowed_s: float = 0.0
     cpu_s: float | None = 0.0
     cpu_wait_s: float | None = 0.0
+    processes: int = 0  # the most processes its sandbox held at once
 
 
 @dataclass
@@ -88,6 +90,7 @@ class Job:
     roots: list[int] = field(default_factory=list)
     seen: dict[int, tuple[float, float]] = field(default_factory=dict)
     demoted: set[int] = field(default_factory=set)
+    processes: int = 0
     lowered: bool = False  # it has used its CPU quantum: its processes run at idle priority
     sleeper: bool = False  # it used less than its quantum in its first FRESH_S: it keeps its priority
     cancelled: bool = False
@@ -101,15 +104,17 @@ class Job:
         cpu = sum(ran for ran, _ in self.seen.values()) if self.seen or not self.roots else None
         wait = max((waited for _, waited in self.seen.values()), default=0.0) if cpu is not None else None
         allowed = max(0.0, min(self.limit_s, self.deadline - start))
-        return RunLoad(queued_s=start - self.arrival, allowed_s=allowed, cpu_s=cpu, cpu_wait_s=wait)
+        return RunLoad(start - self.arrival, allowed, cpu, wait, self.processes)
 
 
-def starved(load: RunLoad, limit_s: float) -> bool:
+def starved(load: RunLoad, limit_s: float, cores: int | None = None) -> bool:
     """Whether the program did not get its time (see the module docstring)."""
-    if load.allowed_s < ALLOWED_SHARE * limit_s:
+    if load.allowed_s < STARVED_SHARE * limit_s:
         return True
+    if load.processes > (cores or os.cpu_count() or 1) + SANDBOX_PROCESSES:
+        return False
     cpu, wait = load.cpu_s or 0.0, load.cpu_wait_s or 0.0
-    return wait > cpu and wait >= WAIT_SHARE * limit_s
+    return cpu < STARVED_SHARE * load.allowed_s and wait >= STARVED_SHARE * load.allowed_s
 
 
 def judged(result: SandboxResult, load: RunLoad, limit_s: float) -> SandboxResult:
@@ -265,6 +270,7 @@ class RunScheduler:
         """Record CPU figures of the jobs' processes; lower the priority of those past their CPU quantum."""
         for job in jobs:
             pids = proctree.descendants(job.roots, children)
+            job.processes = max(job.processes, len(pids))
             for pid in pids:
                 figures = proctree.cpu_and_wait_s(pid)
                 if figures is not None:
