@@ -57,11 +57,16 @@ runtime_ready() { [ -x .sandbox-venv/bin/python ] && cmp -s srt_agent/tools/sand
 runtime_ready || phase "sandbox runtime (numpy, sympy, ... for the model's code)" bash scripts/install_sandbox_runtime.sh \
   || missing "the sandbox runtime (numpy, sympy, ... for sandboxed code) could not be built; see docs/sandbox.md"
 
-install_bubblewrap() { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap util-linux; }
-if ! command -v bwrap >/dev/null 2>&1 || [ ! -x /usr/bin/prlimit ]; then
+# The local sandbox and the languages it runs besides Python: bash, C++ (g++), JavaScript (node).
+install_bubblewrap() {
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap util-linux g++ nodejs
+}
+if ! command -v bwrap >/dev/null 2>&1 || [ ! -x /usr/bin/prlimit ] || [ ! -x /usr/bin/g++ ] || [ ! -x /usr/bin/node ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    phase "bubblewrap (the local sandbox)" install_bubblewrap || true
+    phase "bubblewrap, g++ and node (the local sandbox and its languages)" install_bubblewrap || true
   fi
 fi
 command -v bwrap >/dev/null 2>&1 || missing "bubblewrap (bwrap) is missing; install it (e.g. 'sudo apt-get install bubblewrap') for the local sandbox"
 [ -x /usr/bin/prlimit ] || missing "util-linux's prlimit is missing (e.g. 'sudo apt-get install util-linux')"
+[ -x /usr/bin/g++ ] || missing "g++ is missing: the sandbox runs no C++ (e.g. 'sudo apt-get install g++')"
+[ -x /usr/bin/node ] || missing "node is missing: the sandbox runs no JavaScript (e.g. 'sudo apt-get install nodejs')"

@@ -237,7 +237,10 @@ def failures(cases: list[Case], results: dict[str, SandboxResult]) -> list[str]:
             if name.split("#")[0] != case.name:
                 continue
             try:
-                assert result.status == case.status, f"status {result.status!r}, expected {case.status!r}: {result}"
+                loaded = case.status == "timeout" and result.status == "overloaded"  # a busy server says it stopped it
+                assert result.status == case.status or loaded, (
+                    f"status {result.status!r}, expected {case.status!r}: {result}"
+                )
                 case.check(result)
             except AssertionError as exc:
                 found.append(f"{name}: {exc}")

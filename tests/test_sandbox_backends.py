@@ -79,7 +79,14 @@ class TestSandboxFusionClient:
             result = client(server.endpoint, memory_mb=256).run("print(2 + 2)", stdin="in", timeout_s=3)
         assert (result.status, result.stdout, result.exit_code) == ("ok", "4\n", 0)
         assert server.requests == [
-            {"code": "print(2 + 2)", "language": "python", "run_timeout": 3, "memory_limit_MB": 256, "stdin": "in"}
+            {
+                "code": "print(2 + 2)",
+                "language": "python",
+                "run_timeout": 3,
+                "compile_timeout": 10.0,
+                "memory_limit_MB": 256,
+                "stdin": "in",
+            }
         ]
 
     def test_retries_server_errors_then_succeeds(self):
@@ -97,7 +104,7 @@ class TestSandboxFusionClient:
     def test_retries_a_request_that_times_out(self):
         script = [(200, finished("slow\n"), 1.5), (200, finished("fast\n"), 0)]
         with ScriptedServer(script) as server:
-            result = client(server.endpoint, timeout_s=0.2, http_slack_s=0.3).run("print(1)")
+            result = client(server.endpoint, timeout_s=0.2, compile_timeout_s=0.1, http_slack_s=0.2).run("print(1)")
         assert result.stdout == "fast\n" and len(server.requests) == 2
 
     def test_client_errors_are_not_retried(self):

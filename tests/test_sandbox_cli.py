@@ -37,3 +37,14 @@ def test_bench_writes_json(tmp_path):
     assert set(result) == {"program", "bare_python", "local", "server"}
     for name in ("local", "server"):
         assert result[name]["latency"]["runs"] == 2 and result[name]["throughput"][0]["all_ok"]
+
+
+def test_bench_load_mode_reports_a_flood(tmp_path):
+    """`sandbox bench --concurrency`: a small flood against a server started in-process, as JSON."""
+    out = tmp_path / "load.json"
+    args = ["sandbox", "bench", "--concurrency", "3", "--program", "print", "--run-timeout", "5", "--json", str(out)]
+    outcome = runner.invoke(app, [*args, "--probe-after", "0.1"])
+    assert outcome.exit_code == 0, outcome.output
+    result = json.loads(out.read_text())
+    assert (result["answered_in_time"], result["successes"], result["statuses"]) == (3, 3, {"Success/Finished (ok)": 3})
+    assert result["probe"]["status"] == "Success/Finished (ok)" and result["p99_s"] >= result["p50_s"] > 0

@@ -223,7 +223,9 @@ def test_limits_are_set_before_the_program_starts(prlimit, tmp_path):
     program = tmp_path / "main.py"
     names = ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_CORE")
     program.write_text(f"import resource\nprint([resource.getrlimit(getattr(resource, n)) for n in {names!r}])")
-    argv = limited_argv(Path(sys.executable), str(program), [7, 1 << 30, -1, 1 << 20], prlimit=prlimit)
+    argv = limited_argv(
+        [sys.executable, str(program)], [7, 1 << 30, -1, 1 << 20], Path(sys.executable), prlimit=prlimit
+    )
     limits = ast.literal_eval(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
     unlimited_nproc = resource.getrlimit(resource.RLIMIT_NPROC)
     assert limits == [(7, 8), (1 << 30, 1 << 30), unlimited_nproc, (1 << 20, 1 << 20), (0, 0)]

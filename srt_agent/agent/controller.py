@@ -4,7 +4,8 @@ Per episode: render the env's opening messages, generate until a stop string / e
 react (tool calls run in worker threads, so the engine keeps decoding the other episodes meanwhile), insert
 its observation as forced tokens (``response_mask = 0``) and continue the same engine request with the full
 token list, so the engine reuses the KV cache and adds the forced tokens to the prompt's tree. Every failure
-(engine error, crashing env, over-long observation) ends its own episode cleanly and nothing else.
+(engine error, crashing env, over-long observation, a tool fault such as an overloaded sandbox) ends its own
+episode cleanly as an "error" (left out of the update, counted) and nothing else.
 """
 
 from __future__ import annotations
@@ -235,6 +236,11 @@ class MultiTurnController:
             pending = ""
             if len(env.tool_calls) > calls_before:
                 self.waits.add(time.perf_counter() - waited, idle_before, self._idle())
+            faults = [call for call in env.tool_calls[calls_before:] if call.fault]
+            if faults:  # the tool failed, not the model: the rollout says nothing and is not trained on
+                traj.finish_reason = "error"
+                traj.error = f"tool fault ({faults[0].name}, {faults[0].status}): {faults[0].output[-300:]}"
+                return
             traj.reward += result.reward
             if result.done:
                 traj.finish_reason = "done"

@@ -28,6 +28,7 @@ class ToolResult:
     text: str
     status: str = "ok"  # "ok", or a failure: "error", "timeout", "crash", "unknown_tool", "bad_arguments", "bad_result"
     truncated: bool = False
+    fault: bool = False  # the tool itself failed (e.g. its sandbox), not the model: the rollout cannot be scored
 
 
 @runtime_checkable
@@ -100,6 +101,7 @@ class ToolCallRecord:
     wall_s: float
     truncated: bool = False
     turn: int = 0
+    fault: bool = False
 
 
 @dataclass
@@ -168,6 +170,7 @@ class Env(ABC):
             wall_s=time.perf_counter() - start,
             truncated=result.truncated,
             turn=self.turn,
+            fault=result.fault,
         )
         self.tool_calls.append(record)
         return record

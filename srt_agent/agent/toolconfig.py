@@ -56,11 +56,11 @@ class CodeInterpreterTool:
         code = arguments.get("code")
         if not isinstance(code, str):
             return ToolResult('Error: the code interpreter needs a string argument "code".', "bad_arguments")
-        from srt_agent.tools import format_result
+        from srt_agent.tools import SANDBOX_FAULTS, format_result
 
         text, result = self.interpreter.execute(code)
         cut = text != format_result(result, sys.maxsize)  # the interpreter's character cap
-        return ToolResult(text, result.status, result.truncated or cut)
+        return ToolResult(text, result.status, result.truncated or cut, fault=result.status in SANDBOX_FAULTS)
 
 
 def build_code_interpreter(entry: ToolEntry, interpreter: InterpreterConfig | None) -> Tool:

@@ -142,4 +142,7 @@ class RolloutBackend(Protocol):
     def describe(self) -> str:
         """One line: what runs where (for logs)."""
 
+    def health(self) -> dict:
+        """``status`` ("ready", "restarting", "failed", "closed") with the step failures and restarts so far."""
+
     def close(self) -> None: ...

@@ -15,7 +15,15 @@ def sandbox_serve(
     port: int = typer.Option(8080, help="TCP port."),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0 for all)."),
     backend: str = typer.Option("local", help="Where programs run: local (bubblewrap) or docker (a container each)."),
-    workers: int = typer.Option(4, min=1, help="Programs run at the same time."),
+    workers: int | None = typer.Option(
+        None, min=1, help="Programs running at once (default: 64 per core, at most one per 128 MiB of memory)."
+    ),
+    fresh_slots: int | None = typer.Option(
+        None, min=1, help="Programs starting at once: in their first 0.5 s and --quantum-s (default: 2 per core)."
+    ),
+    quantum_s: float = typer.Option(
+        0.2, help="CPU seconds a program runs at normal priority; then at idle priority (SCHED_IDLE)."
+    ),
     timeout_s: float = typer.Option(10.0, help="Default run timeout; requests may ask for up to --max-timeout-s."),
     max_timeout_s: float = typer.Option(60.0, help="Cap on a request's run_timeout."),
     memory_mb: int = typer.Option(512, help="Default memory limit; requests may ask for up to --max-memory-mb."),
@@ -52,6 +60,8 @@ def sandbox_serve(
     config = ServerConfig(
         sandbox,
         workers=workers,
+        fresh_slots=fresh_slots,
+        quantum_s=quantum_s,
         max_timeout_s=max_timeout_s,
         max_memory_mb=max_memory_mb,
         max_request_bytes=max_request_bytes,
@@ -61,9 +71,13 @@ def sandbox_serve(
 
 @sandbox_app.command("run")
 def sandbox_run(
-    program: Path = typer.Argument(..., help="A Python file to run ('-' reads the program from stdin)."),
+    program: Path = typer.Argument(..., help="A program file to run ('-' reads the program from stdin)."),
     kind: str = typer.Option("local", help="Sandbox: local, sandbox_fusion or docker."),
     timeout_s: float = typer.Option(10.0, help="Wall-clock limit."),
+    language: str = typer.Option("python", help="python, bash, nodejs or cpp (docker: python, bash)."),
+    endpoint: list[str] = typer.Option(
+        [], help="sandbox_fusion: a server URL (repeat it for several; default $SANDBOX_FUSION_ENDPOINT)."
+    ),
 ):
     """Run one program in a sandbox and print its SandboxResult as JSON."""
     import sys
@@ -72,8 +86,10 @@ def sandbox_run(
 
     code = sys.stdin.read() if str(program) == "-" else program.read_text()
     with reported(SandboxUnavailable, ValueError, code=1, message=PLAIN):
-        sandbox = make_sandbox(kind, timeout_s=timeout_s)
-    print(json.dumps(sandbox.run(code).to_dict(), indent=2))
+        sandbox = make_sandbox(kind, timeout_s=timeout_s, **({"endpoint": endpoint} if endpoint else {}))
+        options = {"language": language} if language != "python" else {}
+        result = sandbox.run(code, **options)
+    print(json.dumps(result.to_dict(), indent=2))
 
 
 @sandbox_app.command("bench")
@@ -81,21 +97,43 @@ def sandbox_bench(
     runs: int = typer.Option(20, min=1, help="Programs per measurement."),
     workers: list[int] = typer.Option([1, 4], help="Concurrent callers for the throughput runs."),
     server: bool = typer.Option(True, help="Also measure through `sandbox serve` (started in-process)."),
+    concurrency: int | None = typer.Option(
+        None, min=1, help="Load mode: send this many programs at once, then a print(1) probe (see --url)."
+    ),
+    url: str | None = typer.Option(
+        None, help="Load mode: any SandboxFusion-compatible server (default: `sandbox serve` started in-process)."
+    ),
+    program: str = typer.Option("busy", help="Load mode: busy (an endless loop), print, sleep, or Python code."),
+    run_timeout: float = typer.Option(10.0, help="Load mode: each program's run_timeout."),
+    client_timeout: float | None = typer.Option(
+        None, help="Load mode: seconds a client waits (default: compile + run timeouts + 10, as verl's client)."
+    ),
+    probe_after: float = typer.Option(1.0, help="Load mode: seconds after the flood that the probe is sent."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the result here."),
 ):
-    """Latency and throughput of the local sandbox (and its server) against a bare Python start."""
+    """Latency and throughput of the local sandbox (and its server) against a bare Python start; with
+    --concurrency, how a server answers a flood: the share answered in time, p50/p99, statuses, a probe."""
     from contextlib import nullcontext
 
-    from ..bench.sandbox import bench_sandboxes
     from ..tools import LocalSandbox, SandboxFusionSandbox
     from ..tools.server import ServerConfig, running_server
 
-    local = LocalSandbox(timeout_s=30)
-    context = running_server(ServerConfig(local, workers=max(workers))) if server else nullcontext(None)
-    with context as endpoint:
-        sandboxes = {"local": local}
-        if endpoint:
-            sandboxes["server"] = SandboxFusionSandbox(endpoint, timeout_s=30)
-        result = bench_sandboxes(sandboxes, runs=runs, workers=tuple(workers))
+    if concurrency is not None:
+        from ..bench.sandbox_load import load_bench
+
+        context = nullcontext(url) if url else running_server(ServerConfig(LocalSandbox(timeout_s=run_timeout)))
+        with context as endpoint:
+            options = dict(concurrency=concurrency, program=program, run_timeout=run_timeout)
+            result = load_bench(endpoint, **options, client_timeout=client_timeout, probe_after_s=probe_after)
+    else:
+        from ..bench.sandbox import bench_sandboxes
+
+        local = LocalSandbox(timeout_s=30)
+        context = running_server(ServerConfig(local, workers=max(workers))) if server else nullcontext(None)
+        with context as endpoint:
+            sandboxes = {"local": local}
+            if endpoint:
+                sandboxes["server"] = SandboxFusionSandbox(endpoint, timeout_s=30)
+            result = bench_sandboxes(sandboxes, runs=runs, workers=tuple(workers))
     console.print_json(data=result)
     write_json(result, json_out)

@@ -47,6 +47,7 @@ class SteppingEngine(Protocol):
 
 
 E = TypeVar("E", bound=SteppingEngine)
+STEP_FAILURES_IN_A_ROW = 2  # steps failing one after another (their requests aborted between) mean the engine is stuck
 
 
 @dataclass
@@ -86,19 +87,27 @@ class AsyncEngine(Generic[E]):
     results come back to each caller's event loop. Follows verl's server API: every turn passes the
     full token list so far under the same `request_id` (see Engine.add_request).
 
-    Faults stay with their request: bad input, a failing drafter or a model fault in one request comes
-    back as that request's "error" output, and a failing `call` reaches only its own future. Should the
-    step loop itself die, every waiting caller gets an "error" output at once, the front reports itself
-    `closed` (with the cause in `error`), and later calls raise instead of waiting.
+    Faults stay with their request: bad input (marked `rejected`), a failing drafter or a model fault in one
+    request comes back as that request's "error" output, and a failing `call` reaches only its own future. A
+    step that raises fails the requests of that step (each told why) and the engine serves on; when it
+    cannot go on (steps fail STEP_FAILURES_IN_A_ROW times in a row, or the engine's `needs_restart(exc)`
+    says so) `restart(engine)` replaces it (its trees kept, see the backend's), requests arriving meanwhile
+    wait, and `health()` says "restarting". Without `restart`, or should it fail, or the step loop itself
+    die, every waiting caller gets an "error" output at once, the front reports itself `closed` (with the
+    cause in `error`), and later calls raise instead of waiting.
     """
 
-    def __init__(self, engine: E):
+    def __init__(self, engine: E, restart: Callable[[E], E] | None = None):
         self.engine = engine
+        self._restart = restart
         self._commands: queue.Queue[_Command | _Submission] = queue.Queue()
         self._waiters: dict[str, _Submission] = {}
         self._lock = threading.Lock()  # orders submissions against the loop's end
         self._closed = False
         self.error: BaseException | None = None  # what killed the step loop, if anything did
+        self._state = "ready"
+        self.faults = {"step_failures": 0, "restarts": 0, "last": None}
+        self._failed_in_a_row = 0
         self._thread = threading.Thread(target=self._loop, name="srt-engine", daemon=True)
         self._thread.start()
 
@@ -162,6 +171,15 @@ class AsyncEngine(Generic[E]):
     def idle_capacity(self) -> int:
         return self.engine.idle_capacity()
 
+    def health(self) -> dict:
+        """``status``: "ready", "restarting" (a new engine is starting; requests wait for it), "failed" (the
+        engine stopped: see ``error``) or "closed"; with the step failures and restarts so far."""
+        status = self._state
+        if self._closed:
+            status = "failed" if self.error is not None else "closed"
+        error = f"{type(self.error).__name__}: {self.error}" if self.error is not None else None
+        return {"status": status, **self.faults, "error": error}
+
     def close(self) -> None:
         """Stop the loop; requests still running get an "error" output."""
         with self._lock:
@@ -190,8 +208,9 @@ class AsyncEngine(Generic[E]):
         try:
             self.engine.add_request(sub.prompt_ids, sub.params, sub.request_id, sub.prompt_key, sub.kind)
         except Exception as exc:  # noqa: BLE001 - bad input (ValueError) or any other fault of this request
-            message = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
-            self._resolve(sub.request_id, _error_output(sub.request_id, message))
+            rejected = isinstance(exc, ValueError)
+            message = str(exc) if rejected else f"{type(exc).__name__}: {exc}"
+            self._resolve(sub.request_id, _error_output(sub.request_id, message, rejected))
 
     def _run(self, command: _Command | _Submission) -> None:
         if isinstance(command, _Submission):
@@ -206,6 +225,33 @@ class AsyncEngine(Generic[E]):
         waiter = self._waiters.pop(request_id, None)
         if waiter is not None:
             waiter.answer(output)
+
+    def _step_failed(self, exc: Exception) -> None:
+        """Fail (and abort) the requests of the step that raised `exc`; restart the engine if it is stuck.
+        Raises (ending the loop) when it is stuck and cannot be restarted."""
+        reason = f"the backend's step failed ({type(exc).__name__}: {exc}); this step's requests were aborted"
+        log.warning("%s", reason, exc_info=exc)
+        self.faults["step_failures"] += 1
+        self.faults["last"] = reason
+        for request_id in list(self._waiters):
+            try:
+                self.engine.release(request_id)
+            except Exception:  # noqa: BLE001 - the engine may be past helping; the restart below settles it
+                log.exception("aborting %s after a failed step failed", request_id)
+            self._resolve(request_id, _error_output(request_id, reason))
+        self._failed_in_a_row += 1
+        stuck = getattr(self.engine, "needs_restart", lambda _: False)(exc)
+        if not stuck and self._failed_in_a_row < STEP_FAILURES_IN_A_ROW:
+            return
+        if self._restart is None:
+            raise RuntimeError(f"the engine cannot go on: {reason}") from exc
+        self._state = "restarting"
+        log.warning("restarting the engine after: %s", reason)
+        self.engine = self._restart(self.engine)  # a raise here ends the loop: the front is failed
+        self.faults["restarts"] += 1
+        self._failed_in_a_row = 0
+        self._state = "ready"
+        log.warning("the engine restarted (%d restart(s) so far)", self.faults["restarts"])
 
     def _loop(self) -> None:
         try:
@@ -224,7 +270,13 @@ class AsyncEngine(Generic[E]):
                 if self._closed:
                     break
                 if self.engine.has_work():
-                    for out in self.engine.step():
+                    try:
+                        outs = self.engine.step()
+                    except Exception as exc:  # noqa: BLE001 - fails this step's requests (or, stuck, restarts)
+                        self._step_failed(exc)
+                        continue
+                    self._failed_in_a_row = 0
+                    for out in outs:
                         self._resolve(out.request_id, out)
         except BaseException as exc:  # the engine itself failed: fail every waiter, loudly
             self.error = exc
@@ -247,5 +299,5 @@ def _set_result(future: asyncio.Future, output: RequestOutput) -> None:
         future.set_result(output)
 
 
-def _error_output(request_id: str, message: str) -> RequestOutput:
-    return RequestOutput(request_id, [], [], "error", error=message)
+def _error_output(request_id: str, message: str, rejected: bool = False) -> RequestOutput:
+    return RequestOutput(request_id, [], [], "error", error=message, rejected=rejected)

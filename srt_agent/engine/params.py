@@ -7,13 +7,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 FINISH_REASONS = ("eos", "stop", "length", "context", "error")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what a seed must fit in (vLLM's server holds requests to it)
 
 
 @dataclass
 class SamplingParams:
     """Sampling and stopping options of one request.
 
-    ``temperature=0`` is greedy. ``top_k=0`` and ``top_p=1`` disable those filters. ``seed`` keys the
+    ``temperature=0`` is greedy. ``top_k=0`` and ``top_p=1`` disable those filters. ``seed`` fits in 64 bits. ``seed`` keys the
     sampling noise (with the absolute token position), so the same seed gives the same tokens whether
     or not the engine speculates; ``None`` draws a fresh seed per request. ``stop`` strings end the
     request once the decoded output contains one; ``include_stop_str_in_output`` decides whether the
@@ -49,6 +50,8 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        if self.seed is not None and not INT64_MIN <= self.seed <= INT64_MAX:
+            raise ValueError(f"seed must fit in 64 bits (from -2**63 to 2**63 - 1), got {self.seed!r}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
@@ -93,6 +96,7 @@ class RequestOutput:
     ``logprobs[i]`` is log_softmax(logits / temperature) of ``token_ids[i]`` (raw log_softmax when
     greedy), before top-k/top-p filtering. ``stop_reason`` is the stop string or token id that ended
     the request, if any. ``text`` is the decoded output (cut at the stop string) when a tokenizer exists.
+    ``rejected``: an "error" output because the backend refused the request's input (the caller's fault).
     """
 
     request_id: str
@@ -103,6 +107,7 @@ class RequestOutput:
     error: str | None = None
     text: str | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    rejected: bool = False
 
 
 def check_prompt(prompt_ids: Sequence[int], vocab_size: int, max_context: int) -> list[int]:

@@ -34,6 +34,9 @@ def rollout_metrics(trajectories: Sequence[Trajectory], summary: RolloutSummary)
     out["env/tool_calls"] = float(summary.tool_calls)
     out["env/tool_time_s"] = summary.tool_time_s
     out["env/error_trajectories"] = float(sum(t.finish_reason == "error" for t in trajectories))
+    out["env/tool_fault_trajectories"] = float(
+        sum(t.finish_reason == "error" and any(c.fault for c in t.tool_calls) for t in trajectories)
+    )
     out["srt/model_tokens"] = float(summary.model_tokens)
     out["srt/forced_tokens"] = float(summary.forced_tokens)
     out["srt/forwards"] = float(summary.forwards)

@@ -57,8 +57,9 @@ async def run_agents_async(
     seed: int | None = None,
 ) -> AgentRun:
     """Run `agent` `n_samples` times per task against `server` (serving at `url`), all at once up to
-    `max_concurrent`. An agent that raises (or runs past `timeout_s`) gets reward 0 and finish_reason
-    "error" with the reason; the others run on.
+    `max_concurrent`. An agent that raises (or runs past `timeout_s`), or one of whose requests failed in the
+    backend (even if the agent went on), gets reward 0 and finish_reason "error" with the reason: its rollout
+    is recorded but not trained on; the others run on.
 
     Each session's tree key is the key of its first prompt's tokens (``cache.keys``: GRPO siblings share
     their trees, as the controller's episodes do); with `seed`, requests that give no seed of their own sample with a seed derived from it
@@ -80,6 +81,9 @@ async def run_agents_async(
         if not recorded:
             recorded = [Trajectory(request_id=sid, task_index=0, sample_index=0, prompt_ids=[], finish_reason="error")]
             error = error or "the agent made no request"
+        failed = next((b for b in recorded if b.finish_reason == "error" and b.error), None)
+        if error is None and failed is not None:
+            reward, error = 0.0, f"a request of the rollout failed: {failed.error}"
         traj = recorded[-1]
         traj.branches = recorded[:-1]  # every branch is this rollout's: its task, sample and reward
         for branch in recorded:

@@ -22,11 +22,11 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from ..agent.hermes import ChatFormat, parse_tool_calls
 from ..agent.trajectory import Trajectory
@@ -34,6 +34,7 @@ from ..drafting.trees.keys import prompt_key
 from ..engine import RequestOutput, SamplingParams
 from ..tools.server import BodyLimit
 from ..tools.threaded_server import served
+from .schema import ChatRequest, CompletionRequest, Sampling
 from .sessions import RequestError, Session, Sessions, Turn, normalize_messages
 
 if TYPE_CHECKING:
@@ -42,46 +43,6 @@ if TYPE_CHECKING:
     from ..backends import RolloutBackend
 
 SESSION_HEADER = "x-srt-session"
-
-
-class _Sampling(BaseModel):
-    """The sampling fields both endpoints share (OpenAI's, plus vLLM's extras sent as ``extra_body``)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    model: str
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
-    n: int | None = None
-    stream: bool | None = False
-    stream_options: dict | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict | None = None
-    top_k: int | None = None  # vLLM's extras
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    include_stop_str_in_output: bool = False
-    repetition_penalty: float | None = None
-
-
-class ChatRequest(_Sampling):
-    messages: list[Any]
-    max_completion_tokens: int | None = None
-    logprobs: bool | None = False
-    top_logprobs: int | None = None
-    tools: list[dict] | None = None
-
-
-class CompletionRequest(_Sampling):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    logprobs: int | None = None
-    echo: bool | None = False
-    suffix: str | None = None
-    best_of: int | None = None
 
 
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
@@ -236,8 +197,13 @@ class RolloutServer:
             app.add_api_route(prefix + "/v1/completions", self._completion_endpoint, methods=["POST"])
         app.add_api_route("/sessions/{sid}", self._get_session, methods=["GET"])
         app.add_api_route("/sessions/{sid}", self._delete_session, methods=["DELETE"])
-        app.add_api_route("/health", lambda: {"status": "ok"}, methods=["GET"])
+        app.add_api_route("/health", self._health, methods=["GET"])
         return app
+
+    async def _health(self):
+        """The backend's state: 200 when ready, 503 while it restarts or once it failed (the body says which)."""
+        health = {**self.backend.health(), "requests": self.counts["requests"], "errors": self.counts["errors"]}
+        return JSONResponse(health, 200 if health["status"] == "ready" else 503)
 
     async def _models(self) -> dict:
         model = {
@@ -277,7 +243,7 @@ class RolloutServer:
     async def _completion_endpoint(self, request: Request):
         return await self._handle(request, CompletionRequest, self._completion)
 
-    async def _handle(self, request: Request, model: type[_Sampling], run):
+    async def _handle(self, request: Request, model: type[Sampling], run):
         """Parse, run, answer; every failure becomes this request's error response and nothing else's."""
         self.counts["requests"] += 1
         try:
@@ -302,7 +268,7 @@ class RolloutServer:
 
     # ----- one request -----------------------------------------------------------------------------
 
-    def _check(self, req: _Sampling) -> None:
+    def _check(self, req: Sampling) -> None:
         if req.model != self.model_name:
             raise RequestError(f"the model {req.model!r} does not exist; this server serves {self.model_name!r}", 404)
         if (req.n or 1) != 1:
@@ -315,7 +281,7 @@ class RolloutServer:
         if req.repetition_penalty not in (None, 1, 1.0):
             raise RequestError("repetition_penalty is not supported", param="repetition_penalty")
 
-    def _params(self, req: _Sampling, max_tokens: int | None, session: Session, turn: Turn) -> SamplingParams:
+    def _params(self, req: Sampling, max_tokens: int | None, session: Session, turn: Turn) -> SamplingParams:
         prompt_len = len(turn.prompt_ids)
         room = self.max_context - prompt_len
         if room < 1:
@@ -334,11 +300,16 @@ class RolloutServer:
             caps.append(left)
         cap = min(caps)
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        outside = [t for t in req.stop_token_ids or [] if t >= self.vocab_size]
+        if outside:
+            raise RequestError(
+                f"stop_token_ids outside the vocabulary [0, {self.vocab_size}): {outside[:5]}", param="stop_token_ids"
+            )
         try:
             return SamplingParams(
                 temperature=1.0 if req.temperature is None else req.temperature,
                 top_p=1.0 if req.top_p is None else req.top_p,
-                top_k=req.top_k or 0,
+                top_k=max(req.top_k or 0, 0),
                 max_tokens=cap if max_tokens is None else min(max_tokens, cap),
                 seed=req.seed if req.seed is not None else session.seed,
                 stop=stop,
@@ -402,7 +373,10 @@ class RolloutServer:
         out = await self.backend.generate(turn.request_id, list(turn.prompt_ids), params, session.prompt_key)
         if out.finish_reason == "error" or out.error:
             session.broken = f"the session's previous turn failed ({out.error})"
+            traj.finish_reason, traj.error = "error", out.error or "backend error"  # the rollout is not trained
             self._forget(session)
+            if out.rejected:  # the backend refused what the request asked for
+                raise RequestError(f"the backend refused the request: {out.error}")
             raise RequestError(f"generation failed: {out.error or 'backend error'}", 500)
         if turn.forced_ids:
             traj.append(list(turn.forced_ids))
@@ -420,7 +394,7 @@ class RolloutServer:
         session.closed_by_eos = self._decode(last, False) if last and last[0] in self.eos_token_ids else None
         return out
 
-    def _shown(self, out: RequestOutput, req: _Sampling, skip_special: bool) -> tuple[str, str | None]:
+    def _shown(self, out: RequestOutput, req: Sampling, skip_special: bool) -> tuple[str, str | None]:
         """The reply's text as the client sees it (cut before the stop string unless it asked to keep it), and
         the stop string cut from it (None when nothing was cut)."""
         text = self._decode(list(out.token_ids), skip_special)

@@ -1,6 +1,7 @@
 """Code tools: the code interpreter and its sandboxes (bubblewrap, SandboxFusion, Docker)."""
 
 from .base import (
+    SANDBOX_FAULTS,
     SANDBOX_STATUSES,
     CodeSandbox,
     SandboxResult,
@@ -14,6 +15,7 @@ from .local import LocalSandbox
 from .sandbox_fusion import SandboxFusionSandbox
 
 __all__ = [
+    "SANDBOX_FAULTS",
     "SANDBOX_KINDS",
     "SANDBOX_STATUSES",
     "CodeInterpreter",

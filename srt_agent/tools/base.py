@@ -6,7 +6,9 @@ import base64
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-SandboxStatus = Literal["ok", "error", "timeout", "memory", "output_limit", "killed", "sandbox_error"]
+SandboxStatus = Literal[
+    "ok", "error", "timeout", "memory", "output_limit", "killed", "compile_error", "overloaded", "sandbox_error"
+]
 """What happened to a program:
 
 - ``ok``: exited with code 0;
@@ -15,8 +17,14 @@ SandboxStatus = Literal["ok", "error", "timeout", "memory", "output_limit", "kil
 - ``memory``: ran out of its memory limit;
 - ``output_limit``: wrote more than the output cap and was killed (the output kept is truncated);
 - ``killed``: died from a signal the sandbox did not send (e.g. SIGSEGV, or it killed itself);
+- ``compile_error``: a compiled language's program did not compile (or the compiler ran out of time);
+- ``overloaded``: stopped at its time limit without having had that time to itself (it waited for a busy
+  sandbox server or for a CPU more than it ran): not the program's fault;
 - ``sandbox_error``: the sandbox itself failed (setup, an unreachable server): not the program's fault.
 """
+
+SANDBOX_FAULTS = frozenset({"overloaded", "sandbox_error"})
+"""Statuses that say nothing about the program: the call may be retried, and it is never the model's failure."""
 
 SANDBOX_STATUSES: tuple[str, ...] = SandboxStatus.__args__  # type: ignore[attr-defined]
 
@@ -31,7 +39,8 @@ class SandboxResult:
 
     `exit_code` is the program's exit status, -N after a death by signal N, and None when the
     sandbox stopped it (timeout, output cap) or never ran it. `truncated`: output was cut.
-    `files`: the files asked back from the run (name -> content) that it left behind.
+    `files`: the files asked back from the run (name -> content) that it left behind. `compile`: for a
+    compiled language, the compiler's own result (its stdout and stderr, how it ended).
     """
 
     status: SandboxStatus
@@ -41,6 +50,7 @@ class SandboxResult:
     wall_s: float = 0.0
     truncated: bool = False
     files: dict[str, bytes] = field(default_factory=dict)
+    compile: SandboxResult | None = None
 
     @property
     def ok(self) -> bool:
@@ -48,7 +58,8 @@ class SandboxResult:
 
     def to_dict(self) -> dict:
         """A JSON-ready dict (file contents in base64)."""
-        return {**asdict(self), "files": {name: base64.b64encode(data).decode() for name, data in self.files.items()}}
+        files = {name: base64.b64encode(data).decode() for name, data in self.files.items()}
+        return {**asdict(self), "files": files, "compile": self.compile.to_dict() if self.compile else None}
 
 
 def is_memory_error(stderr: str) -> bool:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
-from .base import CodeSandbox, SandboxResult
+from .base import SANDBOX_FAULTS, CodeSandbox, SandboxResult
 from .factory import make_sandbox
 
 # Keys of a verl tool config that are verl's, not the sandbox's (the concurrency keys are the verl tool's).
@@ -17,8 +18,11 @@ _STATUS_NOTES = {
     "memory": "Execution ran out of memory.",
     "output_limit": "Output limit exceeded; the program was stopped.",
     "killed": "The program was killed by a signal.",
+    "compile_error": "Compilation failed.",
+    "overloaded": "The sandbox was overloaded and stopped the program before its time.",
     "sandbox_error": "The sandbox failed to run the code.",
 }
+INTERPRETER_KEYS = frozenset({"sandbox", "max_output_chars", "fault_retries", "fault_budget_s"})
 
 
 def truncate_middle(text: str, max_chars: int) -> str:
@@ -42,15 +46,23 @@ class CodeInterpreter:
 
     The text is stdout, then stderr (when non-empty), cut in the middle, then a one-line note for
     anything but a clean exit; `max_output_chars` bounds it all. The caller wraps it in
-    `<interpreter>…</interpreter>`.
+    `<interpreter>…</interpreter>`. A result that says nothing about the program (a sandbox fault:
+    ``overloaded``, ``sandbox_error``) is retried, up to `fault_retries` times while another attempt can end
+    within `fault_budget_s` of the call's start (keep it under the env's ``tool_timeout_s``).
     """
 
     sandbox: CodeSandbox
     max_output_chars: int = 1024
+    fault_retries: int = 2
+    fault_budget_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.max_output_chars <= 0:
             raise ValueError(f"max_output_chars must be positive, got {self.max_output_chars!r}")
+        if self.fault_retries < 0 or self.fault_budget_s <= 0:
+            raise ValueError(
+                f"fault_retries must be >= 0 and fault_budget_s > 0, got {self.fault_retries!r}, {self.fault_budget_s!r}"
+            )
 
     @classmethod
     def from_config(cls, config: dict) -> CodeInterpreter:
@@ -59,13 +71,21 @@ class CodeInterpreter:
         ignored; the rest are sandbox options. A config written for verl's former SandboxFusion tool
         works too (see :func:`from_sandbox_fusion_tool_config`)."""
         config = from_sandbox_fusion_tool_config(config)
-        options = {k: v for k, v in config.items() if k not in VERL_TOOL_KEYS | {"sandbox", "max_output_chars"}}
+        options = {k: v for k, v in config.items() if k not in VERL_TOOL_KEYS | INTERPRETER_KEYS}
         sandbox = make_sandbox(config.get("sandbox", "local"), **options)
-        return cls(sandbox, max_output_chars=config.get("max_output_chars", 1024))
+        own = {k: config[k] for k in INTERPRETER_KEYS - {"sandbox"} if k in config}
+        return cls(sandbox, **own)
 
     def execute(self, code: str, *, stdin: str = "", timeout_s: float | None = None) -> tuple[str, SandboxResult]:
-        """Run `code`; return (text for the model, the raw result)."""
+        """Run `code`, retried on a sandbox fault (see the class docstring); return (text for the model, the
+        raw result)."""
+        start = time.monotonic()
         result = self.sandbox.run(code, stdin=stdin, timeout_s=timeout_s)
+        limit = timeout_s if timeout_s is not None else getattr(self.sandbox, "timeout_s", 0.0)
+        for _ in range(self.fault_retries):
+            if result.status not in SANDBOX_FAULTS or time.monotonic() - start + limit > self.fault_budget_s:
+                break
+            result = self.sandbox.run(code, stdin=stdin, timeout_s=timeout_s)
         return format_result(result, self.max_output_chars), result
 
 

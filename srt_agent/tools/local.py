@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,13 +39,11 @@ from .files import (
     sandbox_path,
     workdir_relative,
 )
+from .languages import BINARY, COMPILE_MEMORY_MB, Language, command, find_language, missing_tools
 from .process import ProcessOutcome, run_capped
 from .runtime import RUNTIME_ENV, runtime_dir, runtime_python, venv_of
 from .seccomp import seccomp_program
 
-LANGUAGES = ("python", "bash")
-_PROGRAM_NAMES = {"python": "main.py", "bash": "main.sh"}
-_RUNNERS = {"python": None, "bash": "/bin/bash"}  # None: the sandbox's Python
 _HOSTS = b"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 _ETC_FILES = (
     "ld.so.cache",
@@ -83,21 +81,18 @@ os.execv(sys.argv[5], sys.argv[5:])
 """
 
 
-def limited_argv(
-    python: Path, program: str, limits: list[int], prlimit: str | None = PRLIMIT, runner: str | None = None
-) -> list[str]:
-    """The command that lowers the rlimits (cpu s, address space, processes, file size; -1 = leave
-    alone; no core dumps) and then runs `program` with `runner` (default: `python`). Inside the
+def limited_argv(argv: Sequence[str], limits: list[int], python: Path, prlimit: str | None = PRLIMIT) -> list[str]:
+    """`argv` behind what lowers the rlimits (cpu s, address space, processes, file size; -1 = leave
+    alone; no core dumps): prlimit, else a first `python` that sets them and becomes the program. Inside the
     sandbox this runs in the new user namespace, so RLIMIT_NPROC counts only the sandbox's processes."""
-    command = [runner or str(python), program]
     if prlimit is not None and os.path.exists(prlimit):
         options = [
             f"--{name}={value}:{value + 1 if name == 'cpu' else value}"
             for name, value in zip(_LIMIT_NAMES, limits)
             if value >= 0
         ]
-        return [prlimit, *options, "--core=0:0", "--", *command]
-    return [str(python), "-I", "-S", "-c", _LAUNCHER, *map(str, limits), *command]
+        return [prlimit, *options, "--core=0:0", "--", *argv]
+    return [str(python), "-I", "-S", "-c", _LAUNCHER, *map(str, limits), *argv]
 
 
 def bwrap_path() -> str | None:
@@ -386,32 +381,84 @@ class LocalSandbox:
         files: Mapping[str, bytes] | None = None,
         fetch_files: Sequence[str] = (),
         language: str = "python",
+        compile_timeout_s: float = 10.0,
+        deadline: float | None = None,
+        watch: Callable[[int], None] | None = None,
     ) -> SandboxResult:
-        """Run `code` (Python, or `language="bash"`); never raises for anything the program does.
+        """Run `code` in `language` (languages.py: python, bash, nodejs, cpp); never raises for anything the
+        program does. A compiled language is compiled first, within `compile_timeout_s`, in a sandbox of its own.
 
         `files` (name -> content) are written into the run's working directory first; `fetch_files`
         come back in the result's `files` when the program ends by itself (see files.py for names).
-        Bad names, inputs over `tmp_mb` or an unknown language raise ValueError.
+        `deadline` (a `time.monotonic()` instant) cuts every phase short so that none runs past it;
+        `watch(pid)` is told each phase's first process as it starts (the server's scheduler follows it).
+        Bad names, inputs over `tmp_mb`, an unknown language or one this machine lacks raise ValueError.
         """
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        if timeout <= 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout!r}")
-        if language not in LANGUAGES:
-            raise ValueError(f"language {language!r} is not one of {LANGUAGES}")
+        if timeout <= 0 or compile_timeout_s <= 0:
+            raise ValueError(
+                f"timeout_s and compile_timeout_s must be positive, got {timeout!r}, {compile_timeout_s!r}"
+            )
+        lang = find_language(language)
+        problem = missing_tools(lang.name)
+        if problem:
+            raise ValueError(problem)
         files = dict(files or {})
         fetch_files = check_names(fetch_files)
         check_names(files)
         if sum(map(len, files.values())) > self.tmp_mb << 20:
             raise ValueError(f"the files given to a run take over its {self.tmp_mb} MB working directory")
-        cpu = self.cpu_s if self.cpu_s is not None else timeout + 1.0
+        phase = functools.partial(self._phase, lang=lang, files=files, deadline=deadline, watch=watch)
+        if lang.compile is None:
+            return phase(code.encode(), stdin, timeout, self.memory_mb + lang.extra_address_space_mb, fetch_files)
+        compiled = phase(code.encode(), "", compile_timeout_s, max(self.memory_mb, COMPILE_MEMORY_MB), [BINARY], True)
+        binary = compiled.files.pop(BINARY, None)
+        if compiled.status != "ok" or binary is None:
+            if compiled.status == "ok":  # compiled, but the binary is over the fetch cap
+                compiled.stderr += f"\nthe compiled program is over this sandbox's {self.max_file_mb} MB file cap"
+            cut = compiled.status in ("overloaded", "sandbox_error")
+            return SandboxResult(
+                status=compiled.status if cut else "compile_error",
+                stdout=compiled.stdout,
+                stderr=compiled.stderr,
+                exit_code=compiled.exit_code,
+                wall_s=compiled.wall_s,
+                compile=compiled,
+            )
+        result = phase(binary, stdin, timeout, self.memory_mb, fetch_files, compiled=True)
+        result.compile = compiled
+        return result
+
+    def _phase(
+        self,
+        program: bytes,
+        stdin: str,
+        timeout: float,
+        address_space_mb: int,
+        fetch_files: list[str],
+        compiling: bool = False,
+        compiled: bool = False,
+        *,
+        lang: Language,
+        files: dict[str, bytes],
+        deadline: float | None,
+        watch: Callable[[int], None] | None,
+    ) -> SandboxResult:
+        """One sandboxed process tree: a program's run, or its compiler's."""
+        if deadline is not None:
+            timeout = min(timeout, deadline - time.monotonic())
+            if timeout <= 0:
+                return SandboxResult(status="timeout", stderr="no time was left to run it")
+        cpu = self.cpu_s if self.cpu_s is not None and not compiling else timeout + 1.0
         nproc = self.max_processes if self.sandboxed else -1  # unsandboxed it would count all the user's processes
-        limits = [max(1, math.ceil(cpu)), self.memory_mb << 20, nproc, self.max_file_mb << 20]
-        run = _Run(code, stdin, timeout, limits, language, files, fetch_files)
+        limits = [max(1, math.ceil(cpu)), address_space_mb << 20, nproc, self.max_file_mb << 20]
+        memory_mb = max(self.memory_mb, COMPILE_MEMORY_MB) if compiling else self.memory_mb
+        run = _Run(program, stdin, timeout, limits, lang, files, fetch_files, memory_mb, compiling, compiled)
         try:
             if self.sandboxed:
-                outcome, started, oom_killed, fetched = self._run_bwrap(run)
+                outcome, started, oom_killed, fetched = self._run_bwrap(run, watch)
             else:
-                (outcome, fetched), started, oom_killed = self._run_unsandboxed(run), True, False
+                (outcome, fetched), started, oom_killed = self._run_unsandboxed(run, watch), True, False
         except OSError as exc:
             return SandboxResult(status="sandbox_error", stderr=f"could not run the sandbox: {exc}")
         result = classify(outcome, started=started, signal_offset=128 if self.sandboxed else None)
@@ -421,7 +468,7 @@ class LocalSandbox:
         return result
 
     def _bwrap_argv(self, run: _Run, fds: _RunFds) -> list[str]:
-        argv = [
+        bwrap = [
             self._bwrap,
             "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--disable-userns",
@@ -431,14 +478,14 @@ class LocalSandbox:
         ]  # fmt: skip
         for lib in _LIB_DIRS:
             if os.path.islink(lib):
-                argv += ["--symlink", os.readlink(lib), lib]
+                bwrap += ["--symlink", os.readlink(lib), lib]
             elif os.path.isdir(lib):
-                argv += ["--ro-bind", lib, lib]
+                bwrap += ["--ro-bind", lib, lib]
         for name in _ETC_FILES:
-            argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-        argv += ["--ro-bind-data", str(fds.hosts), "/etc/hosts"]
+            bwrap += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        bwrap += ["--ro-bind-data", str(fds.hosts), "/etc/hosts"]
         for prefix in map(str, _base_prefixes(self._python)):  # a pyenv or /opt interpreter under a venv
-            argv += ["--ro-bind", prefix, prefix]
+            bwrap += ["--ro-bind", prefix, prefix]
         pythonpath = [f"{PYTHONPATH_MOUNT}/{i}" for i in range(len(self.pythonpath))]
         env = {
             "PATH": f"{self._inside.parent}:/usr/local/bin:/usr/bin:/bin",
@@ -453,36 +500,38 @@ class LocalSandbox:
         }
         if self.pythonpath:
             env["PYTHONPATH"] = ":".join(pythonpath)
-        argv += ["--clearenv"]
+        bwrap += ["--clearenv"]
         for key, value in env.items():
-            argv += ["--setenv", key, value]
-        argv += [
+            bwrap += ["--setenv", key, value]
+        bwrap += [
             "--proc", "/proc", "--dev", "/dev",
             "--size", str(self.tmp_mb << 20), "--tmpfs", WORKDIR,
-            "--ro-bind-data", str(fds.code), run.program,
+            *(["--perms", "0555"] if run.compiled else []), "--ro-bind-data", str(fds.code), run.program,
         ]  # fmt: skip
         if run.uses_scratch:
             scratch = f"{WORKDIR}/{SCRATCH_IN_WORKDIR}"
-            argv += ["--dir", scratch, "--symlink", scratch, SCRATCH]
+            bwrap += ["--dir", scratch, "--symlink", scratch, SCRATCH]
         for name, fd in fds.inputs.items():
-            argv += ["--file", str(fd), sandbox_path(name)]
+            bwrap += ["--file", str(fd), sandbox_path(name)]
         venv = venv_of(self._python)
         if venv is not None:  # at a fixed path outside the working directory, wherever it is on the host
-            argv += ["--ro-bind", str(venv), RUNTIME_MOUNT]
+            bwrap += ["--ro-bind", str(venv), RUNTIME_MOUNT]
         for path, inside in zip(self.pythonpath, pythonpath):
-            argv += ["--ro-bind", path, inside]
-        argv += [
+            bwrap += ["--ro-bind", path, inside]
+        bwrap += [
             "--remount-ro", "/",
             "--chdir", WORKDIR,
             "--json-status-fd", str(fds.status),
             "--block-fd", str(fds.block),
         ]  # fmt: skip
         if fds.seccomp is not None:
-            argv += ["--seccomp", str(fds.seccomp)]
-        command = limited_argv(self._inside, run.program, run.limits, runner=_RUNNERS[run.language])
+            bwrap += ["--seccomp", str(fds.seccomp)]
+        argv = limited_argv(
+            command(run.language, run.program, str(self._inside), run.compiling), run.limits, self._inside
+        )
         if run.fetch_files:
             names = json.dumps([[name, sandbox_path(name)] for name in run.fetch_files])
-            command = [
+            argv = [
                 str(self._inside),
                 "-I",
                 "-S",
@@ -491,15 +540,17 @@ class LocalSandbox:
                 str(fds.fetched),
                 str(self._fetch_limit),
                 names,
-                *command,
+                *argv,
             ]
-        return argv + command
+        return bwrap + argv
 
     @property
     def _fetch_limit(self) -> int:
         return self.max_file_mb << 20
 
-    def _run_bwrap(self, run: _Run) -> tuple[ProcessOutcome, bool, bool, dict[str, bytes]]:
+    def _run_bwrap(
+        self, run: _Run, watch: Callable[[int], None] | None
+    ) -> tuple[ProcessOutcome, bool, bool, dict[str, bytes]]:
         """Run under bwrap; returns (outcome, whether the program started, whether it was OOM-killed,
         the files fetched).
 
@@ -514,12 +565,14 @@ class LocalSandbox:
             open_fds.discard(fd)
             os.close(fd)
 
-        def release(_: object) -> None:
+        def release(proc: subprocess.Popen) -> None:
             close(status_w)
             close(block_r)
             pid = _read_child_pid(status_r, status, timeout_s=max(run.timeout, 10.0))
             if pid is not None and cgroup is not None:
                 cgroup.add(pid)
+            if watch is not None:  # before the program starts
+                watch(proc.pid)
             try:
                 os.write(block_w, b"go")
             except BrokenPipeError:  # bwrap failed before starting anything; its stderr says why
@@ -531,7 +584,7 @@ class LocalSandbox:
             block_r, block_w = os.pipe()
             open_fds |= {status_r, status_w, block_r, block_w}
             fds = _RunFds(
-                code=_memfd_with("srt-sandbox-program", run.code.encode(), open_fds),
+                code=_memfd_with("srt-sandbox-program", run.code, open_fds),
                 hosts=_memfd_with("srt-sandbox-hosts", _HOSTS, open_fds),
                 status=status_w,
                 block=block_r,
@@ -540,7 +593,7 @@ class LocalSandbox:
                 inputs={name: _memfd_with("srt-sandbox-file", data, open_fds) for name, data in run.files.items()},
             )
             if self._cgroups is not None:
-                cgroup = self._cgroups.create((self.memory_mb + self.tmp_mb) << 20, self.max_processes + 2)
+                cgroup = self._cgroups.create((run.memory_mb + self.tmp_mb) << 20, self.max_processes + 2)
             user = _FIRST_HOST_UID + secrets.randbelow(_FIRST_HOST_UID) if self._drops_root else None
             outcome = run_capped(
                 self._bwrap_argv(run, fds),
@@ -567,10 +620,13 @@ class LocalSandbox:
             if cgroup is not None:
                 cgroup.remove()
 
-    def _run_unsandboxed(self, run: _Run) -> tuple[ProcessOutcome, dict[str, bytes]]:
+    def _run_unsandboxed(
+        self, run: _Run, watch: Callable[[int], None] | None
+    ) -> tuple[ProcessOutcome, dict[str, bytes]]:
         with tempfile.TemporaryDirectory(prefix="srt-unsandboxed-") as workdir:
             program = Path(workdir) / Path(run.program).name
-            program.write_text(run.code)
+            program.write_bytes(run.code)
+            program.chmod(0o555 if run.compiled else 0o444)
             for name, data in run.files.items():
                 target = Path(workdir, workdir_relative(name))
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -582,12 +638,15 @@ class LocalSandbox:
                 "LANG": "C.UTF-8",
             }
             outcome = run_capped(
-                limited_argv(self._python, str(program), run.limits, runner=_RUNNERS[run.language]),
+                limited_argv(
+                    command(run.language, str(program), str(self._python), run.compiling), run.limits, self._python
+                ),
                 stdin=run.stdin.encode(),
                 timeout_s=run.timeout,
                 max_output_bytes=self.max_output_bytes,
                 cwd=workdir,
                 env=env,
+                on_spawn=(lambda proc: watch(proc.pid)) if watch is not None else None,
             )
             fetched, total = {}, 0
             for name in run.fetch_files if not (outcome.timed_out or outcome.output_limited) else ():
@@ -600,19 +659,23 @@ class LocalSandbox:
 
 @dataclass
 class _Run:
-    """One run's request, checked."""
+    """One phase of a run (the program's, or its compiler's), checked. `code` is the program's file: its
+    source, or the compiled binary when `compiled`."""
 
-    code: str
+    code: bytes
     stdin: str
     timeout: float
     limits: list[int]
-    language: str
+    language: Language
     files: dict[str, bytes]
     fetch_files: list[str]
+    memory_mb: int
+    compiling: bool = False
+    compiled: bool = False
 
     @property
     def program(self) -> str:
-        return f"/sandbox/{_PROGRAM_NAMES[self.language]}"
+        return self.language.program_path(self.compiled)
 
     @property
     def uses_scratch(self) -> bool:

@@ -1,15 +1,15 @@
-"""A SandboxFusion server as the code sandbox: `POST {endpoint}/run_code` with raw JSON.
+"""SandboxFusion servers as the code sandbox: `POST {endpoint}/run_code` with raw JSON.
 
 Works with ByteDance's server (`docker run -p 8080:8080 volcengine/sandbox-fusion:server-20250609`)
-and with `srt-agent sandbox serve`. Raw JSON rather than the `sandbox-fusion` client because the
-client's request model has no `memory_limit_MB`.
+and with `srt-agent sandbox serve`; several servers (a list, or URLs separated by commas) share the calls,
+least loaded first, a failed one skipped (hosts.py). Raw JSON rather than the `sandbox-fusion` client
+because the client's request model has no `memory_limit_MB`.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,13 +17,9 @@ from dataclasses import dataclass, field
 import httpx
 
 from .base import SANDBOX_STATUSES, SandboxResult, SandboxStatus, is_memory_error
+from .hosts import DEFAULT_ENDPOINT, ENDPOINT_ENV, HostPool, endpoints_from
 
-DEFAULT_ENDPOINT = "http://localhost:8080"
-
-
-def endpoint_from_env() -> str:
-    """`SANDBOX_FUSION_ENDPOINT`, or SandboxFusion's default `http://localhost:8080`."""
-    return os.environ.get("SANDBOX_FUSION_ENDPOINT", DEFAULT_ENDPOINT)
+__all__ = ["DEFAULT_ENDPOINT", "ENDPOINT_ENV", "SandboxFusionSandbox", "endpoints_from", "result_from_response"]
 
 
 def result_from_response(body: dict, wall_s: float) -> SandboxResult:
@@ -36,12 +32,16 @@ def result_from_response(body: dict, wall_s: float) -> SandboxResult:
     if body.get("status") == "SandboxError" or run is None or run.get("status") == "Error":
         message = body.get("message") or (run or {}).get("stderr") or "the SandboxFusion server reported an error"
         return SandboxResult(status="sandbox_error", stderr=str(message), wall_s=wall_s)
+    compiled = body.get("compile_result")
+    did_not_compile = body.get("run_result") is None and compiled is not None
     stdout, stderr = run.get("stdout") or "", run.get("stderr") or ""
     code = run.get("return_code")
     if not isinstance(stdout, str) or not isinstance(stderr, str) or not (code is None or type(code) is int):
         raise ValueError("run_result's stdout, stderr and return_code have the wrong types")
     status: SandboxStatus
-    if run.get("status") == "TimeLimitExceeded":
+    if did_not_compile:
+        status = "compile_error"
+    elif run.get("status") == "TimeLimitExceeded":
         status = "timeout"
     elif code == 0:
         status = "ok"
@@ -68,27 +68,37 @@ def result_from_response(body: dict, wall_s: float) -> SandboxResult:
 
 @dataclass
 class SandboxFusionSandbox:
-    """A client of a SandboxFusion `/run_code` endpoint, retrying on 5xx answers and timeouts.
+    """A client of SandboxFusion `/run_code` endpoints, retrying on 5xx answers and timeouts.
 
-    A server that stays unreachable after `retries` attempts gives a `sandbox_error` result (the
-    trajectory goes on); bad options raise ValueError.
+    `endpoint` is one server URL, several (a list, or URLs separated by commas), or None for
+    `SANDBOX_FUSION_ENDPOINT`. A call goes to the least loaded server; one that fails (unreachable, 5xx,
+    a timeout, an answer that is not SandboxFusion's) is skipped and the call tried on another, up to
+    `retries` attempts (at least one per server). When every attempt fails the result is a `sandbox_error`; a server's ``overloaded`` answer comes
+    back as it is (the caller decides on a retry; CodeInterpreter does) and rests that server. Bad options
+    raise ValueError. `compile_timeout_s` is SandboxFusion's `compile_timeout`: for an interpreted language
+    the time `srt-agent sandbox serve` may keep the call queued.
     """
 
-    endpoint: str | None = None
+    endpoint: str | Sequence[str] | None = None
     timeout_s: float = 10.0
     memory_mb: int = 512
     retries: int = 3
     backoff_s: float = 0.5
-    http_slack_s: float = 10.0  # the HTTP timeout is the run timeout plus this (queueing, startup)
+    http_slack_s: float = 10.0  # the HTTP timeout is the compile and run timeouts plus this
+    compile_timeout_s: float = 10.0
+    language: str = "python"
     _client: httpx.Client = field(init=False, repr=False, compare=False)
+    hosts: HostPool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.endpoint = (self.endpoint or endpoint_from_env()).rstrip("/")
-        if not self.endpoint.startswith(("http://", "https://")):
-            raise ValueError(f"SandboxFusionSandbox endpoint must be an http(s) URL, got {self.endpoint!r}")
-        if self.timeout_s <= 0 or self.memory_mb <= 0 or self.retries < 1:
-            raise ValueError("SandboxFusionSandbox needs timeout_s > 0, memory_mb > 0 and retries >= 1")
-        self._client = httpx.Client()  # thread-safe; keeps connections to the server alive between calls
+        urls = endpoints_from(self.endpoint)
+        self.endpoint = ",".join(urls)
+        if self.timeout_s <= 0 or self.memory_mb <= 0 or self.retries < 1 or self.compile_timeout_s <= 0:
+            raise ValueError(
+                "SandboxFusionSandbox needs timeout_s > 0, memory_mb > 0, retries >= 1 and compile_timeout_s > 0"
+            )
+        self.hosts = HostPool(urls, rest_s=self.backoff_s)
+        self._client = httpx.Client()  # thread-safe; keeps connections to the servers alive between calls
 
     def close(self) -> None:
         self._client.close()
@@ -101,8 +111,10 @@ class SandboxFusionSandbox:
         timeout_s: float | None = None,
         files: Mapping[str, bytes | None] | None = None,
         fetch_files: Sequence[str] = (),
+        language: str | None = None,
     ) -> SandboxResult:
-        """Run `code` on the server; never raises for the program or the network.
+        """Run `code` (in `language`, default the client's) on a server; never raises for the program or the
+        network.
 
         `files` (name -> content; None entries are sent as null, which servers skip) are written into
         the run's working directory; `fetch_files` come back in the result's `files`.
@@ -110,8 +122,9 @@ class SandboxFusionSandbox:
         timeout = self.timeout_s if timeout_s is None else timeout_s
         payload = {
             "code": code,
-            "language": "python",
+            "language": language or self.language,
             "run_timeout": timeout,
+            "compile_timeout": self.compile_timeout_s,
             "memory_limit_MB": self.memory_mb,
             "stdin": stdin,
         }
@@ -122,33 +135,43 @@ class SandboxFusionSandbox:
         if fetch_files:
             payload["fetch_files"] = list(fetch_files)
         start = time.monotonic()
-        problem = ""
-        for attempt in range(self.retries):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            try:
-                response = self._client.post(
-                    f"{self.endpoint}/run_code", json=payload, timeout=timeout + self.http_slack_s
-                )
-            except httpx.TransportError as exc:  # connection refused, timeouts, resets
-                problem = f"{type(exc).__name__}: {exc}"
-                continue
-            if response.status_code >= 500:
-                problem = f"HTTP {response.status_code}: {response.text[:500]}"
-                continue
-            if response.status_code != 200:
-                return SandboxResult(
-                    status="sandbox_error",
-                    stderr=f"SandboxFusion at {self.endpoint} rejected the request: HTTP {response.status_code}: {response.text[:500]}",
-                    wall_s=time.monotonic() - start,
-                )
-            try:
-                return result_from_response(response.json(), time.monotonic() - start)
-            except ValueError as exc:  # not JSON, or not SandboxFusion's answer
-                problem = f"a response that is not SandboxFusion's ({exc}): {response.text[:200]!r}"
-                continue
+        problems: list[str] = []
+        tried: list[str] = []
+        attempts = max(self.retries, len(self.hosts.urls))
+        for _ in range(attempts):
+            url = self.hosts.pick(avoid=tried)
+            if url in tried:  # no other host left to try: wait before asking this one again
+                time.sleep(self.backoff_s * 2 ** min(tried.count(url) - 1, 6))
+            tried.append(url)
+            result, problem = self._post(url, payload, timeout + self.compile_timeout_s + self.http_slack_s, start)
+            self.hosts.done(url, ok=result is not None and result.status != "overloaded")  # rest a busy host too
+            if result is not None:
+                return result
+            problems.append(f"{url}: {problem}")
+        where = f"SandboxFusion at {self.endpoint}" if len(self.hosts.urls) == 1 else "every SandboxFusion server"
         return SandboxResult(
             status="sandbox_error",
-            stderr=f"SandboxFusion at {self.endpoint} failed {self.retries} times; last: {problem}",
+            stderr=f"{where} failed {attempts} times; last: {problems[-1]}",
             wall_s=time.monotonic() - start,
         )
+
+    def _post(
+        self, url: str, payload: dict, http_timeout: float, start: float
+    ) -> tuple[SandboxResult | None, str | None]:
+        """One attempt at `url`: (a result to return, None), or (None, why it should be retried)."""
+        try:
+            response = self._client.post(f"{url}/run_code", json=payload, timeout=http_timeout)
+        except httpx.TransportError as exc:  # connection refused, timeouts, resets
+            return None, f"{type(exc).__name__}: {exc}"
+        if response.status_code >= 500:
+            return None, f"HTTP {response.status_code}: {response.text[:500]}"
+        if response.status_code != 200:
+            return SandboxResult(
+                status="sandbox_error",
+                stderr=f"SandboxFusion at {url} rejected the request: HTTP {response.status_code}: {response.text[:500]}",
+                wall_s=time.monotonic() - start,
+            ), None
+        try:
+            return result_from_response(response.json(), time.monotonic() - start), None
+        except ValueError as exc:  # not JSON, or not SandboxFusion's answer
+            return None, f"a response that is not SandboxFusion's ({exc}): {response.text[:200]!r}"

@@ -1,32 +1,41 @@
 """A SandboxFusion-compatible HTTP server on top of the local sandbox (or Docker): `srt-agent sandbox serve`.
 
-Speaks SandboxFusion's `POST /run_code` and `GET /v1/ping`, so verl's SandboxFusion tool and the
-`sandbox-fusion` client work on a machine without Docker. Runs `python` (alias `python3`) and `bash`,
-with SandboxFusion's `files` and `fetch_files`; its other languages get `Failed`, a request outside its
-schema 422. `GET /v1/runtime` reports the sandbox's Python and packages. Requests run concurrently in a
-thread pool (each run is its own sandboxed process). Responses carry two extra fields SandboxFusion
-clients ignore, `srt_status` and `truncated`, so SandboxFusionSandbox gets our exact status back.
+Speaks SandboxFusion's `POST /run_code` and `GET /v1/ping`, so verl's SandboxFusion tool and reward and the
+`sandbox-fusion` client work on a machine without Docker. Runs `python` (alias `python3`), `bash`, `nodejs`
+and `cpp` (compiled with g++ first, SandboxFusion's `compile_result` and `compile_timeout`) where their
+tools are installed (languages.py), with SandboxFusion's `files` and `fetch_files`; its other languages get
+`Failed`, a request outside its schema 422. `GET /v1/runtime` reports the sandbox's Python, packages and
+limits, `GET /v1/load` what runs and waits.
+
+Every request is answered within its compile and run timeouts of its arrival, queue included (a RunScheduler
+decides when programs start; see scheduler.py); a program stopped by load rather than by itself is
+SandboxFusion's `TimeLimitExceeded` with `srt_status` "overloaded". A request whose client disconnects has
+its program killed. Responses carry extra fields SandboxFusion clients ignore: `srt_status` and `truncated`
+(so SandboxFusionSandbox gets our exact status back) and `srt_queued_s`, `srt_cpu_s`, `srt_cpu_wait_s`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import json
 import signal
+import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from typing import Literal
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, Field, field_validator
 
+from . import languages
 from .base import SandboxResult, SandboxStatus
 from .docker_sandbox import DockerSandbox
 from .files import check_names, decode_files, encode_files
 from .local import LocalSandbox
 from .runtime import DESCRIBE_PROGRAM
+from .scheduler import RunLoad, RunScheduler
 from .threaded_server import served
 
 # SandboxFusion's languages (its server's and its PyPI client's lists), plus our alias `python3`.
@@ -35,7 +44,9 @@ SANDBOX_FUSION_LANGUAGES = (
     "rust", "cuda", "lua", "R", "perl", "D_ut", "ruby", "scala", "julia", "pytest", "junit", "kotlin_script",
     "jest", "verilog", "python_gpu", "lean", "swift", "racket", "gtest", "react",
 )  # fmt: skip
-RUNNABLE = {"python": "python", "python3": "python", "bash": "bash"}  # request language -> LocalSandbox's
+ALIASES = {"python3": "python"}  # request language -> the sandbox's
+DOCKER_LANGUAGES = ("python", "bash")
+DISCONNECT_POLL_S = 1.0
 
 
 class RunCodeRequest(BaseModel):
@@ -74,30 +85,57 @@ class RunCodeResponse(BaseModel):
     files: dict[str, str] = Field(default_factory=dict)
     srt_status: SandboxStatus | None = None
     truncated: bool = False
+    srt_queued_s: float | None = None
+    srt_cpu_s: float | None = None
+    srt_cpu_wait_s: float | None = None
 
 
 OUTPUT_CUT = "the program's output passed this server's cap and it was stopped: stdout and stderr are cut"
 
 
-def response_from_result(result: SandboxResult, fetch_files: tuple[str, ...] = ()) -> RunCodeResponse:
-    """Map a SandboxResult onto SandboxFusion's response (the inverse of `result_from_response`).
-
-    A run stopped at the output cap reads as SandboxFusion clients expect of a killed program
-    (`Finished`, return code -9, `Failed`), with `message` and `srt_status` saying the output was cut.
-    """
+def _command_result(result: SandboxResult) -> CommandRunResult:
+    """One phase's outcome as SandboxFusion's CommandRunResult (a run stopped at the output cap reads as a
+    program killed by SIGKILL, as SandboxFusion clients expect)."""
     if result.status == "sandbox_error":
-        run = CommandRunResult(status="Error", execution_time=result.wall_s, stdout=result.stdout, stderr=result.stderr)
-        return RunCodeResponse(status="SandboxError", message=result.stderr, run_result=run, srt_status=result.status)
-    cut = result.status == "output_limit"
-    run = CommandRunResult(
-        status="TimeLimitExceeded" if result.status == "timeout" else "Finished",
+        return CommandRunResult(
+            status="Error", execution_time=result.wall_s, stdout=result.stdout, stderr=result.stderr
+        )
+    timed_out = result.status in ("timeout", "overloaded")
+    return CommandRunResult(
+        status="TimeLimitExceeded" if timed_out else "Finished",
         execution_time=result.wall_s,
-        return_code=-signal.SIGKILL if cut else result.exit_code,
+        return_code=-signal.SIGKILL if result.status == "output_limit" else result.exit_code,
         stdout=result.stdout,
         stderr=result.stderr,
     )
-    missing = [name for name in fetch_files if name not in result.files]
-    message = OUTPUT_CUT if cut else ""
+
+
+def response_from_result(
+    result: SandboxResult, load: RunLoad | None = None, fetch: tuple[str, ...] = ()
+) -> RunCodeResponse:
+    """Map a SandboxResult onto SandboxFusion's response (the inverse of `result_from_response`).
+
+    A compiled program's compiler comes back as `compile_result` (alone, when it did not compile); a run
+    stopped at the output cap has `message` and `srt_status` say the output was cut; `load` fills the
+    `srt_*_s` fields.
+    """
+    figures = {}
+    if load is not None:
+        figures = dict(srt_queued_s=load.queued_s, srt_cpu_s=load.cpu_s, srt_cpu_wait_s=load.cpu_wait_s)
+    compiled = _command_result(result.compile) if result.compile is not None else None
+    if result.status == "compile_error" or (result.compile is not None and result.compile.status != "ok"):
+        message = "the program did not compile" if result.status == "compile_error" else result.stderr
+        status = "SandboxError" if result.status == "sandbox_error" else "Failed"
+        return RunCodeResponse(
+            status=status, message=message, compile_result=compiled, srt_status=result.status, **figures
+        )
+    if result.status == "sandbox_error":
+        run = _command_result(result)
+        return RunCodeResponse(
+            status="SandboxError", message=result.stderr, run_result=run, srt_status=result.status, **figures
+        )
+    missing = [name for name in fetch if name not in result.files]
+    message = OUTPUT_CUT if result.status == "output_limit" else ""
     if missing:
         message = "; ".join(
             filter(None, [message, f"not fetched (missing, not a file, or over the size cap): {missing}"])
@@ -105,10 +143,12 @@ def response_from_result(result: SandboxResult, fetch_files: tuple[str, ...] = (
     return RunCodeResponse(
         status="Success" if result.status == "ok" else "Failed",
         message=message,
-        run_result=run,
+        compile_result=compiled,
+        run_result=_command_result(result),
         files=encode_files(result.files),
         srt_status=result.status,
         truncated=result.truncated,
+        **figures,
     )
 
 
@@ -124,13 +164,24 @@ def _timed_out_at_once() -> RunCodeResponse:
 
 @dataclasses.dataclass
 class ServerConfig:
-    """What the server runs with: the base sandbox (local or Docker), the pool size, caps on what requests may ask."""
+    """What the server runs with: the base sandbox (local or Docker), how many programs run at once (`workers`,
+    default from the machine's cores and memory; `fresh_slots` of them starting, each at normal priority for
+    its first `quantum_s` of CPU, see scheduler.py), caps on what requests may ask, and the seconds in-flight requests get to
+    finish when the server stops (`shutdown_grace_s`)."""
 
     sandbox: LocalSandbox | DockerSandbox
-    workers: int = 4
+    workers: int | None = None
+    fresh_slots: int | None = None
+    quantum_s: float = 0.2
     max_timeout_s: float = 60.0
     max_memory_mb: int = 4096
     max_request_bytes: int = 8 << 20
+    shutdown_grace_s: float = 2.0
+
+    def languages(self) -> list[str]:
+        """The request languages this server runs (aliases included)."""
+        runnable = DOCKER_LANGUAGES if isinstance(self.sandbox, DockerSandbox) else languages.available()
+        return [*runnable, *(alias for alias, name in ALIASES.items() if name in runnable)]
 
 
 def create_app(config: ServerConfig) -> FastAPI:
@@ -139,19 +190,20 @@ def create_app(config: ServerConfig) -> FastAPI:
     Faults stay with their request: a malformed body gets 422, one over `max_request_bytes` 413 (before it
     is read), and a sandbox that raises a SandboxError answer; the other requests never notice.
     """
-    if config.workers < 1 or config.max_request_bytes < 1:
+    if (config.workers is not None and config.workers < 1) or config.max_request_bytes < 1:
         raise ValueError(
             f"workers and max_request_bytes must be >= 1, got {config.workers}, {config.max_request_bytes}"
         )
-    pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="sandbox")
+    scheduler = RunScheduler(config.workers, config.fresh_slots, config.quantum_s)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         yield
-        pool.shutdown(wait=False, cancel_futures=True)
+        scheduler.shutdown()
 
     app = FastAPI(title="srt-agent sandbox (SandboxFusion-compatible)", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
+    app.state.scheduler = scheduler
 
     runtime: dict = {}
 
@@ -163,20 +215,25 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def describe_runtime() -> dict:
         """What programs run with: languages, the sandbox's Python and its packages (as seen inside), limits."""
         if "python" not in runtime:  # asked inside the sandbox once, kept once it answered
-            runtime.update(await _runtime(config, pool))
-        return runtime
+            runtime.update(await _runtime(config))
+        return {**runtime, "scheduler": scheduler.stats()}
+
+    @app.get("/v1/load")
+    async def load() -> dict:
+        """Programs running and waiting now, and counts since the start."""
+        return scheduler.stats()
 
     @app.post("/run_code", response_model=RunCodeResponse)
-    async def run_code(request: RunCodeRequest) -> RunCodeResponse:
-        return await _run_code(config, pool, request)
+    async def run_code(request: RunCodeRequest, http: Request) -> RunCodeResponse:
+        return await _run_code(config, scheduler, request, http)
 
     return app
 
 
-async def _runtime(config: ServerConfig, pool: ThreadPoolExecutor) -> dict:
+async def _runtime(config: ServerConfig) -> dict:
     """Languages, the sandbox's Python as programs inside it see it, whether runs are sandboxed, and limits."""
     run = lambda: config.sandbox.run(DESCRIBE_PROGRAM, timeout_s=max(config.sandbox.timeout_s, 30.0))  # noqa: E731
-    result = await asyncio.get_running_loop().run_in_executor(pool, run)
+    result = await asyncio.to_thread(run)
     if not result.ok:
         raise HTTPException(503, f"the sandbox could not report its runtime ({result.status}): {result.stderr[-2000:]}")
     python = json.loads(result.stdout)  # `executable` as programs see it; where it comes from beside it
@@ -185,7 +242,7 @@ async def _runtime(config: ServerConfig, pool: ThreadPoolExecutor) -> dict:
     else:
         python["host_executable"], sandboxed = str(config.sandbox.interpreter), config.sandbox.sandboxed
     return dict(
-        languages=sorted(RUNNABLE),
+        languages=sorted(config.languages()),
         python=python,
         sandboxed=sandboxed,
         limits={
@@ -197,11 +254,17 @@ async def _runtime(config: ServerConfig, pool: ThreadPoolExecutor) -> dict:
     )  # fmt: skip
 
 
-async def _run_code(config: ServerConfig, pool: ThreadPoolExecutor, request: RunCodeRequest) -> RunCodeResponse:
-    """One `/run_code` request on the pool, its timeout and memory held to the config's caps."""
-    if request.language not in RUNNABLE:
-        message = f"language {request.language!r} is not supported by this server (it runs {', '.join(RUNNABLE)})"
-        return RunCodeResponse(status="Failed", message=message)
+async def _run_code(
+    config: ServerConfig, scheduler: RunScheduler, request: RunCodeRequest, http: Request
+) -> RunCodeResponse:
+    """One `/run_code` request through the scheduler, its timeouts and memory held to the config's caps and
+    its answer due `compile_timeout + run_timeout` after it arrived."""
+    arrival = getattr(http.state, "arrival", None) or time.monotonic()
+    runnable = config.languages()
+    if request.language not in runnable:
+        why = languages.missing_tools(request.language) if request.language in languages.LANGUAGES else None
+        message = f"language {request.language!r} is not supported by this server (it runs {', '.join(runnable)})"
+        return RunCodeResponse(status="Failed", message=f"{message}: {why}" if why else message)
     if request.run_timeout is not None and request.run_timeout <= 0:
         return _timed_out_at_once()
     try:
@@ -214,17 +277,55 @@ async def _run_code(config: ServerConfig, pool: ThreadPoolExecutor, request: Run
     if request.memory_limit_MB > 0 and request.memory_limit_MB != sandbox.memory_mb:
         sandbox = dataclasses.replace(sandbox, memory_mb=min(request.memory_limit_MB, config.max_memory_mb))
     timeout = min(request.run_timeout or sandbox.timeout_s, config.max_timeout_s)
+    compile_timeout = min(max(request.compile_timeout, 0.0), config.max_timeout_s)
     fetch = tuple(dict.fromkeys(request.fetch_files))
-    extra = {"files": files, "fetch_files": fetch, "language": RUNNABLE[request.language]}
-    extra = {key: value for key, value in extra.items() if value and value != "python"}  # plain runs: run(code, …)
-    loop = asyncio.get_running_loop()
+    language = ALIASES.get(request.language, request.language)
+    work = _work(sandbox, request, files, fetch, language, timeout, compile_timeout)
+    job = scheduler.submit(work, arrival + compile_timeout + timeout, timeout, sandbox.memory_mb)
     try:
-        result = await loop.run_in_executor(
-            pool, lambda: sandbox.run(request.code, stdin=request.stdin or "", timeout_s=timeout, **extra)
-        )
+        outcome = await _unless_disconnected(job.future, http)
+    except asyncio.CancelledError:  # the server stops: the program goes too
+        scheduler.cancel(job)
+        raise
     except Exception as exc:  # noqa: BLE001 - the sandbox failed for this request only
         return _rejected(f"the sandbox failed: {type(exc).__name__}: {exc}")
-    return response_from_result(result, fetch)
+    if outcome is None:  # nobody reads this answer
+        scheduler.cancel(job)
+        return _rejected("the client disconnected; its program was killed")
+    return response_from_result(*outcome, fetch=fetch)
+
+
+def _work(sandbox, request: RunCodeRequest, files: dict, fetch: tuple, language: str, timeout: float, compile_s: float):
+    """The request's run as the scheduler calls it, `(deadline, watch) -> SandboxResult`; a sandbox whose
+    `run` takes no deadline (Docker, a plain CodeSandbox) gets the time left as its timeout."""
+    extra = {"files": files, "fetch_files": fetch, "language": language}
+    extra = {key: value for key, value in extra.items() if value and value != "python"}  # plain runs: run(code, …)
+    takes = inspect.signature(sandbox.run).parameters
+    if language in languages.LANGUAGES and languages.LANGUAGES[language].compile is not None:
+        extra["compile_timeout_s"] = max(compile_s, 0.1)
+
+    def work(deadline: float, watch) -> SandboxResult:
+        if "deadline" in takes:
+            return sandbox.run(
+                request.code, stdin=request.stdin or "", timeout_s=timeout, deadline=deadline, watch=watch, **extra
+            )
+        left = min(timeout, deadline - time.monotonic())
+        if left <= 0:
+            return SandboxResult(status="timeout", stderr="no time was left to run it")
+        return sandbox.run(request.code, stdin=request.stdin or "", timeout_s=left, **extra)
+
+    return work
+
+
+async def _unless_disconnected(future, http: Request) -> tuple[SandboxResult, RunLoad] | None:
+    """The job's outcome, or None when its client disconnects first."""
+    waiting = asyncio.wrap_future(future)
+    while True:
+        done, _ = await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return waiting.result()
+        if await http.is_disconnected():
+            return None
 
 
 class BodyLimit:
@@ -240,6 +341,7 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        scope.setdefault("state", {})["arrival"] = time.monotonic()  # the request's deadlines count from here
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit():  # the HTTP layer holds the body to its declared length
             if int(declared) > self.max_bytes:
@@ -289,4 +391,10 @@ def serve(config: ServerConfig, *, host: str = "127.0.0.1", port: int = 8080, lo
     """Run the server until interrupted."""
     import uvicorn
 
-    uvicorn.run(create_app(config), host=host, port=port, log_level=log_level)
+    uvicorn.run(
+        create_app(config),
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=config.shutdown_grace_s,  # then the rest is cancelled and its programs killed
+    )

@@ -1,8 +1,10 @@
-"""Faults behind the async front: a fault in one request, a failing call, and a step loop that dies.
+"""Faults behind the async front: a fault in one request, a failing call, a step that raises, a stuck engine.
 
 Many coroutines await at once. A request that faults gets its own error output while the others get
 exactly their fault-free tokens and the front keeps serving; a failing `call` reaches only its future;
-a dead loop answers every waiter at once and the front reports itself closed, so nothing hangs.
+a step that raises fails the requests in flight and the front serves on; an engine whose steps keep
+failing is restarted when the front has a `restart`, else the front answers every waiter at once and
+reports itself closed, so nothing hangs.
 """
 
 from __future__ import annotations
@@ -99,30 +101,84 @@ def test_a_failing_call_reaches_only_its_future(tiny_llama, ledger):
     assert 0 <= capacity <= 4
 
 
-def test_a_dead_step_loop_answers_every_waiter_and_closes_the_front(tiny_llama, ledger, monkeypatch):
-    host = HostState.now()
-    engine = front(tiny_llama)
+def failing_steps(engine: AsyncEngine, monkeypatch, failing: set[int] | None = None) -> list[int]:
+    """Make the engine's step raise InjectedFault at the given step numbers (1-based; None: from the third on)."""
     real_step, steps = engine.engine.step, []
 
-    def dying_step():
+    def step():
         steps.append(1)
-        if len(steps) == 3:
+        if (len(steps) in failing) if failing is not None else len(steps) >= 3:
             raise InjectedFault("the step itself broke")
         return real_step()
 
-    monkeypatch.setattr(engine.engine, "step", dying_step)
+    monkeypatch.setattr(engine.engine, "step", step)
+    return steps
+
+
+def test_a_step_that_raises_fails_its_requests_and_the_front_serves_on(tiny_llama, ledger, monkeypatch):
+    host = HostState.now()
+    ref = reference(tiny_llama, MIX)
+    engine = front(tiny_llama)
+    failing_steps(engine, monkeypatch, failing={3})
+    try:
+        outs = asyncio.run(generate_all(engine, MIX))
+        later = asyncio.run(generate_all(engine, MIX[:2]))
+        health = engine.health()
+    finally:
+        engine.close()
+    hit = mismatches(later, {r: ref[r] for r in later})
+    leaks = engine_leaks(engine.engine) + host_leaks(host)
+    ledger.record(FaultRecord("async front", "a step raises", 1, 2, len(hit), len(leaks)))
+    assert hit == [] and leaks == []
+    assert all(out.finish_reason == "error" and "InjectedFault" in out.error for out in outs.values())
+    assert (health["status"], health["step_failures"], health["restarts"]) == ("ready", 1, 0)
+
+
+def test_a_stuck_engine_is_restarted(tiny_llama, ledger, monkeypatch):
+    """Steps fail twice in a row: `restart` builds a new engine, requests sent meanwhile wait for it."""
+    ref = reference(tiny_llama, MIX)
+    started = []
+
+    def restart(old: Engine) -> Engine:
+        started.append(old)
+        return Engine(tiny_llama, drafter="srt", max_batch=4, max_context=128, max_draft_tokens=6, calibrate=False)
+
+    engine = AsyncEngine(front(tiny_llama).engine, restart=restart)
+    failing_steps(engine, monkeypatch, failing={3, 4})
+    try:
+        first = asyncio.run(generate_all(engine, MIX[:4]))
+        second = asyncio.run(generate_all(engine, MIX[4:5]))  # its step is the second failure in a row
+        later = asyncio.run(generate_all(engine, MIX))
+        health = engine.health()
+    finally:
+        engine.close()
+    ledger.record(FaultRecord("async front", "stuck engine restarts", 2, len(MIX), len(mismatches(later, ref)), 0))
+    assert all(out.finish_reason == "error" for out in (*first.values(), *second.values()))
+    assert mismatches(later, ref) == [] and len(started) == 1 and engine.engine is not started[0]
+    assert (health["status"], health["step_failures"], health["restarts"]) == ("ready", 2, 1)
+
+
+def test_a_stuck_engine_without_a_restart_closes_the_front(tiny_llama, ledger, monkeypatch):
+    host = HostState.now()
+    engine = front(tiny_llama)
+    failing_steps(engine, monkeypatch)
 
     async def main():
         outs = await generate_all(engine, MIX)
-        with pytest.raises(RuntimeError, match="engine stopped: InjectedFault"):
-            await asyncio.wait_for(engine.generate("late", [1, 2, 3]), ANSWER_WITHIN_S)
-        return outs
+        late = await asyncio.wait_for(engine.generate("late", [1, 2, 3]), ANSWER_WITHIN_S)
+        for _ in range(int(ANSWER_WITHIN_S * 100)):  # the loop ends just after answering `late`
+            if engine.closed:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(RuntimeError, match="engine stopped: RuntimeError"):
+            await asyncio.wait_for(engine.generate("later", [1, 2, 3]), ANSWER_WITHIN_S)
+        return outs, late
 
-    outs = asyncio.run(main())
+    outs, late = asyncio.run(main())
     engine.close()
-    ledger.record(FaultRecord("async front", "step loop dies", 1, 0, 0, len(host_leaks(host))))
-    assert engine.closed and isinstance(engine.error, InjectedFault)
-    assert all(out.finish_reason == "error" and "InjectedFault" in out.error for out in outs.values())
+    ledger.record(FaultRecord("async front", "stuck engine, no restart", 1, 0, 0, len(host_leaks(host))))
+    assert engine.closed and "cannot go on" in str(engine.error) and engine.health()["status"] == "failed"
+    assert all(out.finish_reason == "error" and "InjectedFault" in out.error for out in (*outs.values(), late))
     with pytest.raises(RuntimeError, match="engine stopped"):
         engine.call(lambda e: None).result(timeout=0)
     engine.release("r0")  # nothing to free any more: a no-op, not an error

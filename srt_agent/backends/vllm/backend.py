@@ -30,7 +30,7 @@ class VLLMBackend(AsyncEngine[VLLMEngine]):
     name = "vllm"
 
     def __init__(self, engine: VLLMEngine):
-        super().__init__(engine)
+        super().__init__(engine, restart=VLLMEngine.restarted)
         self.drafter_name = engine.drafter_name
         self.run_ahead = EngineRunAhead(self) if engine.run_ahead is not None else None
         self.capabilities = Capabilities(
@@ -108,9 +108,12 @@ class UndraftedView:
 
     def __init__(self, owner: VLLMBackend):
         self.owner = owner
-        self.engine = owner.engine
         self.prefix = "undrafted/"
         self.capabilities = dataclasses.replace(owner.capabilities, trees=False)
+
+    @property
+    def engine(self) -> VLLMEngine:
+        return self.owner.engine  # the owner's current one (a restart replaces it)
 
     async def generate(
         self,
@@ -158,6 +161,9 @@ class UndraftedView:
 
     def describe(self) -> str:
         return f"{self.owner.describe()}, shared with {self.owner.drafter_name}: no drafts for this run"
+
+    def health(self) -> dict:
+        return self.owner.health()
 
     def close(self) -> None:
         """The owner closes the engine."""

@@ -86,6 +86,7 @@ class VLLMEngine:
         dtype: str = "auto",
         gpu_memory_utilization: float | None = None,
     ):
+        self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # for `restarted`
         check_drafter(drafter)
         if run_ahead is not None:
             check_run_ahead(run_ahead, drafter)
@@ -167,7 +168,13 @@ class VLLMEngine:
         seq = Sequence(request_id, prompt_key, prompt, params, params.seed or 0, call_start=len(prompt))
         if before is not None and prompt[: len(before)] == before:
             seq.metrics.forced_tokens = len(prompt) - len(before)
-        self.llm.add_request(request_id, {"prompt_token_ids": prompt}, self._vllm_params(params, len(prompt), kind))
+        vllm_params = self._vllm_params(params, len(prompt), kind)
+        try:
+            self.llm.add_request(request_id, {"prompt_token_ids": prompt}, vllm_params)
+        except Exception as exc:
+            if _refused(exc):  # vLLM's own input checks (e.g. stop token ids past its vocabulary)
+                raise ValueError(f"vLLM refuses the request: {exc}") from exc
+            raise
         self.calls[request_id] = seq
         self.totals.requests += 1
         return request_id
@@ -178,10 +185,16 @@ class VLLMEngine:
         from vllm import SamplingParams as VParams
         from vllm.sampling_params import RequestOutputKind
 
+        try:
+            return self._build_vllm_params(VParams, RequestOutputKind, params, prompt_len, kind)
+        except Exception as exc:  # noqa: BLE001 - vLLM's own checks of the values: the request's fault
+            raise ValueError(f"vLLM refuses these sampling parameters: {exc}") from exc
+
+    def _build_vllm_params(self, VParams, RequestOutputKind, params: SamplingParams, prompt_len: int, kind):  # noqa: N803
         return VParams(
             temperature=params.temperature,
             top_p=params.top_p,
-            top_k=params.top_k,
+            top_k=params.top_k if params.top_k < self.vocab_size else 0,  # as large as the vocabulary: no filter
             max_tokens=min(params.max_tokens, self.max_context - prompt_len),
             seed=params.seed if self.exact_sampling else turn_seed(params.seed, prompt_len),
             stop_token_ids=list(
@@ -224,8 +237,13 @@ class VLLMEngine:
         if self.run_ahead is not None:
             self.run_ahead.before_step()
         self._count_drafts()
+        try:
+            outputs = self.llm.step()
+        except Exception:
+            self._abort_all()  # the step's requests: whoever waits on ours is told by AsyncEngine
+            raise
         finished = []
-        for out in self.llm.step():
+        for out in outputs:
             seq = self.calls.get(out.request_id)
             if seq is None:
                 if self.run_ahead is not None:
@@ -247,6 +265,18 @@ class VLLMEngine:
                     self._proposer.end_turn(out.request_id, len(seq.tokens))
                 finished.append(self._finish(seq))
         return finished
+
+    def _abort_all(self) -> None:
+        """Abort every request vLLM holds (ours, run-ahead's, any other) after a step that raised: vLLM's
+        scheduler had counted them as computed."""
+        if self.run_ahead is not None:
+            self.run_ahead.drop_all()
+        held = list(getattr(getattr(self.llm, "output_processor", None), "request_states", {}))
+        try:
+            self.llm.abort_request(held, internal=True)
+        except TypeError:  # a vLLM whose requests have one id only
+            self.llm.abort_request(held)
+        self.calls.clear()
 
     def _count_drafts(self) -> None:
         """Drafts vLLM's scheduler holds for each running request: verified in the coming step."""
@@ -347,6 +377,38 @@ class VLLMEngine:
         shutdown = getattr(self.llm.engine_core, "shutdown", None)
         if shutdown is not None:
             shutdown()
+
+    def needs_restart(self, exc: BaseException) -> bool:
+        """Whether a step's `exc` says vLLM's engine core is gone (a new engine is the only way on)."""
+        return any(cls.__name__ == "EngineDeadError" for cls in type(exc).__mro__)
+
+    def restarted(self) -> VLLMEngine:
+        """A new engine with this one's settings that keeps its trees, held turns and totals; this one is shut
+        down first (its KV cache freed). Its running turns are over (their callers were told)."""
+        cache = None
+        try:
+            proposer = self.proposer()
+            if proposer is not None:
+                proposer.end_step()  # every turn closes; its tokens stay in the trees
+                cache = proposer.cache
+        except Exception as exc:  # noqa: BLE001 - a worker past reading: the trees are lost, and said so
+            warnings.warn(
+                f"the SRT trees could not be kept across the engine's restart: {exc}", RuntimeWarning, stacklevel=2
+            )
+        try:
+            self.close()
+        except Exception as exc:  # noqa: BLE001 - a dead core may not shut down cleanly; the new one starts anyway
+            warnings.warn(f"the stuck vLLM engine did not shut down cleanly: {exc}", RuntimeWarning, stacklevel=2)
+        engine = VLLMEngine(**self._args)
+        if cache is not None:
+            engine.proposer().cache = cache
+        engine.held, engine.totals = self.held, self.totals
+        return engine
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether vLLM raised `exc` because of what the request asked for (its client errors, ValueError)."""
+    return isinstance(exc, (ValueError, TypeError)) or any(c.__name__ == "VLLMClientError" for c in type(exc).__mro__)
 
 
 def _start_engine(exact_sampling: bool, settings: VLLMSettings, **engine_args: Any):

@@ -18,7 +18,7 @@ from typing import Any
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from ...tools import CodeInterpreter
+from ...tools import SANDBOX_FAULTS, CodeInterpreter
 
 
 class CodeInterpreterTool(BaseTool):
@@ -43,8 +43,9 @@ class CodeInterpreterTool(BaseTool):
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
         """Run the program in a worker thread (the event loop keeps serving other trajectories).
 
-        Returns (response, reward 0.0, metrics with the sandbox status, seconds and truncation).
-        Bad arguments come back as a message to the model, never as an exception.
+        Returns (response, reward 0.0, metrics with the sandbox status, seconds, truncation and `sandbox_fault`:
+        the interpreter's retries could not get past an overloaded or failed sandbox, so the call says nothing
+        about the program). Bad arguments come back as a message to the model, never as an exception.
         """
         code = parameters.get("code") if isinstance(parameters, dict) else None
         if not isinstance(code, str) or not code.strip():
@@ -56,4 +57,5 @@ class CodeInterpreterTool(BaseTool):
         async with self._slot():
             text, result = await asyncio.to_thread(self.interpreter.execute, code)
         metrics = {"status": result.status, "seconds": result.wall_s, "truncated": result.truncated}
+        metrics["sandbox_fault"] = result.status in SANDBOX_FAULTS
         return ToolResponse(text=text), 0.0, metrics

@@ -1,0 +1,300 @@
+"""When the sandbox server's programs start, how long each may take, and who goes first under overload.
+
+Every request has a deadline counted from its arrival (the server sets it from the request's timeouts), so
+time spent queued counts against it; a request still queued at its deadline is answered at once, and a
+program started late gets only the time left. Programs start at nice PROGRAM_NICE (the server itself keeps
+the CPU it needs to answer), while fewer than `max_running` run and fewer than `fresh_slots` are fresh.
+Once a program has used `quantum_s` of CPU its processes drop to SCHED_IDLE, so a short program started
+later (a `print(1)` behind a hundred busy loops, which needs a few hundredths of a second) gets the CPU
+first; a program seen to use less than that in its first FRESH_S (it sleeps) keeps its priority. Either
+way its fresh slot passes on, and only then: at most `fresh_slots` programs compete at normal priority. Under a backlog the request with the most time left starts first: the oldest ones are the
+least likely to finish in time anyway. A cancelled request (its client left) has its processes killed.
+
+A program that timed out without having had its time is reported ``overloaded``, not ``timeout``: it was
+allowed less than half its limit once it left the queue, or it spent at least half of its time runnable but
+waiting for a CPU and got less than half a core on average — unless it ran more processes than the machine
+has cores (a fork bomb waits for its own processes).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from . import proctree
+from .base import SandboxResult
+
+TICK_S = 0.2  # how often running programs are looked at (priority, CPU figures, cancellations)
+FRESH_S = 0.5  # a program that used less than its CPU quantum in this long is not CPU-bound
+PROGRAM_NICE = 5  # programs start this much below the server's priority
+MIN_START_S = 0.05  # a request with less time than this left is not started
+STARVED_SHARE = 0.5  # allowed less than this share of its limit, or waiting this share of its time: starved
+SANDBOX_PROCESSES = 2  # bubblewrap's own processes (it and the sandbox's init) beside the program's
+MEMORY_PER_RUN_MB = 128  # what the default `max_running` budgets per program (a Python program takes 10-30 MB)
+
+Work = Callable[[float, Callable[[int], None]], SandboxResult]  # (deadline, watch) -> result
+
+
+def default_max_running(cores: int | None = None, memory_mb: int | None = None) -> int:
+    """Programs at once by default: 64 per core, at most one per MEMORY_PER_RUN_MB of the machine's memory."""
+    cores = cores or os.cpu_count() or 1
+    if memory_mb is None:
+        memory_mb = meminfo_mb().get("MemTotal", 4096)
+    return max(1, min(64 * cores, memory_mb // MEMORY_PER_RUN_MB))
+
+
+def default_fresh_slots(cores: int | None = None) -> int:
+    """Programs starting (fresh) at once by default: two per core."""
+    return 2 * (cores or os.cpu_count() or 1)
+
+
+def meminfo_mb() -> dict[str, int]:
+    """/proc/meminfo's figures in MiB ({} where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    return {key: int(value.split()[0]) >> 10 for key, _, value in (line.partition(":") for line in lines)}
+
+
+@dataclass
+class RunLoad:
+    """How the server treated one request: seconds queued, seconds its program was allowed once started (its
+    limit, or less when the queue took the rest), CPU seconds its processes used, and the longest any of
+    them waited for a CPU while runnable. The CPU figures are sampled every TICK_S while the program runs:
+    None for one that ended before the first sample."""
+
+    queued_s: float = 0.0
+    allowed_s: float = 0.0
+    cpu_s: float | None = 0.0
+    cpu_wait_s: float | None = 0.0
+    processes: int = 0  # the most processes its sandbox held at once
+
+
+@dataclass
+class Job:
+    """One request in the scheduler: its work, deadline and time limit, and what is known of its processes."""
+
+    work: Work
+    deadline: float
+    limit_s: float
+    memory_mb: int
+    arrival: float = field(default_factory=time.monotonic)
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    started: float | None = None
+    roots: list[int] = field(default_factory=list)
+    seen: dict[int, tuple[float, float]] = field(default_factory=dict)
+    demoted: set[int] = field(default_factory=set)
+    processes: int = 0
+    lowered: bool = False  # it has used its CPU quantum: its processes run at idle priority
+    sleeper: bool = False  # it used less than its quantum in its first FRESH_S: it keeps its priority
+    cancelled: bool = False
+
+    @property
+    def fresh(self) -> bool:
+        return self.started is not None and not (self.lowered or self.sleeper)
+
+    def load(self, now: float) -> RunLoad:
+        start = self.started if self.started is not None else now
+        cpu = sum(ran for ran, _ in self.seen.values()) if self.seen or not self.roots else None
+        wait = max((waited for _, waited in self.seen.values()), default=0.0) if cpu is not None else None
+        allowed = max(0.0, min(self.limit_s, self.deadline - start))
+        return RunLoad(start - self.arrival, allowed, cpu, wait, self.processes)
+
+
+def starved(load: RunLoad, limit_s: float, cores: int | None = None) -> bool:
+    """Whether the program did not get its time (see the module docstring)."""
+    if load.allowed_s < STARVED_SHARE * limit_s:
+        return True
+    if load.processes > (cores or os.cpu_count() or 1) + SANDBOX_PROCESSES:
+        return False
+    cpu, wait = load.cpu_s or 0.0, load.cpu_wait_s or 0.0
+    return cpu < STARVED_SHARE * load.allowed_s and wait >= STARVED_SHARE * load.allowed_s
+
+
+def judged(result: SandboxResult, load: RunLoad, limit_s: float) -> SandboxResult:
+    """`result` with a timeout the program did not cause reported ``overloaded``."""
+    timed_out = result.status == "timeout" or (result.compile is not None and result.compile.status == "timeout")
+    if timed_out and starved(load, limit_s):
+        result.status = "overloaded"
+        note = (
+            f"the sandbox server was overloaded: the program waited {load.queued_s:.1f} s to start and "
+            f"{load.cpu_wait_s or 0.0:.1f} s for a CPU, and used {load.cpu_s or 0.0:.1f} s of CPU before its limit"
+        )
+        result.stderr = f"{result.stderr.rstrip()}\n{note}".lstrip("\n")
+    return result
+
+
+class RunScheduler:
+    """Starts jobs within the limits above; `submit` returns a job whose `future` resolves to
+    ``(SandboxResult, RunLoad)``. Thread-safe; `shutdown` cancels what is queued and kills what runs."""
+
+    def __init__(
+        self,
+        max_running: int | None = None,
+        fresh_slots: int | None = None,
+        quantum_s: float = 0.2,
+        memory_reserve_mb: int | None = None,
+    ):
+        self.max_running = max_running or default_max_running()
+        self.fresh_slots = fresh_slots or default_fresh_slots()
+        if self.max_running < 1 or self.fresh_slots < 1 or quantum_s <= 0:
+            raise ValueError(
+                f"max_running and fresh_slots must be >= 1 and quantum_s > 0, got "
+                f"{self.max_running}, {self.fresh_slots}, {quantum_s}"
+            )
+        self.quantum_s = quantum_s
+        total = meminfo_mb().get("MemTotal", 0)
+        self.memory_reserve_mb = total // 20 if memory_reserve_mb is None else memory_reserve_mb
+        self._queued: list[Job] = []
+        self._running: list[Job] = []
+        self._lock = threading.Condition()
+        self._pool = concurrent.futures.ThreadPoolExecutor(self.max_running, thread_name_prefix="sandbox-run")
+        self._closed = False
+        self.counts = {"started": 0, "expired_in_queue": 0, "cancelled": 0, "overloaded": 0}
+        self._monitor = threading.Thread(target=self._watch_loop, name="sandbox-scheduler", daemon=True)
+        self._monitor.start()
+
+    def submit(self, work: Work, deadline: float, limit_s: float, memory_mb: int) -> Job:
+        job = Job(work, deadline, limit_s, memory_mb)
+        with self._lock:
+            if self._closed:
+                job.future.set_exception(RuntimeError("the sandbox server is shutting down"))
+                return job
+            self._queued.append(job)
+            self._dispatch(time.monotonic())
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """Drop a queued job, or kill a running one's processes (its client is gone)."""
+        with self._lock:
+            if job in self._queued:
+                self._queued.remove(job)
+                job.future.cancel()
+            job.cancelled = True
+            self.counts["cancelled"] += 1
+            self._kill(job)
+
+    def stats(self) -> dict:
+        with self._lock:
+            fresh = self._fresh()
+            return {
+                "running": len(self._running),
+                "queued": len(self._queued),
+                "fresh": fresh,
+                "max_running": self.max_running,
+                "fresh_slots": self.fresh_slots,
+                **self.counts,
+            }
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._closed = True
+            for job in self._queued:
+                job.future.cancel()
+            self._queued.clear()
+            for job in self._running:
+                job.cancelled = True
+                self._kill(job)
+            self._lock.notify_all()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ----- under the lock ---------------------------------------------------------------------------
+
+    def _fresh(self) -> int:
+        return sum(1 for job in self._running if job.fresh)
+
+    def _room_in_memory(self, job: Job) -> bool:
+        available = meminfo_mb().get("MemAvailable")
+        return available is None or available - job.memory_mb >= self.memory_reserve_mb or not self._running
+
+    def _dispatch(self, now: float) -> None:
+        """Answer the queued jobs out of time, then start jobs (most time left first) while there is room."""
+        for job in [j for j in self._queued if j.deadline - now < MIN_START_S]:
+            self._queued.remove(job)
+            self.counts["expired_in_queue"] += 1
+            result = SandboxResult(status="timeout", stderr="no time was left to run it", wall_s=0.0)
+            load = job.load(now)
+            self._settle(job, judged(result, load, job.limit_s), load)
+        while self._queued and len(self._running) < self.max_running and self._fresh() < self.fresh_slots:
+            job = max(self._queued, key=lambda j: j.deadline)
+            if not self._room_in_memory(job):
+                break
+            self._queued.remove(job)
+            job.started = now
+            self._running.append(job)
+            self.counts["started"] += 1
+            self._pool.submit(self._run, job)
+
+    def _settle(self, job: Job, result: SandboxResult, load: RunLoad) -> None:
+        if result.status == "overloaded":
+            self.counts["overloaded"] += 1
+        if not job.future.done():
+            job.future.set_result((result, load))
+
+    def _kill(self, job: Job) -> None:
+        if job.roots:
+            proctree.kill(proctree.descendants(job.roots, proctree.children_by_parent()), groups=job.roots)
+
+    # ----- threads ----------------------------------------------------------------------------------
+
+    def _run(self, job: Job) -> None:
+        def watch(pid: int) -> None:
+            proctree.set_nice(pid, PROGRAM_NICE)  # before the program starts: all it forks inherits it
+            with self._lock:
+                job.roots.append(pid)
+                if job.cancelled:
+                    self._kill(job)
+
+        try:
+            result = job.work(job.deadline, watch)
+        except Exception as exc:  # noqa: BLE001 - reaches this request's caller only
+            with self._lock:
+                self._running.remove(job)
+                self._dispatch(time.monotonic())
+            job.future.set_exception(exc)
+            return
+        with self._lock:
+            now = time.monotonic()
+            self._running.remove(job)
+            load = job.load(now)
+            self._settle(job, judged(result, load, job.limit_s), load)
+            self._dispatch(now)
+
+    def _sample(self, jobs: list[Job], children: dict[int, list[int]]) -> None:
+        """Record CPU figures of the jobs' processes; lower the priority of those past their CPU quantum."""
+        for job in jobs:
+            pids = proctree.descendants(job.roots, children)
+            job.processes = max(job.processes, len(pids))
+            for pid in pids:
+                figures = proctree.cpu_and_wait_s(pid)
+                if figures is not None:
+                    before = job.seen.get(pid, (0.0, 0.0))
+                    job.seen[pid] = (max(before[0], figures[0]), max(before[1], figures[1]))
+            used = sum(ran for ran, _ in job.seen.values())
+            job.lowered = job.lowered or used >= self.quantum_s
+            job.sleeper = not job.lowered and time.monotonic() - job.started >= FRESH_S
+            for pid in pids if job.lowered else ():
+                if pid not in job.demoted:
+                    proctree.lower_priority(pid)
+                    job.demoted.add(pid)
+
+    def _watch_loop(self) -> None:
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                self._lock.wait(TICK_S)
+                watched = [job for job in self._running if job.roots]
+            children = proctree.children_by_parent() if watched else {}
+            with self._lock:
+                self._sample([job for job in watched if job in self._running], children)
+                now = time.monotonic()
+                for job in self._running:  # a sandbox that shows no processes (Docker's): passes its slot on
+                    job.sleeper = job.sleeper or (not job.roots and now - job.started >= FRESH_S)
+                self._dispatch(now)
