@@ -96,3 +96,29 @@ def test_a_folder_without_rollouts_is_one_clear_error(tmp_path):
         headroom(tmp_path)
     with pytest.raises(ValueError, match="unknown method"):
         headroom(write_run(tmp_path / "r", [[row([1, 2])]]), methods=["medusa"])
+
+
+def test_chain_choices_are_measured_beside_the_frequent_path(tmp_path):
+    """`--choice` adds each named way to choose the chain; on a repeated trajectory every choice drafts it; the
+    expected-length chain prefers a long certain continuation to the locally most frequent child."""
+    response = [7, 3, 9, 1, 4, 4, 8, 2, 6, 5, 11, 12, 13, 14, 15, 16, 17]
+    run = write_run(tmp_path, [[row(response)], [row(response)]])
+    result = headroom(run, k=8, methods=["srt"], choices=["expected", "context-4", "backoff-2", "frequent"])
+    assert result["choices"] == ["expected", "context-4", "backoff-2"]
+    again = result["steps"][1]["methods"]["srt"]
+    assert again["expected"] == again["frequent"] == again["context-4"] == again["backoff-2"] == again["oracle"]
+    assert set(result["totals"]["revisits"]["srt"]) == {"oracle", "frequent", "expected", "context-4", "backoff-2"}
+    with pytest.raises(ValueError, match="unknown chain choice"):
+        headroom(run, k=8, choices=["longest"])
+
+
+def test_the_expected_chain_takes_the_long_sure_branch_over_the_frequent_child():
+    from srt_agent.bench.chain_choice import chain_choice
+    from srt_agent.drafting import RolloutCache
+
+    cache = RolloutCache(max_depth=16, max_match=2)
+    for tail in ([10, 11], [10, 12], [10, 13]):  # "10" is the most frequent next token, then the paths split
+        cache.add_sequence("p", [1, 2, *tail])
+    cache.add_sequence("p", [1, 2, 20, 21, 22, 23, 24, 25])  # "20" once, then a long sure continuation
+    assert chain_choice("frequent")(cache, "p", [1, 2], 6).token_ids == [10, 11]
+    assert chain_choice("expected")(cache, "p", [1, 2], 6).token_ids == [20, 21, 22, 23, 24, 25]

@@ -14,10 +14,12 @@ import json
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from ..drafting import RolloutCache
 from ..drafting.trees.keys import prompt_key
+from .chain_choice import Choice, chain_choice, frequent
 
 GLOBAL = "responses"
 
@@ -97,13 +99,12 @@ class Structure:
                     return best
         return best
 
-    def frequent(self, context: Sequence[int], future: Sequence[int]) -> int:
-        """How many tokens of the most frequent path (of the tree whose draft expects most) match `future`."""
+    def chosen(self, context: Sequence[int], future: Sequence[int], choice: Choice = frequent) -> int:
+        """How many tokens of the chain `choice` takes (from the tree whose draft expects most; the most frequent
+        path by default) match `future`."""
         if not future:
             return 0
-        drafts = [
-            d for d in (cache.draft(key, context, len(future), chain=True) for cache, key in self.pairs) if len(d)
-        ]
+        drafts = [d for d in (choice(cache, key, context, len(future)) for cache, key in self.pairs) if len(d)]
         if not drafts:
             return 0
         m = 0
@@ -173,14 +174,14 @@ METHODS = ("srt", "suffix", "srt+prompt", "srt+global")
 GLOBAL_METHODS = ("suffix", "srt+global")  # those with a global tree of earlier responses
 
 
-def simulate(history: History, traj: Traced, k: int) -> dict[str, int]:
-    """Forwards for `traj`'s sampled tokens with the oracle and with the frequent path (each on its own copy
-    of the trees, which learn every token as it is emitted or forced), and its generated tokens."""
+def simulate(history: History, traj: Traced, k: int, choices: Sequence[str] = ()) -> dict[str, int]:
+    """Forwards for `traj`'s sampled tokens with the oracle, the frequent path and each of `choices` (each on its
+    own copy of the trees, which learn every token as it is emitted or forced), and its generated tokens."""
     out = {"generated": sum(end - start for start, end in turns(traj.mask))}
     full, offset = traj.prompt + traj.response, len(traj.prompt)
-    for which in ("oracle", "frequent"):
+    for which in ("oracle", "frequent", *choices):
         structure = history.structure(traj)
-        ask = structure.oracle if which == "oracle" else structure.frequent
+        ask = structure.oracle if which == "oracle" else partial(structure.chosen, choice=chain_choice(which))
         pos = forwards = 0
         for start, end in turns(traj.mask):
             structure.feed(full[offset + pos : offset + start])  # the observation before this turn
@@ -195,9 +196,13 @@ def simulate(history: History, traj: Traced, k: int) -> dict[str, int]:
     return out
 
 
-def headroom(run_dir: str | Path, k: int = 8, methods: Sequence[str] = METHODS) -> dict:
-    """Per step and method: generated tokens, tokens per forward with the oracle and the frequent path, and
-    the run's achieved figure (its trajectories' own forwards); totals over first visits and revisits."""
+def headroom(run_dir: str | Path, k: int = 8, methods: Sequence[str] = METHODS, choices: Sequence[str] = ()) -> dict:
+    """Per step and method: generated tokens, tokens per forward with the oracle, the frequent path and each of
+    `choices` (`chain_choice`), and the run's achieved figure (its trajectories' own forwards); totals over first
+    visits and revisits."""
+    choices = [c for c in dict.fromkeys(choices) if c != "frequent"]
+    for name in choices:
+        chain_choice(name)  # an unknown name fails before the run is read
     steps = read_steps(Path(run_dir))
     seen: set[str] = set()
     rows = []
@@ -212,23 +217,23 @@ def headroom(run_dir: str | Path, k: int = 8, methods: Sequence[str] = METHODS) 
             row["achieved"] = {"generated": generated, "forwards": achieved}
             row["achieved_tokens_per_forward"] = generated / achieved if achieved else None
             for method, history in histories.items():
-                sums = {"generated": 0, "oracle": 0, "frequent": 0}
+                sums = dict.fromkeys(("generated", "oracle", "frequent", *choices), 0)
                 for traj in trajectories:
-                    for name, value in simulate(history, traj, k).items():
+                    for name, value in simulate(history, traj, k, choices).items():
                         sums[name] += value
                 row["methods"][method] = {
-                    "oracle_tokens_per_forward": sums["generated"] / max(sums["oracle"], 1),
-                    "frequent_tokens_per_forward": sums["generated"] / max(sums["frequent"], 1),
+                    **{f"{name}_tokens_per_forward": sums["generated"] / max(sums[name], 1) for name in sums},
                     **sums,
                 }
+                del row["methods"][method]["generated_tokens_per_forward"]
             for history in histories.values():
                 for traj in trajectories:
                     history.add(traj)
             rows.append(row)
-    return {"run": str(run_dir), "k": k, "steps": rows, "totals": totals(rows, methods)}
+    return {"run": str(run_dir), "k": k, "choices": choices, "steps": rows, "totals": totals(rows, methods, choices)}
 
 
-def totals(rows: list[dict], methods: Sequence[str]) -> dict:
+def totals(rows: list[dict], methods: Sequence[str], choices: Sequence[str] = ()) -> dict:
     """Tokens per forward over all steps, first visits and revisits (the achieved one and each method's)."""
     out = {}
     for label, chosen in (
@@ -243,8 +248,8 @@ def totals(rows: list[dict], methods: Sequence[str]) -> dict:
         for method in methods:
             g = sum(r["methods"][method]["generated"] for r in chosen)
             figures[method] = {
-                "oracle": g / max(sum(r["methods"][method]["oracle"] for r in chosen), 1),
-                "frequent": g / max(sum(r["methods"][method]["frequent"] for r in chosen), 1),
+                name: g / max(sum(r["methods"][method][name] for r in chosen), 1)
+                for name in ("oracle", "frequent", *choices)
             }
         out[label] = figures
     return out
@@ -259,14 +264,14 @@ def headroom_table(result: dict):
     table.add_column("step", justify="right")
     table.add_column("visit")
     table.add_column("achieved", justify="right")
+    names = ("oracle", "frequent", *result.get("choices", ()))
     for method in methods:
-        table.add_column(f"{method} oracle", justify="right")
-        table.add_column(f"{method} frequent", justify="right")
+        for name in names:
+            table.add_column(f"{method} {name}", justify="right")
     for row in result["steps"]:
         achieved = row["achieved_tokens_per_forward"]
         cells = [str(row["step"]), "revisit" if row["revisit"] else "first", f"{achieved:.2f}" if achieved else "-"]
         for method in methods:
-            m = row["methods"][method]
-            cells += [f"{m['oracle_tokens_per_forward']:.2f}", f"{m['frequent_tokens_per_forward']:.2f}"]
+            cells += [f"{row['methods'][method][f'{name}_tokens_per_forward']:.2f}" for name in names]
         table.add_row(*cells)
     return table

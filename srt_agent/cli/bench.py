@@ -405,6 +405,9 @@ def bench_headroom(
     method: list[str] = typer.Option(
         [], "--method", help="Structures to ask (default: srt, suffix, srt+prompt, srt+global)."
     ),
+    choice: list[str] = typer.Option(
+        [], "--choice", help="More ways to choose the chain: expected, context-N, backoff-N (bench/chain_choice.py)."
+    ),
     json_path: Path | None = JSON,
 ):
     """What a linear draft could have gained per step (the oracle), what the most frequent path gains, and what the
@@ -412,7 +415,7 @@ def bench_headroom(
     from ..bench.headroom import METHODS, headroom, headroom_table
 
     with reported():
-        result = headroom(run, k, method or METHODS)
+        result = headroom(run, k, method or METHODS, choice)
     console.print(headroom_table(result))
     write_json(result, json_path)
 
