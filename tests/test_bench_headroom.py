@@ -122,3 +122,12 @@ def test_the_expected_chain_takes_the_long_sure_branch_over_the_frequent_child()
     cache.add_sequence("p", [1, 2, 20, 21, 22, 23, 24, 25])  # "20" once, then a long sure continuation
     assert chain_choice("frequent")(cache, "p", [1, 2], 6).token_ids == [10, 11]
     assert chain_choice("expected")(cache, "p", [1, 2], 6).token_ids == [20, 21, 22, 23, 24, 25]
+
+
+def test_a_token_tree_collects_what_a_chain_leaves_at_a_branch(tmp_path):
+    """After a branch the run has seen both ways, a chain bets on one; a tree of drafts holds both."""
+    first, second = [5, 6, 7, 8, 9, 10], [5, 6, 20, 21, 22, 23]
+    run = write_run(tmp_path, [[row(first), row(second)], [row(second)]])
+    result = headroom(run, k=8, methods=["srt"], choices=["tree-16"])
+    again = result["steps"][1]["methods"]["srt"]
+    assert again["tree-16"] < again["frequent"]  # the chain follows 7 (the lower token of a tie), the run took 20

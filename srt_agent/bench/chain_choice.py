@@ -8,7 +8,9 @@ Each choice maps (trees, key, context, k) to a chain `Draft` of at most k tokens
   ``8k`` most likely nodes of the tree drafted best-first, instead of the locally most frequent child;
 - ``context-N``: the most frequent path after at most the last N context tokens (shorter contexts have
   more occurrences to count);
-- ``backoff-N``: the most frequent path after the longest context suffix that occurs at least N times.
+- ``backoff-N``: the most frequent path after the longest context suffix that occurs at least N times;
+- ``tree-N``: not a chain: the N most likely nodes drafted best-first, as our engine verifies them in one pass
+  (what several paths collect of the oracle's share where the engine verifies token trees).
 """
 
 from __future__ import annotations
@@ -68,14 +70,24 @@ def backoff(n: int) -> Choice:
     return choose
 
 
+def tree(n: int) -> Choice:
+    def choose(cache: RolloutCache, key: str, ctx: Sequence[int], k: int) -> Draft:
+        return cache.draft(key, ctx, n)
+
+    return choose
+
+
+KINDS = {"context": context, "backoff": backoff, "tree": tree}
+
+
 def chain_choice(name: str) -> Choice:
-    """The choice called `name` (frequent, expected, context-N, backoff-N)."""
+    """The choice called `name` (frequent, expected, context-N, backoff-N, tree-N)."""
     if name in ("frequent", "expected"):
         return frequent if name == "frequent" else expected
     kind, _, number = name.partition("-")
-    if kind in ("context", "backoff") and number.isdigit() and int(number) > 0:
-        return context(int(number)) if kind == "context" else backoff(int(number))
-    raise ValueError(f"unknown chain choice {name!r}; choose frequent, expected, context-N or backoff-N")
+    if kind in KINDS and number.isdigit() and int(number) > 0:
+        return KINDS[kind](int(number))
+    raise ValueError(f"unknown chain choice {name!r}; choose frequent, expected, context-N, backoff-N or tree-N")
 
 
 __all__ = ["Choice", "chain_choice"]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..drafting import RolloutCache
 from ..drafting.trees.keys import prompt_key
+from .cache import accepted_tokens
 from .chain_choice import Choice, chain_choice, frequent
 
 GLOBAL = "responses"
@@ -107,12 +108,7 @@ class Structure:
         drafts = [d for d in (choice(cache, key, context, len(future)) for cache, key in self.pairs) if len(d)]
         if not drafts:
             return 0
-        m = 0
-        for drafted, sampled in zip(max(drafts, key=lambda d: d.expected_accepted).token_ids, future):
-            if drafted != sampled:
-                break
-            m += 1
-        return m
+        return accepted_tokens(max(drafts, key=lambda d: d.expected_accepted), list(future))
 
 
 REQUEST = "headroom"
