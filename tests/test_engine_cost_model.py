@@ -180,10 +180,10 @@ def test_the_joint_rate_bound_never_rules_out_a_choice_the_cost_model_would_make
         model.calibrate([(t, model.predict(t) * rng.uniform(0.7, 1.3)) for t in (2, 4, 8, 16, 32)])
     rows, depth = rng.randint(1, 12), rng.randint(1, 8)
     drafts = [chain(rng, depth, rng.uniform(0.6, 1.0) if seed % 3 else 1.0) for _ in range(rows)]
-    reach = 1.0
+    reach = [1.0] * depth
     for d in drafts:
-        reach *= d.scores[0]
-    bound = joint_rate_bound(model, rows, depth, reach)
+        reach = [r * s for r, s in zip(reach, d.scores)]
+    bound = joint_rate_bound(model, rows, reach)
     verify_none = 1.0 / model.predict(rows, rows)
     chosen = choose_nodes(drafts, rows, model, makespan=True, joint=True)
     if any(chosen):

@@ -161,15 +161,16 @@ class SRTProposer:
                     self._fault(req_ids[i], i)
         self._observe()
         decoding = [i for i in live if kinds[i] is RequestKind.ROLLOUT]
-        raw = self._draft_rows([req_ids[i] for i in decoding], [lengths[i] for i in decoding], decoding, token_ids_cpu)
+        offered = [i for i in decoding if req_ids[i] in self._rows and req_ids[i] not in self._broken]
+        self._stats["rows"] += len(offered)
         drafts: list[list[int]] = [[] for _ in range(rows)]
-        for i, draft in zip(decoding, self.choose(raw)):
-            if req_ids[i] in self._rows and req_ids[i] not in self._broken:
+        raw = self._draft_rows([req_ids[i] for i in offered], [lengths[i] for i in offered], offered, token_ids_cpu)
+        if raw is not None:  # some choice can pay: propose what the cost policy picks
+            for i, draft in zip(offered, self.choose(raw)):
                 self._rows[req_ids[i]].draft = draft
                 drafts[i] = list(draft.token_ids)
-                self._stats["rows"] += 1
                 self._stats["rows_drafted"] += len(draft) > 0
-        self.clock.started(rows, rows + sum(len(d) for d in drafts), started)
+        self.clock.started(rows, rows + sum(map(len, drafts)), started)
         return drafts
 
     def choose(self, drafts: list[Draft]) -> list[Draft]:
@@ -192,31 +193,33 @@ class SRTProposer:
             )
             row.stored = n
 
-    def _draft_rows(self, rids: list[str], lengths: list[int], rows: list[int], token_ids: np.ndarray) -> list[Draft]:
-        """The decoding rows' drafts. With the cost policy, drafting stops where no choice could pay at this batch
-        (`joint_rate_bound`: before the first draft, even for sure ones; after a row with no draft, which rules out
-        every draft; or once the drafts so far, the rest sure, cannot), and then no row gets one."""
-        drafts = none = [EMPTY_DRAFT] * len(rids)
+    def _draft_rows(
+        self, rids: list[str], lengths: list[int], rows: list[int], token_ids: np.ndarray
+    ) -> list[Draft] | None:
+        """The drafts of the decoding rows `rids` (known and not broken), or None where the cost policy can tell
+        that no choice could pay at this batch (`joint_rate_bound`): before the first draft, even for sure ones;
+        after a row with no draft, which rules out every draft; or once the drafts so far, the rest sure,
+        cannot. Drafting stops there."""
         cost = self.options.policy == "cost"
         verify_none = 1.0 / self.cost.predict(len(rids), len(rids))
-        if cost and joint_rate_bound(self.cost, len(rids), self.k) <= verify_none:
-            return none
-        drafts = list(none)
-        reach = 1.0  # the product of the drafted rows' calibrated first-token acceptance
-        for j, (rid, n, i) in enumerate(zip(rids, lengths, rows)):
-            draft = EMPTY_DRAFT
-            if rid not in self._broken and rid in self._rows:
-                try:
-                    draft = self._draft(rid, n, token_ids[i])
-                except Exception:
-                    self._fault(rid, i)
-            drafts[j] = draft
+        reach = [1.0] * self.k  # per depth: the product of the drafted rows' calibrated chance to get that far
+        if not rids or (cost and joint_rate_bound(self.cost, len(rids), reach) <= verify_none):
+            return None
+        drafts = []
+        for rid, n, i in zip(rids, lengths, rows):
+            try:
+                draft = self._draft(rid, n, token_ids[i])
+            except Exception:
+                self._fault(rid, i)
+                draft = EMPTY_DRAFT
+            drafts.append(draft)
             if cost:
                 if not len(draft):
-                    return none
-                reach *= self.acceptance.conditional(min(draft.scores[0], 1.0), draft.match_len)
-                if joint_rate_bound(self.cost, len(rids), self.k, reach) <= verify_none:
-                    return none
+                    return None
+                scores = self.acceptance.calibrate(draft).scores  # a chain: node d at depth d + 1
+                reach = [r * (scores[d] if d < len(scores) else 0.0) for d, r in enumerate(reach)]
+                if joint_rate_bound(self.cost, len(rids), reach) <= verify_none:
+                    return None
         return drafts
 
     def _begin(self, rid: str, i: int, kind: RequestKind, token_ids: np.ndarray) -> _Row:

@@ -9,7 +9,7 @@ long drafts, a full compute-bound batch few or none. The model and the choice in
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -204,15 +204,18 @@ def best_prefix(
     return PrefixChoice(best_rate, best_count, base_rate, candidates)
 
 
-def joint_rate_bound(model: ForwardCostModel, sequences: int, max_depth: int, reach: float = 1.0) -> float:
+def joint_rate_bound(model: ForwardCostModel, sequences: int, reach: Sequence[float]) -> float:
     """An upper bound on the rate `best_prefix` can reach with `makespan` and `joint` for `sequences` decoding rows
-    (one pending token each) drafting chains of at most `max_depth` tokens, when the product over the sequences of
-    their first draft token's acceptance is at most `reach` (1: drafts not known yet): a choice whose slowest
-    sequence expects to accept from d levels verifies at least d nodes per sequence, and E[min accepted] is then at
-    most ``d × reach``. Compare it with ``1 / model.predict(sequences, sequences)`` (verifying nothing) to skip
-    drafting that cannot pay."""
-    top = sequences * (1 + max_depth)
-    return max((1.0 + d * reach) / model.cheapest(sequences * (1 + d), top, sequences) for d in range(1, max_depth + 1))
+    (one pending token each) drafting chains, where ``reach[d - 1]`` bounds the product over the sequences of the
+    chance that each accepts at least d drafted tokens (1 for a row not drafted yet, 0 past a row's chain): a
+    choice that reaches d levels of every row verifies at least d nodes per row and expects its slowest row to
+    accept at most ``sum(reach[:d])``. Compare it with ``1 / model.predict(sequences, sequences)`` (verifying
+    nothing) to skip drafting that cannot pay."""
+    top, expected, best = sequences * (1 + len(reach)), 1.0, 0.0
+    for d, level in enumerate(reach, start=1):
+        expected += level
+        best = max(best, expected / model.cheapest(sequences * (1 + d), top, sequences))
+    return best
 
 
 class JointMinimum:
