@@ -217,6 +217,16 @@ class DockerSandbox:
                 ) from exc
         self._ensure_image()
 
+    @property
+    def sandboxed(self) -> bool:
+        return True
+
+    def languages(self) -> list[str]:
+        return list(_PROGRAMS)
+
+    def origin(self) -> dict[str, str]:
+        return {"image": self.image}
+
     def _ensure_image(self) -> None:
         """Pull `image` once if the engine lacks it (`containers.create` does not pull); the default image
         is built here, never pulled."""

@@ -24,7 +24,7 @@ from .base import SandboxResult, SandboxUnavailable
 from .bwrap import Bubblewrap, bwrap_path, check_bwrap_works
 from .cgroup import CgroupLimiter
 from .files import check_names, workdir_relative
-from .languages import BINARY, COMPILE_MEMORY_MB, Language, command, find_language, missing_tools
+from .languages import BINARY, COMPILE_MEMORY_MB, Language, available, command, find_language, missing_tools
 from .phase import Phase
 from .process import ProcessOutcome, classify, run_capped
 from .rlimits import limited_argv
@@ -119,6 +119,13 @@ class LocalSandbox:
     @property
     def sandboxed(self) -> bool:
         return self._jail is not None
+
+    def languages(self) -> list[str]:
+        """The languages whose tools this machine has (languages.py)."""
+        return available()
+
+    def origin(self) -> dict[str, str]:
+        return {"host_executable": str(self._python)}
 
     @property
     def interpreter(self) -> Path:
