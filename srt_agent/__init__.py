@@ -1,15 +1,14 @@
 """srt-agent: fast, exactly on-policy multi-turn RL rollouts with Speculative Rollout over a Tree-structured cache.
 
-Where things live, from the top down: each part imports only parts listed below it; nothing in the product
-imports the benchmarks or the CLI.
+Where things live, from the top down, as docs/architecture.md draws the floors: each part imports only parts
+listed below it (tests/test_layout.py); nothing in the product imports the benchmarks or the CLI.
 
 - ``cli/``: the ``srt-agent`` command, one module per command group.
 - ``bench/``: every benchmark: workloads, side-by-side runs, rollout traces and their replay, plots.
 - ``rl/``: the trainer: cold start, algorithms, the step loop, policy updates, checkpoints, reports.
-- ``integrations/``: verl and TRL (an outer layer: nothing below imports it).
 - ``sources/``: environment sources, one module each (an Env class, an ``agent:`` function, verifiers,
   arithmetic, reasoning-gym, verl files); they run the controller or the server.
-- ``serve/``: the OpenAI-compatible rollout server.
+- ``serve/``: the OpenAI-compatible rollout server; ``integrations/``: verl and TRL (nothing below imports it).
 - ``agent/``: the Env API, the multi-turn ReTool controller, parsing, rewards, rollouts.
 - ``config/``: the env/run config (the YAML schema) and the registries of every name a YAML can use
   (estimators and losses, environment sources) with the ``Task`` they hand over; reading it needs no torch.

@@ -1,13 +1,18 @@
-"""The package's layout holds: the product imports nothing from the benchmarks, and no module imports
-another that imports it back."""
+"""The package's layout holds: every import runs down the floors that docs/architecture.md draws (read from
+its "Layers" diagram, so the page and the test cannot part), cli/ and bench/ included, and no module imports
+another that imports it back. Imports are read from the code: every ``import`` and ``from … import`` in a
+file, those inside functions and under ``TYPE_CHECKING`` included; a registry's ``"module:Class"`` strings,
+imported on first use, are not imports."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "srt_agent"
-MEASUREMENT = ("srt_agent.bench", "srt_agent.cli")  # the benchmarks, and the command line that runs them
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+FLOOR_LINE = re.compile(r"^ ((?:\w+/ *)+)")  # a floor of the diagram: its packages, at the start of the line
 
 
 def module_name(path: Path) -> str:
@@ -38,13 +43,36 @@ def graph() -> dict[str, set[str]]:
     return {name: imports(path, set(paths)) for name, path in paths.items()}
 
 
-def test_the_product_imports_nothing_from_the_benchmarks():
-    offenders = {
-        name: sorted(m for m in deps if m.startswith("srt_agent.bench"))
-        for name, deps in graph().items()
-        if not name.startswith(MEASUREMENT)
-    }
-    assert {k: v for k, v in offenders.items() if v} == {}
+def floors() -> dict[str, int]:
+    """Each top-level package's floor in the diagram under "Layers, from the ground up" (0 is the ground;
+    packages drawn on one line share a floor)."""
+    text = ARCHITECTURE.read_text().split("## Layers, from the ground up", 1)[1]
+    diagram = text.split("```", 2)[1]
+    lines = [match.group(1).split() for match in map(FLOOR_LINE.match, diagram.splitlines()) if match]
+    return {name.rstrip("/"): floor for floor, names in enumerate(reversed(lines)) for name in names}
+
+
+def floor_of(module: str, floor: dict[str, int]) -> int | None:
+    """The floor of the package `module` belongs to (None for the package's own face, srt_agent/__init__.py)."""
+    parts = module.split(".")
+    return floor[parts[1]] if len(parts) > 1 else None
+
+
+def test_the_diagram_draws_every_package_once():
+    packages = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+    assert sorted(floors()) == packages
+
+
+def test_every_import_runs_down_the_floors():
+    floor = floors()
+    upward = []
+    for name, deps in graph().items():
+        own = floor_of(name, floor)
+        for dep in deps:
+            other = floor_of(dep, floor)
+            if own is not None and other is not None and dep.split(".")[1] != name.split(".")[1] and other >= own:
+                upward.append(f"{name} -> {dep}")
+    assert sorted(upward) == []
 
 
 def test_no_import_cycles():

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from srt_agent.tools import LocalSandbox, SandboxUnavailable
-from srt_agent.tools.local import PYTHONPATH_MOUNT, RUNTIME_MOUNT, _base_prefixes, bwrap_path
+from srt_agent.tools.bwrap import PYTHONPATH_MOUNT, bwrap_path
 from srt_agent.tools.runtime import RUNTIME_ENV
+from srt_agent.tools.sandbox_python import RUNTIME_MOUNT, base_prefixes
 
 BASE_PYTHON = Path("/usr/bin/python3")
 pytestmark = [
@@ -131,11 +132,11 @@ def test_a_venv_interpreter_needs_its_base_installation_bound():
     if sys.prefix == sys.base_prefix:
         pytest.skip("machine: the tests do not run in a virtual environment")
     base = Path(sys.base_prefix).resolve()
-    assert base in _base_prefixes(Path(sys.executable)) or base == Path("/usr")
+    assert base in base_prefixes(Path(sys.executable)) or base == Path("/usr")
     with tempfile.TemporaryDirectory() as folder:
         copied = Path(folder) / "venv"
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--copies", str(copied)], check=True)
-        prefixes = _base_prefixes(copied / "bin" / "python")
+        prefixes = base_prefixes(copied / "bin" / "python")
     assert copied.resolve() not in prefixes and (base in prefixes or base == Path("/usr")), prefixes
 
 

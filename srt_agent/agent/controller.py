@@ -215,11 +215,7 @@ class MultiTurnController:
             out = await self.engine.generate(
                 traj.request_id, traj.prompt_ids + traj.response_ids, params, prompt_key=key
             )
-            traj.forwards += out.metrics.forwards
-            traj.draft_proposed += out.metrics.draft_proposed
-            traj.draft_accepted += out.metrics.draft_accepted
-            traj.prefill_tokens += out.metrics.prefill_tokens
-            traj.prefill_reused += out.metrics.prefill_reused
+            traj.count(out.metrics)
             traj.append(list(out.token_ids), list(out.logprobs))
             text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
             if assistant is None:

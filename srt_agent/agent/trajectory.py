@@ -64,6 +64,14 @@ class Trajectory:
             self.response_mask += [1] * len(token_ids)
             self.response_logprobs += list(logprobs)
 
+    def count(self, metrics) -> None:
+        """Add one turn's engine counts (a RequestOutput's `metrics`): forwards, drafts, prefill."""
+        self.forwards += metrics.forwards
+        self.draft_proposed += metrics.draft_proposed
+        self.draft_accepted += metrics.draft_accepted
+        self.prefill_tokens += metrics.prefill_tokens
+        self.prefill_reused += metrics.prefill_reused
+
     @property
     def model_tokens(self) -> int:
         return sum(self.response_mask)

@@ -10,11 +10,13 @@ import typer
 from rich.table import Table
 
 from .common import PLAIN, bench_app, console, preload_for_vllm, reported, write_json
+from .quiet import LOG_NAME, command_log, third_party_output_to, verbose_option
 
 # Options several benchmarks take alike.
 MODEL = typer.Option("smollm2", help="Model: 'smollm2', 'tiny-llama', an HF directory or a .gguf file.")
 JSON = typer.Option(None, "--json", help="Write the result as JSON here.")
 PLOT_PNG = typer.Option(None, "--plot", help="Also draw the result as a PNG here.")
+IN_OUT = verbose_option(f"OUT/{LOG_NAME}")  # --verbose of a benchmark with a run folder
 
 
 @bench_app.command("engine")
@@ -41,6 +43,7 @@ def bench_engine(
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, tiny workload: seconds."),
     json_path: Path | None = JSON,
     plot: Path | None = PLOT_PNG,
+    verbose: bool = verbose_option(command_log("bench-engine")),
 ):
     """The speculative engine per drafter and batch size (tokens/s, tokens per forward, speedup)."""
     from rich.progress import Progress
@@ -75,7 +78,10 @@ def bench_engine(
     total = len(config.batches) * len(config.methods) * config.epochs + (
         2 * config.epochs if config.hf_baseline and 1 in config.batches else 0
     )
-    with Progress(console=console, transient=True) as progress:
+    with (
+        third_party_output_to(command_log("bench-engine"), console, verbose),
+        Progress(console=console, transient=True) as progress,
+    ):
         task = progress.add_task("engine bench", total=total)
 
         def report(run: dict) -> None:
@@ -108,18 +114,20 @@ def bench_prefix(
     drafter: list[str] = typer.Option(["none", "srt"], help="Drafters; the first is the reference; repeat the option."),
     max_batch: int | None = typer.Option(None, min=1, help="Override the config's engine max_batch."),
     json_path: Path | None = JSON,
+    verbose: bool = verbose_option(command_log("bench-prefix")),
 ):
     """Rollouts with prefix sharing off and on (per group size and drafter): prefill computed, wall time, tokens/s."""
     from ..bench.prefix import PrefixBenchConfig, result_table, run_prefix_bench
 
     config = PrefixBenchConfig(env_file, model, limit, tuple(n), tuple(drafter), max_batch)
-    result = run_prefix_bench(
-        config,
-        lambda r: console.print(
-            f"n={r.n} {r.drafter} sharing={'on' if r.sharing else 'off'}: {r.wall_s:.1f} s, {r.tokens_per_s:.1f} tokens/s, "
-            f"prefill computed {r.prefill_computed} (unique {r.unique_prompt_tokens})"
-        ),
-    )
+    with third_party_output_to(command_log("bench-prefix"), console, verbose):
+        result = run_prefix_bench(
+            config,
+            lambda r: console.print(
+                f"n={r.n} {r.drafter} sharing={'on' if r.sharing else 'off'}: {r.wall_s:.1f} s, "
+                f"{r.tokens_per_s:.1f} tokens/s, prefill computed {r.prefill_computed} (unique {r.unique_prompt_tokens})"
+            ),
+        )
     console.print(result_table(result))
     for row in result["ratios"]:
         figures = {k: round(v, 2) for k, v in row.items() if isinstance(v, float)}
@@ -142,6 +150,7 @@ def bench_update(
     repeats: int = typer.Option(3, min=1, help="Interleaved repetitions (the best of each method counts)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, tiny batch: seconds."),
     json_path: Path | None = JSON,
+    verbose: bool = verbose_option(command_log("bench-update")),
 ):
     """The trainer's update (packed, LM head on trained tokens only; full and LoRA) against plain HF forward+backward."""
     from ..bench.update import UpdateBenchConfig, run_update_bench
@@ -161,7 +170,7 @@ def bench_update(
             repeats=repeats,
         )
     )
-    with console.status("update bench") as status:
+    with third_party_output_to(command_log("bench-update"), console, verbose), console.status("update bench") as status:
         result = run_update_bench(config, lambda name, s: status.update(f"{name}: {s:.1f} s"))
     table = Table(
         "method", "best s", "tokens/s", "trained tokens/s", "vs HF", title=f"{result['tokens']} tokens per update"
@@ -188,6 +197,7 @@ def bench_roofline(
     profile: bool = typer.Option(True, "--profile/--no-profile", help="Also profile the 1- and 16-token steps."),
     clock: str = typer.Option("wall", help="wall, or cpu (process CPU time: on a shared machine, with --threads 1)."),
     json_path: Path | None = JSON,
+    verbose: bool = verbose_option(command_log("bench-roofline")),
 ):
     """This device's bandwidth and GEMM throughput, the model's bytes and FLOPs, and each step shape's time vs its floor."""
     import torch
@@ -197,11 +207,11 @@ def bench_roofline(
 
     if threads:
         torch.set_num_threads(threads)
-    with reported():
-        loaded = load_model(model, dtype=dtype, device=device)
     if clock not in ("wall", "cpu"):
         raise typer.BadParameter("choose wall or cpu", param_hint="--clock")
-    result = run_roofline(loaded, context=context, reps=reps, profile=profile, clock=clock)
+    with reported(), third_party_output_to(command_log("bench-roofline"), console, verbose):
+        loaded = load_model(model, dtype=dtype, device=device)
+        result = run_roofline(loaded, context=context, reps=reps, profile=profile, clock=clock)
     for line in roofline_lines(result):
         console.print(line, highlight=False)
     write_json(result, json_path)
@@ -230,6 +240,7 @@ def bench_ablation(
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, two tiny steps: seconds."),
     json_path: Path | None = JSON,
     plot: Path | None = PLOT_PNG,
+    verbose: bool = IN_OUT,
 ):
     """SRT's stages step by step through the trainer: history-only trees, + online updates, + run-ahead."""
     from ..bench.ablation import AblationConfig, ablation_tables, plot_ablation, run_ablation
@@ -249,7 +260,7 @@ def bench_ablation(
             update_bubble=update_bubble,
             overrides=list(set_),
         )
-    with reported():
+    with reported(), third_party_output_to(command_log("bench-ablation", config.out), console, verbose):
         result = run_ablation(config, log=lambda line: console.print(line, highlight=False))
     for table in ablation_tables(result):
         console.print(table)
@@ -286,6 +297,7 @@ def bench_paper(
     from_json: list[Path] = typer.Option(
         [], "--from-json", help="Run nothing: merge these results (e.g. one per algorithm) and report them."
     ),
+    verbose: bool = IN_OUT,
 ):
     """SRT's Table 1 measured here: every rollout method side by side in GRPO, DAPO and PPO runs."""
     from ..bench.paper import (
@@ -327,7 +339,7 @@ def bench_paper(
         out=str(out) if out is not None else base.out,
         methods=tuple(method) if method else tuple(m.name for m in METHODS),
     )
-    with reported():
+    with reported(), third_party_output_to(command_log("bench-paper", config.out), console, verbose):
         result = run_paper_bench(
             config,
             log=lambda line: console.print(line, highlight=False),
@@ -368,6 +380,7 @@ def bench_vllm(
     set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set max_turns=2 (repeatable)."),
     json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here (also after every run)."),
     plot: Path | None = typer.Option(None, "--plot", help="Write a PNG of generation time per step here."),
+    verbose: bool = IN_OUT,
 ):
     """vLLM (none, stock, ngram, suffix, SRT as its proposer) and our engine (none, SRT) in the same RL steps,
     each ratio with a 95% paired bootstrap interval over the steps."""
@@ -386,7 +399,7 @@ def bench_vllm(
         out=str(out),
         overrides=list(set_),
     )
-    with reported():
+    with reported(), third_party_output_to(command_log("bench-vllm", out), console, verbose):
         result = run_vllm_bench(
             config,
             log=lambda line: console.print(line, highlight=False),
@@ -463,6 +476,7 @@ def bench_gpu(
     quick: bool = typer.Option(False, "--quick", help="Tiny models and workloads: the dry run (seconds on a CPU)."),
     stage: list[str] = typer.Option([], "--stage", help="Stages to run (default: exactness, speed, train, profile)."),
     budget: float | None = typer.Option(None, min=10, help="Seconds for all stages (default 450; --quick: 120)."),
+    verbose: bool = IN_OUT,
 ):
     """The GPU check: exactness on the device, the engine in bf16 on Qwen2.5-shaped random models (SRT vs none,
     verification cost), one GRPO step and a profiled batch-64 step; exits 1 if a stage failed."""
@@ -472,7 +486,10 @@ def bench_gpu(
     config = GpuCheckConfig.dry_run(device) if quick else GpuCheckConfig(device=device)
     config.stages = tuple(stage) or config.stages
     config.budget_s = budget or config.budget_s
-    with reported(ValueError, code=1, message=PLAIN):
+    with (
+        reported(ValueError, code=1, message=PLAIN),
+        third_party_output_to(command_log("bench-gpu", out), console, verbose),
+    ):
         summary = run_gpu_check(config, out, log=lambda line: console.print(line, highlight=False))
     for name, row in summary["stages"].items():
         console.print(

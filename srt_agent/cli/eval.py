@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from .common import app, bad_input, console, preload_for_vllm, reported
+from .quiet import LOG_NAME, command_log, third_party_output_to, verbose_option
 
 
 @app.command("eval")
@@ -34,6 +35,7 @@ def eval_(
         None, help="Rollout backend: engine (ours), vllm, or auto (default: the config's engine.backend)."
     ),
     set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set sampling.temperature=0.7."),
+    verbose: bool = verbose_option(f"OUT/{LOG_NAME}"),
 ):
     """Held-out evaluation of an env: accuracy, tool use and reward with 95% intervals (report.json, summary.md)."""
     from ..config import load_env_config
@@ -48,13 +50,8 @@ def eval_(
         config = load_env_config(env_file, overrides)
         if config.engine.backend in ("vllm", "auto"):
             preload_for_vllm()
-        run_eval(
-            config,
-            out or Path("runs") / f"{config.name}-eval",
-            checkpoint=checkpoint,
-            n=n,
-            n_samples=samples,
-            tasks=tasks,
-            model=model,
-            console=console,
-        )
+        out = out or Path("runs") / f"{config.name}-eval"
+        with third_party_output_to(command_log("eval", out), console, verbose):
+            run_eval(
+                config, out, checkpoint=checkpoint, n=n, n_samples=samples, tasks=tasks, model=model, console=console
+            )

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from .common import app, console, preload_for_vllm, reported, write_json
+from .quiet import command_log, third_party_output_to, verbose_option
 
 
 @app.command()
@@ -23,6 +24,7 @@ def rollout(
     ),
     out: Path = typer.Option(Path("rollouts.jsonl"), help="Where to write one JSON line per trajectory."),
     json_path: Path | None = typer.Option(None, "--json", help="Also write the summary as JSON here."),
+    verbose: bool = verbose_option(command_log("rollout")),
 ):
     """Multi-turn rollouts of an env config with the embedded model and the local sandbox; writes JSONL."""
     from dataclasses import asdict
@@ -31,8 +33,7 @@ def rollout(
 
     if backend in ("vllm", "auto"):
         preload_for_vllm()
-    with reported():
-        summary = rollout_env_file(
-            env_file, console, model=model, n_samples=n, limit=limit, drafter=drafter, out=out, backend=backend
-        )
+    options = dict(model=model, n_samples=n, limit=limit, drafter=drafter, out=out, backend=backend)
+    with reported(), third_party_output_to(command_log("rollout"), console, verbose):
+        summary = rollout_env_file(env_file, console, **options)
     write_json(asdict(summary), json_path)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from ..tools.factory import SANDBOX_KINDS, served_kinds
 from .common import PLAIN, console, reported, sandbox_app, write_json
 
 
@@ -14,7 +15,10 @@ from .common import PLAIN, console, reported, sandbox_app, write_json
 def sandbox_serve(
     port: int = typer.Option(8080, help="TCP port."),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0 for all)."),
-    backend: str = typer.Option("local", help="Where programs run: local (bubblewrap) or docker (a container each)."),
+    backend: str = typer.Option(
+        "local",
+        help=f"Where programs run: {' or '.join(served_kinds())} (local: bubblewrap; docker: a container each).",
+    ),
     workers: int | None = typer.Option(
         None, min=1, help="Programs running at once (default: 64 per core, at most one per 128 MiB of memory)."
     ),
@@ -41,22 +45,20 @@ def sandbox_serve(
         None, help="docker: the image (default: the one scripts/install_docker.sh builds)."
     ),
 ):
-    """A SandboxFusion-compatible server (/run_code, /v1/ping, /v1/runtime) on the local bubblewrap sandbox or Docker."""
-    from ..tools import DockerSandbox, LocalSandbox, SandboxUnavailable
+    """A SandboxFusion-compatible server (/run_code, /v1/ping, /v1/runtime) on any sandbox that runs programs
+    itself: the local bubblewrap sandbox or Docker."""
+    from ..tools import SandboxUnavailable, make_sandbox
     from ..tools.server import ServerConfig, serve
 
-    limits = {"timeout_s": timeout_s, "memory_mb": memory_mb, "max_output_bytes": max_output_bytes}
+    options = {"timeout_s": timeout_s, "memory_mb": memory_mb, "max_output_bytes": max_output_bytes}
+    given = {"allow_unsandboxed": allow_unsandboxed, "python": python, "image": image}
+    options.update((name, value) for name, value in given.items() if value)  # a backend refuses those it lacks
     with reported(SandboxUnavailable, ValueError, code=1, message=PLAIN):
-        if backend == "docker":
-            sandbox = DockerSandbox(**limits, **({"image": image} if image else {}))
-            console.print(f"sandbox image: {sandbox.image}", highlight=False)
-        elif backend == "local":
-            sandbox = LocalSandbox(**limits, allow_unsandboxed=allow_unsandboxed, python=python)
-            inside = sandbox.interpreter_inside
-            where = f" (inside: {inside})" if inside != sandbox.interpreter else ""
-            console.print(f"sandbox python: {sandbox.interpreter}{where}", highlight=False)
-        else:
-            raise ValueError(f"--backend {backend!r}: choose local or docker")
+        if backend not in served_kinds():
+            raise ValueError(f"--backend {backend!r}: choose {' or '.join(served_kinds())}")
+        sandbox = make_sandbox(backend, **options)
+    for name, value in sandbox.origin().items():
+        console.print(f"sandbox {name}: {value}", highlight=False)
     config = ServerConfig(
         sandbox,
         workers=workers,
@@ -72,7 +74,7 @@ def sandbox_serve(
 @sandbox_app.command("run")
 def sandbox_run(
     program: Path = typer.Argument(..., help="A program file to run ('-' reads the program from stdin)."),
-    kind: str = typer.Option("local", help="Sandbox: local, sandbox_fusion or docker."),
+    kind: str = typer.Option("local", help=f"Sandbox: {', '.join(SANDBOX_KINDS)}."),
     timeout_s: float = typer.Option(10.0, help="Wall-clock limit."),
     language: str = typer.Option("python", help="python, bash, nodejs or cpp (docker: python, bash)."),
     endpoint: list[str] = typer.Option(

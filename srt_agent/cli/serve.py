@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from .common import app, bad_input, console, preload_for_vllm, reported
+from .quiet import command_log, third_party_output_to, verbose_option
 
 
 @app.command()
@@ -23,23 +24,30 @@ def serve(
     ),
     set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set engine.max_context=4096."),
     log_level: str = typer.Option("info", help="uvicorn's log level."),
+    verbose: bool = verbose_option(command_log("serve")),
 ):
     """OpenAI-compatible rollout server: /v1/chat/completions, /v1/completions, /v1/models, sessions under /sessions/{sid}/v1."""
     from ..config import load_env_config
     from ..serve import RolloutServer
 
     overrides = list(set_) + ([f"engine.backend={backend}"] if backend else [])
+    log = command_log("serve")
     with reported(*bad_input()):
         config = load_env_config(env_file, overrides)
         if config.engine.backend in ("vllm", "auto"):
             preload_for_vllm()
-        server = RolloutServer.from_config(config, model=model, log=lambda line: console.print(line, highlight=False))
-    name = server.model_name
-    console.print(
-        f"serving [bold]{name}[/bold] on http://{host}:{port}/v1 (sessions: http://{host}:{port}/sessions/<id>/v1)",
-        highlight=False,
-    )
-    try:
-        server.serve(host=host, port=port, log_level=log_level)
-    finally:
-        server.close()
+        with third_party_output_to(log, console, verbose) as quiet:
+            server = RolloutServer.from_config(
+                config, model=model, log=lambda line: console.print(line, highlight=False)
+            )
+            url = f"http://{host}:{port}"
+            console.print(
+                f"serving [bold]{server.model_name}[/bold] on {url}/v1 (sessions: {url}/sessions/<id>/v1)",
+                highlight=False,
+            )
+            if quiet:
+                console.print(f"[dim]uvicorn's and the libraries' lines: {log} (--verbose shows them here)[/dim]")
+            try:
+                server.serve(host=host, port=port, log_level=log_level)
+            finally:
+                server.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from .common import app, bad_input, console, preload_for_vllm, reported
-from .quiet import LOG_NAME, third_party_output_to
+from .quiet import LOG_NAME, command_log, third_party_output_to, verbose_option
 
 
 @app.command()
@@ -43,11 +43,7 @@ def train(
         help="GB the run may plan for (all its processes); it refuses to start above (default: the config's "
         "train.max_memory_gb, else the machine's available memory).",
     ),
-    verbose: bool = typer.Option(
-        False,
-        "--verbose",
-        help=f"Show what libraries print (vLLM, transformers, ...) instead of logging it to OUT/{LOG_NAME}.",
-    ),
+    verbose: bool = verbose_option(f"OUT/{LOG_NAME}"),
 ):
     """RL training: ReTool cold start, then GRPO / DAPO / PPO with SRT rollouts (the main job)."""
     from ..config import load_env_config
@@ -73,7 +69,7 @@ def train(
                     console.print(f"runs/{config.name} holds an earlier run: this one goes to {out}", highlight=False)
             out = out or run_folder(resume)
             claim_out_dir(out, resume, replace_run=False)  # before its log: another run's folder stays untouched
-            with third_party_output_to(out / LOG_NAME, console, verbose):
+            with third_party_output_to(command_log("train", out), console, verbose):
                 trainer = Trainer(
                     config,
                     out,

@@ -68,8 +68,10 @@ class RunAheadStats:
 
 
 @dataclass
-class _Runner:
-    """One run-ahead sequence and what it was started for."""
+class RunAheadRunner:
+    """One run-ahead sequence and what it was started for: the window prompt it continues and the bubble it
+    last ran in. Our engine's run-ahead holds one per sequence in a slot, vLLM's one per run-ahead request
+    (its `seq` follows the request's tokens for the stop rule)."""
 
     seq: Sequence
     prompt: WindowPrompt
@@ -164,7 +166,7 @@ class RunAhead(RunAheadWindow):
         self.drafter, self.scheduler, self.runner, self.stops = drafter, scheduler, runner, stops
         self.cost_model = cost_model
         self.sequences = sequences
-        self.active: list[_Runner] = []
+        self.active: list[RunAheadRunner] = []
 
     # ----- the window -----------------------------------------------------------------------------
 
@@ -344,7 +346,7 @@ class RunAhead(RunAheadWindow):
 
     def _start(
         self, prompt: WindowPrompt, context: list[int], source: Sequence | None, shared: int, bubble: str
-    ) -> _Runner:
+    ) -> RunAheadRunner:
         self._ids += 1
         params = replace(prompt.params, max_tokens=self.options.tokens_per_sequence, seed=None)
         seq = Sequence(
@@ -362,7 +364,7 @@ class RunAhead(RunAheadWindow):
             self.stats.copied_tokens += shared
         seq.num_cached = shared
         self.drafter.start_run_ahead(seq.request_id, prompt.prompt_key, context)
-        runner = _Runner(seq, prompt, bubble)
+        runner = RunAheadRunner(seq, prompt, bubble)
         self.active.append(runner)
         self.stats.sequences += 1
         self.stats.starts_from_branch += len(context) > len(prompt.prompt_ids)
@@ -373,11 +375,11 @@ class RunAhead(RunAheadWindow):
         tokens = seq.tokens[seq.num_cached : seq.num_cached + k]
         return Chunk(seq.slot, seq.num_cached, tokens, len(tokens))
 
-    def _store(self, runner: _Runner, tokens: list[int]) -> None:
+    def _store(self, runner: RunAheadRunner, tokens: list[int]) -> None:
         self.drafter.add_tokens(runner.seq.request_id, tokens)
         self._count(runner.prompt, runner.bubble, len(tokens))
 
-    def _end(self, runner: _Runner) -> None:
+    def _end(self, runner: RunAheadRunner) -> None:
         seq = runner.seq
         if seq.num_generated:
             self.written.append((runner.prompt.prompt_key, seq.tokens[: seq.call_start], seq.output_ids))

@@ -2,8 +2,10 @@
 `openai` client (:func:`run_agents`)."""
 
 from .agents import AgentFunction, AgentRun, load_agent, run_agents, run_agents_async
-from .server import SESSION_HEADER, RolloutServer
-from .sessions import RequestError, Session
+from .routes import SESSION_HEADER
+from .schema import RequestError
+from .server import RolloutServer
+from .sessions import Session
 
 __all__ = [
     "SESSION_HEADER",

@@ -19,28 +19,29 @@ messages under a new backend request id, recorded as a new trajectory with the r
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import threading
 import time
+import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..agent.env import ToolCallRecord
 from ..agent.hermes import ChatFormat
 from ..agent.trajectory import Trajectory
+from ..drafting.trees.keys import prompt_key
+from .schema import RequestError
+
+if TYPE_CHECKING:
+    from ..engine import RequestOutput
 
 SESSION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-class RequestError(ValueError):
-    """A request the server refuses; `status` is its HTTP status (400 unless said otherwise)."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None):
-        super().__init__(message)
-        self.status, self.param = status, param
 
 
 def message_text(content, where: str) -> str:
@@ -250,6 +251,34 @@ class Session:
                 )
             )
 
+    def open_branch(self, turn: Turn) -> None:
+        """Start the branch `turn` opens (its reason kept from the second branch on); the caller released the
+        previous branch's backend request. The session's tree key comes from its first prompt unless given."""
+        if self.prompt_key is None:
+            self.prompt_key = prompt_key(turn.prompt_ids)
+        self.branches.append(
+            Trajectory(
+                request_id=turn.request_id,
+                task_index=0,
+                sample_index=0,
+                prompt_ids=list(turn.prompt_ids),
+                finish_reason="done",
+                branch_reason=turn.reason if self.branches else None,
+            )
+        )
+        self.broken = None
+
+    def record(self, turn: Turn, out: RequestOutput) -> None:
+        """After a turn that generated: the tokens it inserted and sampled, in the current branch."""
+        traj = self.current
+        if turn.forced_ids:
+            traj.append(list(turn.forced_ids))
+            traj.observations += 1
+        traj.append(list(out.token_ids), list(out.logprobs))
+        traj.num_turns += 1
+        traj.count(out.metrics)
+        traj.finish_reason = "context" if out.finish_reason == "context" else "done"
+
     def plan_completion(self, prompt: str | list[int], encode: Callable) -> Turn:
         """The turn for a completion request: `prompt` extends the session when it starts with the session's
         token list (ids) or the text the client was shown (text)."""
@@ -274,12 +303,12 @@ class Session:
 class Sessions:
     """The server's sessions by id (thread-safe: the server's loop and a trainer's thread both reach them).
 
-    At most `max_sessions` are kept; opening one more forgets the least recently used idle session,
-    calling `on_forget` with it (the server releases its backend request)."""
+    At most `max_sessions` are kept; opening one more forgets the least recently used idle session. A
+    session forgotten or ended has its backend request released (`release(request_id)`)."""
 
-    def __init__(self, max_sessions: int, on_forget: Callable[[Session], None]):
+    def __init__(self, max_sessions: int, release: Callable[[str], None]):
         self.max_sessions = max_sessions
-        self.on_forget = on_forget
+        self.release = release
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -300,8 +329,48 @@ class Sessions:
                 self._sessions.move_to_end(sid)
                 session.last_used = time.monotonic()
         for old in forgotten:
-            self.on_forget(old)
+            self.forget(old)
         return session
+
+    def forget(self, session: Session) -> None:
+        """Release the backend request of `session`'s current branch."""
+        if session.current is not None:
+            try:
+                self.release(session.current.request_id)
+            except Exception:  # noqa: BLE001 - a closed backend holds nothing
+                pass
+
+    @asynccontextmanager
+    async def held(self, sid: str | None) -> AsyncIterator[Session]:
+        """A request's session (a throw-away one without `sid`), held busy while the request runs; a
+        session that is busy already is a 409."""
+        if sid is None:
+            session = Session(f"once-{uuid.uuid4().hex}")
+        else:
+            session = self.get(sid)
+            if session.busy:
+                raise RequestError(f"session {sid!r} has a request running: send a session's turns one at a time", 409)
+        session.busy = True
+        try:
+            yield session
+        finally:
+            session.busy = False
+            if sid is None or session.ended:
+                self.forget(session)
+
+    def end(self, sid: str) -> list[Trajectory]:
+        """Close session `sid`: release its backend request; returns its branches (the last is current).
+
+        A session whose request still runs (its agent gave up on it) is released when that request ends;
+        what it returns is the branches as they stand now."""
+        session = self.pop(sid)
+        if session is None:
+            return []
+        if session.busy:
+            session.ended = True
+            return copy.deepcopy(session.branches)
+        self.forget(session)
+        return session.branches
 
     def pop(self, sid: str) -> Session | None:
         with self._lock:

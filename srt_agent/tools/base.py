@@ -1,4 +1,5 @@
-"""The contract every code sandbox meets: `run(code) -> SandboxResult`, never raising for the program."""
+"""The contract every code sandbox meets: `run(code) -> SandboxResult`, never raising for the program; and
+what a sandbox that runs programs itself tells `srt-agent sandbox serve` (:class:`ServedSandbox`)."""
 
 from __future__ import annotations
 
@@ -76,3 +77,29 @@ class CodeSandbox(Protocol):
     """Runs a Python program in isolation. Must not raise for anything the program does."""
 
     def run(self, code: str, *, stdin: str = "", timeout_s: float | None = None) -> SandboxResult: ...
+
+
+@runtime_checkable
+class ServedSandbox(CodeSandbox, Protocol):
+    """A sandbox that runs programs itself, so `srt-agent sandbox serve` can put it behind SandboxFusion's
+    API: a dataclass of the limits the server reports (it `dataclasses.replace`s `memory_mb` for a request
+    that asks for another), whose `run` also takes `files`, `fetch_files` and `language`."""
+
+    timeout_s: float
+    memory_mb: int
+    max_output_bytes: int
+    tmp_mb: int
+    max_file_mb: int
+
+    @property
+    def sandboxed(self) -> bool:
+        """Whether programs run isolated (not so for the local sandbox allowed to run without bubblewrap)."""
+        ...
+
+    def languages(self) -> list[str]:
+        """The languages it runs on this machine."""
+        ...
+
+    def origin(self) -> dict[str, str]:
+        """Where its programs' interpreter comes from (``/v1/runtime`` adds it to what they report)."""
+        ...

@@ -34,25 +34,15 @@ from typing import Any
 
 from .base import SandboxResult, SandboxUnavailable
 from .files import COLLECTOR, MAX_FILES, WORKDIR, check_names, sandbox_path, workdir_relative
-from .local import classify
-from .process import ProcessOutcome
+from .languages import PROGRAM_ENV
+from .process import ProcessOutcome, classify
 
 DEFAULT_IMAGE = "srt-agent-sandbox:bookworm"
 LABEL = "srt-agent.sandbox"  # on every container a run creates (tests look for leftovers by it)
 _PROGRAMS = {"python": ("main.py", "/usr/bin/python"), "bash": ("main.sh", "/bin/bash")}
 _NOBODY = "65534:65534"
 _CHUNK = 65536
-_ENV = {  # the local sandbox's, but for the interpreter's folder
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "HOME": WORKDIR,
-    "TMPDIR": WORKDIR,
-    "LANG": "C.UTF-8",
-    "PYTHONUNBUFFERED": "1",
-    "PYTHONDONTWRITEBYTECODE": "1",
-    "PYTHONIOENCODING": "utf-8",
-    "OPENBLAS_NUM_THREADS": "1",
-    "OMP_NUM_THREADS": "1",
-}
+_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", **PROGRAM_ENV}  # the local sandbox's, but for the interpreter's folder
 
 # The container's first process. Signals sent from inside the container never reach it, so a program that
 # kills its parent or every process it can (kill -1) leaves it standing, as bubblewrap's init does.
@@ -226,6 +216,16 @@ class DockerSandbox:
                     "or set DOCKER_HOST), or use another sandbox: make_sandbox('local') (bubblewrap) or 'sandbox_fusion'."
                 ) from exc
         self._ensure_image()
+
+    @property
+    def sandboxed(self) -> bool:
+        return True
+
+    def languages(self) -> list[str]:
+        return list(_PROGRAMS)
+
+    def origin(self) -> dict[str, str]:
+        return {"image": self.image}
 
     def _ensure_image(self) -> None:
         """Pull `image` once if the engine lacks it (`containers.create` does not pull); the default image

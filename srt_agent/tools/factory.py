@@ -1,19 +1,42 @@
-"""Pick a code sandbox by name: `make_sandbox("local" | "sandbox_fusion" | "docker", **options)`."""
+"""The one sandbox registry: every code sandbox by name, `make_sandbox("local" | "sandbox_fusion" | "docker",
+**options)` builds one.
+
+A new sandbox is one entry here: its class as ``module:Class``, imported on first use (a sandbox that needs
+an optional package, Docker's SDK, costs nothing until chosen), and whether it runs programs itself, so that
+`srt-agent sandbox serve` can put it behind SandboxFusion's API (a :class:`~.base.ServedSandbox`).
+"""
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass
 from typing import Any
 
 from .base import CodeSandbox
-from .docker_sandbox import DockerSandbox
-from .local import LocalSandbox
-from .sandbox_fusion import SandboxFusionSandbox
 
-SANDBOX_KINDS: dict[str, type] = {
-    "local": LocalSandbox,
-    "sandbox_fusion": SandboxFusionSandbox,
-    "docker": DockerSandbox,
+
+@dataclass(frozen=True)
+class SandboxEntry:
+    """A sandbox: its class as ``module:Class``; `served`: it runs programs itself (a ServedSandbox)."""
+
+    target: str
+    served: bool = False
+
+    def load(self) -> type:
+        module, _, attr = self.target.partition(":")
+        return getattr(importlib.import_module(module, __package__), attr)
+
+
+SANDBOX_KINDS: dict[str, SandboxEntry] = {
+    "local": SandboxEntry(".local:LocalSandbox", served=True),
+    "sandbox_fusion": SandboxEntry(".sandbox_fusion:SandboxFusionSandbox"),
+    "docker": SandboxEntry(".docker_sandbox:DockerSandbox", served=True),
 }
+
+
+def served_kinds() -> list[str]:
+    """The sandboxes `srt-agent sandbox serve` serves, in the registry's order."""
+    return [name for name, entry in SANDBOX_KINDS.items() if entry.served]
 
 
 def make_sandbox(kind: str = "local", **options: Any) -> CodeSandbox:
@@ -21,7 +44,7 @@ def make_sandbox(kind: str = "local", **options: Any) -> CodeSandbox:
     key = kind.replace("-", "_").lower()
     if key not in SANDBOX_KINDS:
         raise ValueError(f"unknown sandbox kind {kind!r}; choose one of {sorted(SANDBOX_KINDS)}")
-    cls = SANDBOX_KINDS[key]
+    cls = SANDBOX_KINDS[key].load()
     try:
         return cls(**options)
     except TypeError as exc:

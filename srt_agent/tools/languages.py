@@ -3,7 +3,7 @@
 A compiled language runs in two sandboxed phases, as SandboxFusion's runners do: the compiler in one sandbox
 (its own time limit, `compile_timeout`), the binary it leaves in the working directory fetched back and run
 in a fresh one (`run_timeout`). Which languages a machine offers depends on what is installed there
-(:func:`available`); the interpreter of ``python`` is the sandbox's own (see local.py).
+(:func:`available`); the interpreter of ``python`` is the sandbox's own (see sandbox_python.py).
 """
 
 from __future__ import annotations
@@ -11,11 +11,24 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .files import WORKDIR
+
 PROGRAM_DIR = "/sandbox"  # where the program's file is mounted (read-only) inside the sandbox
 PROGRAM = "{program}"  # stands for the program's path in a command
 PYTHON = "{python}"  # stands for the sandbox's Python interpreter
 BINARY = "main"  # what a compiler leaves in the working directory
 COMPILE_MEMORY_MB = 2048  # compilers get at least this address space (cc1plus maps more than a small program)
+# The environment every program starts with, in each sandbox (beside a PATH of the sandbox's own).
+PROGRAM_ENV = {
+    "HOME": WORKDIR,
+    "TMPDIR": WORKDIR,
+    "LANG": "C.UTF-8",
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONIOENCODING": "utf-8",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+}
 
 
 @dataclass(frozen=True)

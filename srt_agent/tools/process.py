@@ -1,4 +1,5 @@
-"""Run one child process with a wall-clock deadline and a cap on how much output it may write.
+"""Run one child process with a wall-clock deadline and a cap on how much output it may write, and read
+what became of it as a sandbox's result (:func:`classify`, shared by the local and the Docker sandbox).
 
 Output is read incrementally from non-blocking pipes; reading stops (and the process group is
 killed) as soon as the cap is passed, so a program printing 100 MB costs at most the cap in memory.
@@ -13,6 +14,8 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from .base import SandboxResult, is_memory_error
 
 _CHUNK = 65536
 
@@ -151,3 +154,34 @@ def _pump(
 def _close_pipes(proc: subprocess.Popen) -> None:
     for stream in (proc.stdin, proc.stdout, proc.stderr):
         stream.close()
+
+
+def classify(outcome: ProcessOutcome, *, started: bool = True, signal_offset: int | None = None) -> SandboxResult:
+    """Turn a process outcome into a SandboxResult.
+
+    `signal_offset=128` reads exit codes above 128 as deaths by signal (bubblewrap reports a child
+    killed by signal N as 128+N); Popen's own negative codes always mean a signal. Like Popen's,
+    the result's `exit_code` is -N for a death by signal N, and None when the sandbox killed it.
+    """
+    stdout = outcome.stdout.decode("utf-8", errors="replace")
+    stderr = outcome.stderr.decode("utf-8", errors="replace")
+    code = outcome.returncode
+    result = SandboxResult(status="ok", stdout=stdout, stderr=stderr, exit_code=code, wall_s=outcome.wall_s)
+    if outcome.output_limited:
+        result.status, result.truncated, result.exit_code = "output_limit", True, None
+    elif outcome.timed_out:
+        result.status, result.exit_code = "timeout", None
+    elif not started:
+        result.status = "sandbox_error"
+    elif code == 0:
+        result.status = "ok"
+    else:
+        signum = -code if code < 0 else (code - signal_offset if signal_offset and code > signal_offset else None)
+        if signum is not None:
+            result.exit_code = -signum
+            result.status = "timeout" if signum == signal.SIGXCPU else "killed"
+        elif is_memory_error(stderr):
+            result.status = "memory"
+        else:
+            result.status = "error"
+    return result

@@ -1,4 +1,5 @@
-"""A SandboxFusion-compatible HTTP server on top of the local sandbox (or Docker): `srt-agent sandbox serve`.
+"""A SandboxFusion-compatible HTTP server over a sandbox that runs programs itself (a ServedSandbox: the local
+sandbox, Docker): `srt-agent sandbox serve`.
 
 Speaks SandboxFusion's `POST /run_code` and `GET /v1/ping`, so verl's SandboxFusion tool and reward and the
 `sandbox-fusion` client work on a machine without Docker. Runs `python` (alias `python3`), `bash`, `nodejs`
@@ -30,10 +31,8 @@ from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, Field, field_validator
 
 from . import languages
-from .base import SandboxResult, SandboxStatus
-from .docker_sandbox import DockerSandbox
+from .base import SandboxResult, SandboxStatus, ServedSandbox
 from .files import check_names, decode_files, encode_files
-from .local import LocalSandbox
 from .runtime import DESCRIBE_PROGRAM
 from .scheduler import RunLoad, RunScheduler
 from .threaded_server import served
@@ -45,7 +44,6 @@ SANDBOX_FUSION_LANGUAGES = (
     "jest", "verilog", "python_gpu", "lean", "swift", "racket", "gtest", "react",
 )  # fmt: skip
 ALIASES = {"python3": "python"}  # request language -> the sandbox's
-DOCKER_LANGUAGES = ("python", "bash")
 DISCONNECT_POLL_S = 1.0
 
 
@@ -164,12 +162,12 @@ def _timed_out_at_once() -> RunCodeResponse:
 
 @dataclasses.dataclass
 class ServerConfig:
-    """What the server runs with: the base sandbox (local or Docker), how many programs run at once (`workers`,
+    """What the server runs with: the base sandbox (a ServedSandbox: local or Docker), how many programs run at once (`workers`,
     default from the machine's cores and memory; `fresh_slots` of them starting, each at normal priority for
     its first `quantum_s` of CPU, see scheduler.py), caps on what requests may ask, and the seconds in-flight requests get to
     finish when the server stops (`shutdown_grace_s`)."""
 
-    sandbox: LocalSandbox | DockerSandbox
+    sandbox: ServedSandbox
     workers: int | None = None
     fresh_slots: int | None = None
     quantum_s: float = 0.2
@@ -180,7 +178,7 @@ class ServerConfig:
 
     def languages(self) -> list[str]:
         """The request languages this server runs (aliases included)."""
-        runnable = DOCKER_LANGUAGES if isinstance(self.sandbox, DockerSandbox) else languages.available()
+        runnable = self.sandbox.languages()
         return [*runnable, *(alias for alias, name in ALIASES.items() if name in runnable)]
 
 
@@ -237,14 +235,11 @@ async def _runtime(config: ServerConfig) -> dict:
     if not result.ok:
         raise HTTPException(503, f"the sandbox could not report its runtime ({result.status}): {result.stderr[-2000:]}")
     python = json.loads(result.stdout)  # `executable` as programs see it; where it comes from beside it
-    if isinstance(config.sandbox, DockerSandbox):
-        python["image"], sandboxed = config.sandbox.image, True
-    else:
-        python["host_executable"], sandboxed = str(config.sandbox.interpreter), config.sandbox.sandboxed
+    python.update(config.sandbox.origin())
     return dict(
         languages=sorted(config.languages()),
         python=python,
-        sandboxed=sandboxed,
+        sandboxed=config.sandbox.sandboxed,
         limits={
             "default_timeout_s": config.sandbox.timeout_s, "max_timeout_s": config.max_timeout_s,
             "default_memory_mb": config.sandbox.memory_mb, "max_memory_mb": config.max_memory_mb,

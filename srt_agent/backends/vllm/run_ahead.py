@@ -26,13 +26,13 @@ for them. Their outputs stop here: no caller, trajectory, log-prob or training b
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence as Seq
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 from ...drafting.choice.cost_model import ForwardCostModel
 from ...engine.options import RunAheadOptions
 from ...engine.params import SamplingParams
-from ...engine.run_ahead import RunAheadWindow, WindowPrompt
+from ...engine.run_ahead import RunAheadRunner, RunAheadWindow, WindowPrompt
 from ...engine.sequence import Sequence
 from ...engine.stops import StopChecker
 
@@ -48,15 +48,6 @@ class RunAheadHost(Protocol):
     def add_run_ahead(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None: ...
 
     def abort_run_ahead(self, request_id: str) -> None: ...
-
-
-@dataclass
-class _Runner:
-    """One run-ahead request: the prompt it continues, its sequence (for our stop rule) and its bubble."""
-
-    prompt: WindowPrompt
-    seq: Sequence
-    bubble: str
 
 
 def check_run_ahead(options: RunAheadOptions, drafter: str) -> None:
@@ -79,7 +70,7 @@ class VLLMRunAhead(RunAheadWindow):
         self.engine = engine
         self.block_size = max(1, block_size)  # vLLM's KV block: its prefix cache shares whole blocks
         self.proposer = proposer  # SRT's proposer in this process: its learned step cost prices the rows
-        self.active: dict[str, _Runner] = {}  # vLLM request id -> runner
+        self.active: dict[str, RunAheadRunner] = {}  # vLLM request id -> runner
 
     def close(self) -> None:
         """Stop serving the window; running run-ahead requests end (their tokens stay in the trees)."""
@@ -208,7 +199,7 @@ class VLLMRunAhead(RunAheadWindow):
         seq = Sequence(
             rid, prompt.prompt_key, list(prompt.prompt_ids), params, params.seed, call_start=len(prompt.prompt_ids)
         )
-        self.active[rid] = _Runner(prompt, seq, bubble)
+        self.active[rid] = RunAheadRunner(seq, prompt, bubble)
         self.stats.sequences += 1
         self.stats.prefill_tokens += prefill
 
