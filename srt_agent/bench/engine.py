@@ -298,6 +298,11 @@ def epoch_steps(runs: list[dict]) -> list[dict]:
     ]
 
 
+def result_lines(result: dict) -> list[str]:
+    """What the table leaves out, a line each: the head-to-head ratios, the verification cost, the notes."""
+    return head_to_head_lines(result) + verification_cost_lines(result) + result["notes"]
+
+
 def head_to_head_lines(result: dict) -> list[str]:
     """One line per batch size and pair: the first method's time over the second's, with 95% paired bootstrap
     intervals over the epochs (all, and warm trees)."""

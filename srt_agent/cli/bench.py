@@ -48,14 +48,7 @@ def bench_engine(
     """The speculative engine per drafter and batch size (tokens/s, tokens per forward, speedup)."""
     from rich.progress import Progress
 
-    from ..bench.engine import (
-        METHODS,
-        EngineBenchConfig,
-        head_to_head_lines,
-        run_engine_bench,
-        summary_table,
-        verification_cost_lines,
-    )
+    from ..bench.engine import METHODS, EngineBenchConfig, result_lines, run_engine_bench, summary_table
 
     if quick:
         config = dataclasses.replace(EngineBenchConfig.quick(), dtype=dtype, adaptive_drafts=adaptive)
@@ -94,7 +87,7 @@ def bench_engine(
         with reported(ValueError, code=1, message=PLAIN):
             result = run_engine_bench(config, report)
     console.print(summary_table(result))
-    for note in head_to_head_lines(result) + verification_cost_lines(result) + result["notes"]:
+    for note in result_lines(result):
         console.print(f"[dim]{note}[/dim]")
     write_json(result, json_path)
     if plot is not None:
@@ -310,13 +303,15 @@ def bench_paper(
         run_paper_bench,
     )
 
-    if from_json:
-        result = merge_results([json.loads(p.read_text()) for p in from_json])
+    def report(result: dict) -> None:
         console.print(paper_table(result), markup=False, highlight=False, soft_wrap=True)
         console.print(ablation_table(result), markup=False, highlight=False, soft_wrap=True)
         write_json(result, json_path)
         for path in plot_paper(result, plot) if plot is not None else []:
             console.print(f"wrote {path}")
+
+    if from_json:
+        report(merge_results([json.loads(p.read_text()) for p in from_json]))
         return
 
     base = (
@@ -345,12 +340,7 @@ def bench_paper(
             log=lambda line: console.print(line, highlight=False),
             on_run=lambda partial: write_json(partial, json_path),
         )
-    console.print(paper_table(result), markup=False, highlight=False, soft_wrap=True)
-    console.print(ablation_table(result), markup=False, highlight=False, soft_wrap=True)
-    write_json(result, json_path)
-    if plot is not None:
-        for path in plot_paper(result, plot):
-            console.print(f"wrote {path}")
+    report(result)
 
 
 @bench_app.command("vllm")
