@@ -74,7 +74,7 @@ def test_recorded_run_ahead_content_feeds_the_simulated_bubbles(tiny_llama):
     by = {(r["setting"]["max_draft_tokens"], r["setting"]["slack"]): r for r in sweep["rows"]}
     assert by[(16, 0.0)]["run_ahead_tokens"] == 0 and by[(16, 5.0)]["run_ahead_tokens"] == 16
     assert by[(16, 5.0)]["accepted_per_forward"] >= by[(16, 0.0)]["accepted_per_forward"]
-    with pytest.raises(ValueError, match="needs the srt drafter"):
+    with pytest.raises(ValueError, match="needs a drafter that takes it"):
         replay(trace, ReplayOptions(drafter="history", run_ahead=RunAheadOptions()))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator, Mapping
 
-from ..drafting.registry import VLLM_DRAFTERS
+from ..drafting.registry import vllm_drafters
 from .base import Capabilities, Refusal, Registered, RolloutBackend, RunAheadControl
 from .vllm import VLLMUnavailable, vllm_missing
 
@@ -45,7 +45,7 @@ BACKENDS = (*REGISTRY, "auto")  # what ``engine.backend`` may name
 __all__ = [
     "BACKENDS",
     "REGISTRY",
-    "VLLM_DRAFTERS",
+    "vllm_drafters",
     "VLLM_IDENTICAL_NOTE",
     "Capabilities",
     "EngineBackend",

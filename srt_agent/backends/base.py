@@ -76,7 +76,7 @@ class Registered:
 
 
 class RunAheadControl(Protocol):
-    """Run-ahead windows of a backend that fills idle capacity (our engine only)."""
+    """Run-ahead windows of a backend that fills idle capacity (our engine, and vLLM with SRT as its proposer)."""
 
     def open(self, prompts: Sequence[WindowPrompt], phase: str) -> None: ...
 

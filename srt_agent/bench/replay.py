@@ -18,7 +18,7 @@ import sys
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from ..drafting import make_drafter
+from ..drafting import drafter_capabilities, make_drafter
 from ..drafting.choice.cost_model import ForwardCostModel
 from ..drafting.draft import Draft
 from ..engine.drafting import Drafting
@@ -128,8 +128,8 @@ class Replay:
         self.max_batch = o.max_batch or e["max_batch"]
         self.limits = trace.limits
         self.run_ahead = o.run_ahead or (RunAheadOptions(**trace.run_ahead) if trace.run_ahead else None)
-        if self.run_ahead is not None and self.drafter_name != "srt":
-            raise ValueError(f"run-ahead content needs the srt drafter, not {self.drafter_name!r}")
+        if self.run_ahead is not None and not drafter_capabilities(self.drafter_name).run_ahead:
+            raise ValueError(f"run-ahead content needs a drafter that takes it (srt), not {self.drafter_name!r}")
         self.pool = pool or trace
         cache = {k: v for k, v in trace.cache.items() if v is not None}
         cache.update(

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from ..backends.vllm import cpu_env, speculative_config, vllm_model_dir
+from ..drafting import runs_as_proposer
 
 FORCED_CLASS = "srt_agent.bench.vllm_proposer.ForcedDraftProposer"
 QUESTIONS = [
@@ -181,7 +182,7 @@ def workload(
         # ngram's engine last: vLLM 0.31's kernel registration of any engine built after it in the same
         # process fails (its scan of sys.modules trips over llvmlite, which the ngram proposer imports)
         for method in sorted(methods, key=lambda m: m == "ngram"):
-            options = (srt_options or {}) if method == "srt" else {}
+            options = (srt_options or {}) if runs_as_proposer(method) else {}
             engines[method] = _engine(model, speculative_config(method, k, **options), batch, 1024, kv_cache_gib)
             counters[method] = _counter(engines[method], method)
         prompts = [p for p in chat_prompts(engines[methods[0]], questions) for _ in range(samples)]
@@ -194,7 +195,7 @@ def workload(
                 d0, a0 = (counter.drafted, counter.accepted) if counter else (0, 0)
                 seconds, tokens = _timed(llm, prompts, max_tokens, temperature)
                 d1, a1 = (counter.drafted, counter.accepted) if counter else (0, 0)
-                if method == "srt":
+                if runs_as_proposer(method):
                     srt_proposer(llm).end_step()
                 rows.append(
                     dict(

@@ -4,7 +4,15 @@ and the choice of what to draft at a batch size."""
 from .draft import EMPTY_DRAFT, Draft
 from .drafter import NO_CAPABILITIES, Drafter, DrafterCapabilities, capabilities
 from .drafters.srt import SRTDrafter
-from .registry import DRAFTERS, VLLM_DRAFTERS, drafter_capabilities, drafter_unavailable, is_lenient, make_drafter
+from .registry import (
+    DRAFTERS,
+    drafter_capabilities,
+    drafter_unavailable,
+    is_lenient,
+    make_drafter,
+    runs_as_proposer,
+    vllm_drafters,
+)
 from .request_kind import RequestKind
 from .trees.rollout_cache import CacheStats, RolloutCache
 from .trees.tree import tree_class
@@ -14,7 +22,6 @@ __all__ = [
     "DRAFTERS",
     "EMPTY_DRAFT",
     "NO_CAPABILITIES",
-    "VLLM_DRAFTERS",
     "CacheStats",
     "Draft",
     "Drafter",
@@ -28,5 +35,7 @@ __all__ = [
     "drafter_unavailable",
     "is_lenient",
     "make_drafter",
+    "runs_as_proposer",
+    "vllm_drafters",
     "tree_class",
 ]

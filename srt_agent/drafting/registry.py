@@ -37,13 +37,18 @@ DRAFTERS: dict[str, DrafterEntry] = {
     # reuses the previous epoch's rollouts with lenient acceptance: not exactly on-policy
     "spec-rl": DrafterEntry(".drafters.spec_rl:SpecRLDrafter"),
 }
-#: drafters vLLM runs, in the registry's order
-VLLM_DRAFTERS = tuple(name for name, entry in DRAFTERS.items() if entry.vllm_method is not None)
 
 
 def drafter_capabilities(name: str) -> DrafterCapabilities:
     """What the drafter `name` declares (its class is imported)."""
     return _entry(name).load().capabilities
+
+
+def runs_as_proposer(name: str) -> bool:
+    """Whether vLLM runs drafter `name` through srt-agent's own proposer (``custom_class``), where what the drafter
+    declares (trees, run-ahead) is what SRT's proposer offers inside vLLM; vLLM's own drafters offer none of it."""
+    entry = DRAFTERS.get(name)
+    return entry is not None and entry.vllm_method == "custom_class"
 
 
 def is_lenient(name: str) -> bool:
@@ -72,11 +77,16 @@ def drafter_unavailable(name: str) -> str | None:
     return None
 
 
+def vllm_drafters() -> tuple[str, ...]:
+    """The drafters vLLM runs, in the registry's order (read at each call: a drafter registered later counts)."""
+    return tuple(name for name, entry in DRAFTERS.items() if entry.vllm_method is not None)
+
+
 def vllm_problem(name: str) -> str | None:
     """Why vLLM cannot run the drafter `name` (it has no counterpart of it), or None when it can."""
-    if name in VLLM_DRAFTERS:
+    if name in vllm_drafters():
         return None
-    return f"drafter {name!r} has no vLLM counterpart; the vLLM backend runs {', '.join(VLLM_DRAFTERS)}"
+    return f"drafter {name!r} has no vLLM counterpart; the vLLM backend runs {', '.join(vllm_drafters())}"
 
 
 def _entry(name: str) -> DrafterEntry:

@@ -23,7 +23,7 @@ from ..agent.trajectory import Trajectory
 from ..backends import RolloutBackend, RunAheadControl
 from ..config import EnvConfig
 from ..config.tasks import Task
-from ..drafting import RolloutCache
+from ..drafting import RolloutCache, runs_as_proposer
 from ..drafting.trees.keys import prompt_key
 from ..engine.options import RunAheadOptions
 from ..engine.run_ahead import WindowPrompt
@@ -65,7 +65,7 @@ def undrafted_owner(config: EnvConfig, variants: Sequence[RolloutVariant], index
         return None
     engine = variant_config(config, variant).engine
     for j, other in enumerate(variants[:index]):
-        if other.drafter == "srt" and variant_config(config, other).engine == engine:
+        if runs_as_proposer(other.drafter) and variant_config(config, other).engine == engine:
             return j
     return None
 

@@ -8,6 +8,7 @@ import platform
 
 from ...drafting.registry import vllm_problem
 from ..base import Refusal
+from .speculative import run_ahead_problem
 
 INSTALL_HINT = (
     "on CUDA machines pip install 'srt-agent[vllm]' (vLLM 0.24-0.33); on x86-64 Linux CPUs pip install torch==2.13.0 "
@@ -50,11 +51,9 @@ def refusal(drafter: str, run_ahead: bool = False, loaded=None) -> Refusal | Non
     problem = vllm_problem(drafter)
     if problem:
         return Refusal(f"vLLM has no counterpart of drafter {drafter!r}", ValueError(problem))
-    if run_ahead and drafter != "srt":
-        return Refusal(
-            f"run-ahead needs SRT's trees, and drafter {drafter!r} keeps none",
-            ValueError(f"run-ahead needs a drafter that keeps per-prompt trees (srt); {drafter!r} has none"),
-        )
+    ahead = run_ahead_problem(drafter) if run_ahead else None
+    if ahead:
+        return Refusal(f"run-ahead needs SRT's trees, and drafter {drafter!r} keeps none", ValueError(ahead))
     if loaded is not None:
         from .models import unservable
 

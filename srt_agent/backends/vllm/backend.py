@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ...drafting import drafter_capabilities
+from ...drafting import drafter_capabilities, runs_as_proposer
 from ...drafting.request_kind import RequestKind
 from ...engine import AsyncEngine, RequestOutput, SamplingParams
 from ..base import Capabilities, Registered, run_tree_budget
@@ -36,7 +36,7 @@ class VLLMBackend(AsyncEngine[VLLMEngine]):
         self.capabilities = Capabilities(
             device=str(engine.device),
             exact_sampling=engine.exact_sampling,
-            trees=engine.drafter_name == "srt",
+            trees=runs_as_proposer(engine.drafter_name) and drafter_capabilities(engine.drafter_name).trees,
             run_ahead=self.run_ahead is not None,
             serves_module=False,
         )
@@ -74,7 +74,7 @@ class VLLMBackend(AsyncEngine[VLLMEngine]):
     def undrafted(self) -> UndraftedView | None:
         """This engine without speculation for the view's requests (None unless the drafter can leave
         requests out: SRT's proposer leaves ``undrafted`` requests out; vLLM's own drafters do not)."""
-        return UndraftedView(self) if self.drafter_name == "srt" else None
+        return UndraftedView(self) if runs_as_proposer(self.drafter_name) else None
 
     def forget_prefixes(self) -> None:
         """Empty vLLM's prefix cache (nothing may run): a run that follows another on a shared engine starts

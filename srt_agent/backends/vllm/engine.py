@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ...drafting.registry import runs_as_proposer
 from ...drafting.request_kind import RequestKind
 from ...engine.options import RunAheadOptions
 from ...engine.params import RequestOutput, SamplingParams, check_prompt
@@ -121,7 +122,7 @@ class VLLMEngine:
             settings=self.settings,
         )
         try:
-            check_runner(self.llm, exact_sampling=exact_sampling, srt=drafter == "srt")
+            check_runner(self.llm, exact_sampling=exact_sampling, srt=runs_as_proposer(drafter))
         except RuntimeError:
             self.close()
             raise
@@ -351,7 +352,7 @@ class VLLMEngine:
 
     def proposer(self):
         """The live SRT proposer, or None when the engine drafts with something else."""
-        if self.drafter_name != "srt":
+        if not runs_as_proposer(self.drafter_name):
             return None
         from .workers import srt_proposer
 

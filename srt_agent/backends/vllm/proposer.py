@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ...drafting import RequestKind, RolloutCache, SRTDrafter
+from ...drafting import RequestKind, RolloutCache, SRTDrafter, make_drafter
 from ...drafting.choice.acceptance import AcceptanceModel
 from ...drafting.choice.cost_model import choose_drafts, joint_rate_bound
 from ...drafting.choice.step_cost import StepClock, vllm_step_cost
@@ -42,14 +42,16 @@ class _Row:
 
 
 def srt_drafter(options: ProposerOptions, max_overshoot: int) -> SRTDrafter:
-    """SRT with the options' trees (loaded from ``trees`` if set), drafting chains."""
+    """The options' drafter (SRT by default, or one registered as built like it) with their trees (loaded from
+    ``trees`` if set), drafting chains."""
     o = options
     srt = dict(chain=True, min_prob=o.min_prob, whole_prompt=o.whole_prompt, global_fallback=o.global_fallback)
     srt.update(max_held=o.max_held, held_ttl_s=o.held_ttl_s, max_overshoot=max_overshoot, max_bytes=o.max_bytes)
     srt.update(global_bytes=o.global_bytes)
     if o.trees:
-        return SRTDrafter(saved_trees(o, o.trees), **srt)
-    return SRTDrafter(max_depth=o.max_depth, max_match=o.max_match, max_nodes_per_prompt=o.max_nodes_per_prompt, **srt)
+        return make_drafter(o.drafter, cache=saved_trees(o, o.trees), **srt)
+    trees = dict(max_depth=o.max_depth, max_match=o.max_match, max_nodes_per_prompt=o.max_nodes_per_prompt)
+    return make_drafter(o.drafter, **trees, **srt)
 
 
 def saved_trees(options: ProposerOptions, path: str) -> RolloutCache:

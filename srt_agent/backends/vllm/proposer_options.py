@@ -12,6 +12,7 @@ from typing import Any
 class ProposerOptions:
     """The SRT proposer's knobs (JSON in ``SRT_VLLM_PROPOSER``; ``engine.vllm.proposer`` in an env YAML)."""
 
+    drafter: str = "srt"  # the registry's drafter the proposer runs (SRT, or one built like it)
     max_depth: int = 64  # tree depth (RolloutCache)
     max_match: int = 32  # context tokens matched against the tree
     max_bytes: int = 1 << 30  # trees, held turns (an eighth at most) and the global tree; LRU past it

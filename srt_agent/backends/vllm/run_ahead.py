@@ -35,6 +35,7 @@ from ...engine.params import SamplingParams
 from ...engine.run_ahead import RunAheadRunner, RunAheadWindow, WindowPrompt
 from ...engine.sequence import Sequence
 from ...engine.stops import StopChecker
+from .speculative import run_ahead_problem
 
 
 class RunAheadHost(Protocol):
@@ -52,8 +53,9 @@ class RunAheadHost(Protocol):
 
 def check_run_ahead(options: RunAheadOptions, drafter: str) -> None:
     """ValueError (one line) for run-ahead this backend cannot run."""
-    if drafter != "srt":
-        raise ValueError(f"run-ahead needs a drafter that keeps per-prompt trees (srt); {drafter!r} has none")
+    problem = run_ahead_problem(drafter)
+    if problem:
+        raise ValueError(problem)
     if "update" in options.bubbles:
         raise ValueError("run-ahead's update bubble runs in our engine only; leave it out for the vLLM backend")
     if options.start != "prompt":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...drafting.registry import DRAFTERS, VLLM_DRAFTERS, vllm_problem
+from ...drafting.registry import DRAFTERS, drafter_capabilities, runs_as_proposer, vllm_drafters, vllm_problem
 from .settings import set_proposer_options
 
 PROPOSER_CLASS = "srt_agent.backends.vllm.proposer.SRTProposer"
@@ -17,11 +17,18 @@ def check_drafter(drafter: str) -> None:
         raise ValueError(problem)
 
 
+def run_ahead_problem(drafter: str) -> str | None:
+    """Why vLLM cannot run ahead with `drafter` (run-ahead fills the trees of srt-agent's proposer), or None."""
+    if runs_as_proposer(drafter) and drafter_capabilities(drafter).run_ahead:
+        return None
+    return f"run-ahead needs a drafter that keeps per-prompt trees and takes run-ahead sequences (srt); {drafter!r} does not"
+
+
 def speculative_config(drafter: str, num_speculative_tokens: int = 8, **options: Any) -> dict | None:
     """vLLM's ``speculative_config`` for `drafter`; `options` go to its method (ngram: ``prompt_lookup_min``/
     ``max``; suffix: ``suffix_decoding_*``; srt: ``ProposerOptions`` fields)."""
-    if drafter not in VLLM_DRAFTERS:
-        raise ValueError(f"unknown speculative method {drafter!r}; choose one of {VLLM_DRAFTERS}")
+    if drafter not in vllm_drafters():
+        raise ValueError(f"unknown speculative method {drafter!r}; choose one of {vllm_drafters()}")
     method = DRAFTERS[drafter].vllm_method
     if method == "none":
         return None
@@ -31,6 +38,6 @@ def speculative_config(drafter: str, num_speculative_tokens: int = 8, **options:
     elif method == "suffix":
         config.update(options)
     else:
-        set_proposer_options(options)  # bad options fail here, not in vLLM's worker
+        set_proposer_options({"drafter": drafter, **options})  # bad options fail here, not in vLLM's worker
         config["model"] = PROPOSER_CLASS
     return config
