@@ -34,6 +34,7 @@ TRAIN = {
     "warmup_steps": 2,
     "checkpoint_every": 2,
     "keep_checkpoints": 3,
+    "keep_optimizer": True,  # the finished runs' optimizers are compared too
 }
 LOSSES = ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/lr", "critic/score/mean", "critic/advantages/max")
 
@@ -140,6 +141,23 @@ def test_interrupted_and_resumed_run_equals_the_uninterrupted_one(tmp_path, algo
     ta, tb = trees(whole), trees(part)
     assert "srt" in ta and sum(len(seqs) for seqs in ta["srt"].values()) > 0
     assert tb == ta  # the trees went on from the checkpoint: same prompts, same sequences
+
+
+@pytest.mark.slow
+def test_a_finished_run_keeps_one_checkpoint_without_moments_and_continues_from_it(tmp_path):
+    """By default the run folder keeps the newest checkpoint only, a finished run's without AdamW's moments
+    (twice the policy's size); the closing lines give the folder's size; continuing it with more steps says that
+    the moments start afresh."""
+    config = tiny_env_file(tmp_path, steps=2, prompts_per_step=2, micro_batch_tokens=256)
+    out = tmp_path / "run"
+    output = finish(train([str(config), "--out", str(out)], tmp_path))
+    assert [p.name for p in (out / "checkpoints").glob("step-*")] == ["step-000002"], output
+    state = load_checkpoint(out)[0]
+    assert state["optimizer"] is None and state["policy"]
+    assert f"run folder {out}: " in output and " GB" in output.split(f"run folder {out}: ")[1]
+    more = finish(train([str(config), "--resume", str(out), "--steps", "3", "--keep-checkpoints", "2"], tmp_path))
+    assert "AdamW's moments: they start afresh" in more and "resumed from step 2" in more, more
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-000002", "step-000003"]
 
 
 def test_a_new_run_never_writes_into_another_runs_folder(tmp_path):

@@ -38,6 +38,9 @@ def train(
     backend: str | None = typer.Option(
         None, help="Rollout backend: engine (ours), vllm, or auto (default: the config's engine.backend)."
     ),
+    keep_checkpoints: int | None = typer.Option(
+        None, min=1, help="Newest checkpoints the run folder keeps (default: the config's train.keep_checkpoints, 1)."
+    ),
     max_memory: float | None = typer.Option(
         None,
         help="GB the run may plan for (all its processes); it refuses to start above (default: the config's "
@@ -56,6 +59,7 @@ def train(
         + ([f"train.algorithm={algorithm}"] if algorithm else [])
         + ([f"engine.backend={backend}"] if backend else [])
         + ([f"train.max_memory_gb={max_memory}"] if max_memory is not None else [])
+        + ([f"train.keep_checkpoints={keep_checkpoints}"] if keep_checkpoints is not None else [])
     )
     try:
         with reported(ColdStartError, *bad_input()):

@@ -365,7 +365,13 @@ class TrainConfig(_Strict):
     # bookkeeping
     compare: list[str] = Field(default_factory=list, description="drafters that regenerate every step for timing")
     checkpoint_every: int = Field(1, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
+    keep_checkpoints: int = Field(1, ge=1, description="newest checkpoints kept in the run folder (resuming needs one)")
+    keep_optimizer: bool = Field(
+        False,
+        description="a finished run's last checkpoint keeps AdamW's moments (twice the policy's size); off: it keeps "
+        "the policy, trees and counters, and continuing it with more steps starts the moments afresh (said when it "
+        "resumes). Checkpoints of a run that is not over (every step's, Ctrl-C's) always keep them",
+    )
     max_memory_gb: float | None = Field(
         None,
         gt=0,

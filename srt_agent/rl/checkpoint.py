@@ -38,7 +38,7 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(
-    out_dir: Path, step: int, state: dict, caches: dict[str, RolloutCache], keep: int = 2, rng: dict | None = None
+    out_dir: Path, step: int, state: dict, caches: dict[str, RolloutCache], keep: int = 1, rng: dict | None = None
 ) -> Path:
     """Write step `step`'s checkpoint under ``out_dir/checkpoints``; keep the newest `keep`. `rng` is the
     RNG state to store (default: the current one)."""
@@ -52,6 +52,11 @@ def save_checkpoint(
     for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes of the files under `folder`."""
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
 
 
 def find_checkpoint(path: Path) -> Path:

@@ -37,6 +37,7 @@ from .checkpoint import (
     SavedStep,
     claim_out_dir,
     find_checkpoint,
+    folder_bytes,
     load_checkpoint,
     save_checkpoint,
     set_rng_state,
@@ -247,6 +248,7 @@ class Trainer:
             self._log(line)
         self._log(memory_line(self.memory))
         self._log(f"wrote {', '.join(str(p) for p in paths.values())} and rollouts/, checkpoints/")
+        self._log(f"run folder {self.out_dir}: {folder_bytes(self.out_dir) / 1e9:.2f} GB")
         return report
 
     def _loop(self, first: int, parts: RunParts, trackers: list[Tracker]) -> None:
@@ -277,7 +279,7 @@ class Trainer:
                         self.console.print(step_table(metrics, self.compared, header=len(self.history) == 1))
                         self._warn(metrics)
                         if step % train.checkpoint_every == 0 or step == train.steps or interrupted:
-                            self._save(step, parts)
+                            self._save(step, parts, finished=step == train.steps and not interrupted)
                             saved, pending = step, None
                         else:
                             pending = SavedStep.now(step, parts.rollouts.caches())
@@ -468,12 +470,19 @@ class Trainer:
         return evaluate
 
     def _save(
-        self, step: int, parts: RunParts, caches: dict[str, RolloutCache] | None = None, rng: dict | None = None
+        self,
+        step: int,
+        parts: RunParts,
+        caches: dict[str, RolloutCache] | None = None,
+        rng: dict | None = None,
+        finished: bool = False,
     ) -> None:
+        """Step `step`'s checkpoint; a `finished` run's leaves AdamW's moments out unless ``train.keep_optimizer``."""
+        keep_optimizer = not finished or self.config.train.keep_optimizer
         state = {
             "reference": parts.reference.state_dict() if parts.reference is not None else None,
             "policy": parts.policy.state_dict(),
-            "optimizer": parts.optimizer.state_dict(),
+            "optimizer": parts.optimizer.state_dict() if keep_optimizer else None,
             "scheduler": parts.scheduler.state_dict(),
             "sampler": parts.sampler.state_dict(),
             "history": self.history,
@@ -498,7 +507,10 @@ class Trainer:
                     "nor an estimator that reads reference log-probs)"
                 )
             parts.reference.load_state_dict(state["reference"])
-        parts.optimizer.load_state_dict(state["optimizer"])
+        if state["optimizer"] is not None:
+            parts.optimizer.load_state_dict(state["optimizer"])
+        else:
+            self._log("the checkpoint is a finished run's, without AdamW's moments: they start afresh")
         parts.scheduler.load_state_dict(state["scheduler"])
         parts.sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
