@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import EnvConfig
+from ..config import ALGORITHMS, EnvConfig
 from ..drafting import DRAFTERS, drafter_unavailable, make_drafter
 from ..rl.rollouts import RolloutVariant
 from .methods import METHODS as ALL_METHODS, Method, bench_env as load_bench_env, pick
@@ -26,7 +26,6 @@ from .recorder import RecordedStep, StepRecorder
 METHODS = tuple(m for m in ALL_METHODS if m.backend is None)  # every drafter on the env's backend
 BASELINE = "none"
 TRAINER = "trainer"  # the variant whose rollouts train: plain decoding, first in every step, not measured
-ALGORITHMS = ("grpo", "dapo", "ppo")
 
 
 @dataclass

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from ..config.schema import ALGORITHMS
 from .common import PLAIN, bench_app, console, preload_for_vllm, reported, write_json
 from .quiet import LOG_NAME, command_log, third_party_output_to, verbose_option
 
@@ -267,7 +268,7 @@ def bench_paper(
     env_file: Path = typer.Option(
         Path("envs/retool_train.yaml"), "--env", help="Env config (YAML) whose RL runs are measured."
     ),
-    algorithm: list[str] = typer.Option(["grpo", "dapo", "ppo"], "--algorithm", help="Algorithms (one RL run each)."),
+    algorithm: list[str] = typer.Option(list(ALGORITHMS), "--algorithm", help="Algorithms (one RL run each)."),
     method: list[str] = typer.Option(
         [], "--method", help="Methods to compare (default: all; unavailable ones are skipped)."
     ),

@@ -28,21 +28,17 @@ M = TypeVar("M", bound=BaseModel)
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean")
 KL_PENALTIES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
 
-ALGORITHMS = ("grpo", "dapo", "ppo")
-# What each algorithm sets unless the config says otherwise.
+# What each algorithm sets unless the config says otherwise (DAPO: GRPO with its clip-higher, dynamic sampling
+# and overlong shaping); the one list of algorithms.
+_CLIPPED = dict(clip_ratio_low=0.2, clip_ratio_high=0.2, loss_agg_mode="token-mean")
 PRESETS: dict[str, dict] = {
-    "grpo": dict(adv_estimator="grpo", clip_ratio_low=0.2, clip_ratio_high=0.2, loss_agg_mode="token-mean"),
+    "grpo": dict(_CLIPPED, adv_estimator="grpo"),
     "dapo": dict(
-        adv_estimator="grpo",
-        clip_ratio_low=0.2,
-        clip_ratio_high=0.28,
-        loss_agg_mode="token-mean",
-        dynamic_sampling=True,
-        overlong_buffer=64,
-        kl_coef=0.0,
+        _CLIPPED, adv_estimator="grpo", clip_ratio_high=0.28, dynamic_sampling=True, overlong_buffer=64, kl_coef=0.0
     ),
-    "ppo": dict(adv_estimator="gae", clip_ratio_low=0.2, clip_ratio_high=0.2, loss_agg_mode="token-mean"),
+    "ppo": dict(_CLIPPED, adv_estimator="gae"),
 }
+ALGORITHMS = tuple(PRESETS)
 
 
 class ConfigError(ValueError):
@@ -314,7 +310,7 @@ class TrainConfig(_Strict):
     overlong penalty.
     """
 
-    algorithm: Literal["grpo", "dapo", "ppo"] = "grpo"
+    algorithm: str = Field("grpo", description="grpo, dapo or ppo (PRESETS: what each sets unless the config says)")
     steps: int = Field(4, ge=1)
     prompts_per_step: int = Field(4, ge=1, description="prompts per step; each is sampled n_samples times")
     seed: int = 0
