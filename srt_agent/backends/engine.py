@@ -51,6 +51,7 @@ class EngineBackend(AsyncEngine[Engine]):
             trees=capabilities(engine.drafter).trees,
             run_ahead=self.run_ahead is not None,
             serves_module=True,
+            batch_invariant=engine.runner.exact_attention,
         )
 
     def update_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
@@ -101,6 +102,7 @@ def engine_backend(config, loaded, drafter: str | None = None, run_ahead=None) -
         prefix_sharing=e.prefix_sharing,
         prefix_cache_tokens=e.prefix_cache_tokens,
         dtype=e.dtype,
+        batch_invariant=e.batch_invariant,
     )
     return EngineBackend(engine)
 

@@ -76,6 +76,7 @@ class Engine:
 
     `dtype` (a dtype or an ``engine.dtype`` name such as ``auto``) casts the model in place before the
     engine starts (it runs on the module it is given); None keeps the dtype it was loaded in.
+    `batch_invariant` (True, False or ``auto``): attention in float64 (`runner/numerics.py`).
     """
 
     def __init__(
@@ -95,6 +96,7 @@ class Engine:
         prefix_block_size: int = 16,
         prefix_cache_tokens: int = DEFAULTS.prefix_cache_tokens,
         dtype: str | torch.dtype | None = None,
+        batch_invariant: bool | str = DEFAULTS.batch_invariant,
     ):
         if max_batch < 1 or max_context < 2 or max_draft_tokens < 0:
             raise ValueError("need max_batch >= 1, max_context >= 2 and max_draft_tokens >= 0")
@@ -110,7 +112,9 @@ class Engine:
         self.max_draft_tokens = max_draft_tokens
         self.adaptive_drafts = adaptive_drafts
         self.min_draft_gain = min_draft_gain
-        self.runner = ModelRunner(model.model, max_batch, max_context, max_draft_tokens + 1, self.device)
+        self.runner = ModelRunner(
+            model.model, max_batch, max_context, max_draft_tokens + 1, self.device, exact_attention=batch_invariant
+        )
         self.prefix = self._prefix_sharing(prefix_block_size, prefix_cache_tokens) if prefix_sharing else None
         self.scheduler = Scheduler(max_batch, max_prefill_tokens, self.prefix)
         self.stops = StopChecker(frozenset(model.eos_token_ids), max_context, model.tokenizer)

@@ -29,6 +29,7 @@ STEP_COLUMNS = (
     ("tok/fwd", "srt/tokens_per_forward", "{:.2f}"),
     ("acc/draft", "srt/accepted_per_draft", "{:.0%}"),
     ("|Δlogp|", "training/rollout_logprob_diff_mean", "{:.1e}"),
+    ("IS w", "rollout_corr/rollout_is_mean", "{:.3f}"),  # the rollout correction's mean weight, while on
 )
 
 

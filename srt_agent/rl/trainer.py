@@ -41,12 +41,13 @@ from .checkpoint import (
     set_rng_state,
 )
 from .coldstart import ColdStartResult, cold_start_line, finish_report, run_cold_start
+from .correction import RolloutCorrection
 from .data import PromptSampler
 from .evaluate import HELD_OUT_FIGURES, ToolUseReport, evaluate_policy, held_out_tasks
 from .interrupt import cooperative_interrupt, deferred_interrupt
 from .memory import MemoryMeter, check_plan, memory_line, plan_memory, planned_engines
 from .metrics import compare_metrics, merged_summary, rollout_metrics, run_ahead_metrics, speed_totals
-from .policy import Policy, build_policy, require_peft
+from .policy import Policy, SamplerNumerics, build_policy, master_copy, require_peft
 from .progress import phase_bar
 from .report import step_table, step_warnings, story_lines, write_report
 from .rollouts import PolicyRollouts, RolloutRun, RolloutVariant, stats_delta
@@ -147,6 +148,7 @@ class Trainer:
         self.memory: dict = {}  # peak and plan (GB), once the run has ended
         self.exact: dict[str, bool] = {}  # per variant: whether its backend samples exactly (once the run starts)
         self.engine_dtype = torch.float32  # what the engines compute in, and so receive weights in (once loaded)
+        self.correction = RolloutCorrection(self.config.train, self.engine_dtype)  # set again once the run starts
 
     @property
     def compared(self) -> list[str]:
@@ -191,10 +193,14 @@ class Trainer:
         )
         check_plan(plan, train.max_memory_gb)
         meter.mark("model loaded")
+        # Our engine casts the module it runs on: the policy's float32 masters are taken before it does.
+        masters = master_copy(self.loaded.model) if on_module and self.engine_dtype != self.loaded.dtype else None
         rollouts = PolicyRollouts(cfg, self.loaded, tools, self.variants, log=self._log)
         meter.mark("engines started")
         main = rollouts.backend(rollouts.main)
         self.backend = main.name
+        sampler = SamplerNumerics(self.engine_dtype, main.capabilities.batch_invariant)
+        self.correction = RolloutCorrection(train, self.engine_dtype)
         self.exact = {name: rollouts.backend(name).capabilities.exact_sampling for name in rollouts.drafters}
         trackers: list[Tracker] = []
         try:
@@ -207,15 +213,16 @@ class Trainer:
                 + (" and run-ahead" if self.variants[0].run_ahead is not None else "")
                 + (f", compared with {', '.join(others)}" if others else "")
             )
+            self._announce_correction()
             state, saved_caches = load_checkpoint(self.resume) if self.resume is not None else (None, {})
             evaluate = self._evaluator(rollouts) if cfg.cold_start.eval_tasks else None
             if state is None:
-                self._cold_start(rollouts, tools, evaluate)
+                masters = self._cold_start(rollouts, tools, evaluate, sampler, masters)
             meter.mark("cold start done")
             own = not rollouts.serves_module  # vLLM serves the rollouts: the policy trains the loaded module itself
-            parts = RunParts(
-                *build_policy(cfg, self.loaded.model, copy=not own), PromptSampler(tasks, seed=train.seed), rollouts
-            )
+            policy = build_policy(cfg, self.loaded.model, copy=not own, sampler=sampler, masters=masters)
+            masters = None  # the policy holds them now
+            parts = RunParts(*policy, PromptSampler(tasks, seed=train.seed), rollouts)
             first = self._restore(state, saved_caches, parts) if state is not None else 0
             trackers = make_trackers(train.loggers, self.out_dir, cfg.model_dump(mode="json"), cfg.name)
             if evaluate is not None and "before RL" not in self.held_out:
@@ -259,6 +266,7 @@ class Trainer:
                         raise
                     with deferred_interrupt() as interrupted:
                         self._train_phase(step, parts, metrics, gen)
+                        self.correction.observe(metrics)
                         if self.on_step is not None:
                             self.on_step(step, metrics, self._step_runs)
                         self.history.append(metrics)
@@ -267,6 +275,7 @@ class Trainer:
                             tracker.log({k: v for k, v in metrics.items() if k != "step"}, step)
                         self.console.print(step_table(metrics, self.compared, header=len(self.history) == 1))
                         self._warn(metrics)
+                        self._announce_correction()
                         if step % train.checkpoint_every == 0 or step == train.steps or interrupted:
                             self._save(step, parts)
                             saved, pending = step, None
@@ -399,7 +408,13 @@ class Trainer:
                 self.config.train,
                 seed,
                 on_tokens=lambda n: update(advance=n),
+                correction=self.correction.mode,
             )
+
+    def _announce_correction(self) -> None:
+        line = self.correction.announcement()
+        if line is not None:
+            self._log(f"[yellow]{line}[/yellow]")
 
     def _warn(self, metrics: dict[str, float]) -> None:
         why = {}
@@ -416,11 +431,17 @@ class Trainer:
     # ----- set-up, checkpoints, report --------------------------------------------------------------
 
     def _cold_start(
-        self, rollouts: PolicyRollouts, tools: dict, evaluate: Callable[[str], ToolUseReport] | None
-    ) -> None:
+        self,
+        rollouts: PolicyRollouts,
+        tools: dict,
+        evaluate: Callable[[str], ToolUseReport] | None,
+        sampler: SamplerNumerics,
+        masters: dict[str, torch.Tensor] | None,
+    ) -> dict[str, torch.Tensor] | None:
+        """Cold-start the policy (SFT from `masters` where given); returns the masters RL starts from."""
         cfg = self.config
         if not cfg.cold_start.enabled:
-            return
+            return masters
         controller = rollouts.controllers[rollouts.main]
         args = dict(
             tokenizer=controller.tokenizer,
@@ -430,12 +451,14 @@ class Trainer:
             eos_token_ids=controller.eos_token_ids,
         )
         self.cold = run_cold_start(
-            cfg, self.loaded, args, evaluate, self._phase, log=self._log, copy=rollouts.serves_module
+            cfg, self.loaded, args, evaluate, self._phase, self._log, rollouts.serves_module, sampler, masters
         )
         rollouts.update_weights(self.cold.weights)
-        self.cold.weights = {}  # the engines (and the module) hold them: the run keeps no other copy
+        # The engines (and the module) hold them; a float32 copy only where the engines cast them.
+        masters, self.cold.weights = (self.cold.weights if masters is not None else None), {}
         finish_report(self.cold, evaluate)
         self._log(cold_start_line(self.cold))
+        return masters
 
     def _held_out(
         self, label: str, evaluate: Callable[[str], ToolUseReport], trackers: list[Tracker], step: int
