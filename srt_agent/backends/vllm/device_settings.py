@@ -80,6 +80,12 @@ def model_dtype(name: str, facts: DeviceFacts) -> str:
     return str(auto_dtype(facts.device == "cuda" and facts.bf16)).removeprefix("torch.")
 
 
+def head_args(dtype: str) -> dict[str, Any]:
+    """Engine arguments that run a narrow (bfloat16, float16) model's LM head in float32, as the trainer's:
+    vLLM's ``head_dtype`` (0.31 and later; an older vLLM keeps the head in the model's dtype)."""
+    return {"hf_overrides": {"head_dtype": "float32"}} if dtype in ("bfloat16", "float16") else {}
+
+
 def trainer_reserve_bytes(facts: DeviceFacts) -> int:
     """GPU memory kept free for the trainer of this process: its state still to come, 16 bytes a parameter,
     and a fifth of the card for its activations and the allocator (a rollout-only run keeps it too: the
@@ -126,11 +132,12 @@ def vllm_settings(
             threads = max(1, facts.cpus - 1)
         # The KV size goes in bytes (EngineArgs below), not as VLLM_CPU_KVCACHE_SPACE (whole GiB only).
         defaults.update({k: v for k, v in cpu_env(threads).items() if k in CPU_THREAD_ENV})
-        args = {"dtype": resolved, "enforce_eager": enforce_eager is not False}
+        args = {"dtype": resolved, "enforce_eager": enforce_eager is not False, **head_args(resolved)}
         args["kv_cache_memory_bytes"] = int(kv_cache_gib * GiB)  # VLLM_CPU_KVCACHE_SPACE, where set, overrides it
         return VLLMSettings(env, defaults, args, f"{resolved}, cpu")
     share = memory_utilization or free_memory_share(facts, resolved, kv_cache_gib)
     args = {"dtype": resolved, "enforce_eager": bool(enforce_eager), "gpu_memory_utilization": share}
+    args.update(head_args(resolved))
     summary = f"{resolved}, cuda, {share:.0%} of {facts.total_bytes / GiB:.0f} GiB"
     return VLLMSettings(env, defaults, args, summary)
 

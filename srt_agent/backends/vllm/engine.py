@@ -297,9 +297,11 @@ class VLLMEngine:
     # ----- policy and drafter ---------------------------------------------------------------------
 
     def update_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """New weights in place (float32). Cached prefixes were computed by the old ones, so they go first; with
-        turns running (or vLLM refusing to empty its prefix cache because blocks are in use) the update is
-        refused: KV of the old policy would be reused, an off-policy rollout with no sign."""
+        """New weights in place, handed to vLLM as given (the trainer sends them in the engine's dtype: no
+        float32 copy of the model is made; vLLM's loader copies each into its parameter). Cached prefixes were
+        computed by the old ones, so they go first; with turns running (or vLLM refusing to empty its prefix
+        cache because blocks are in use) the update is refused: KV of the old policy would be reused, an
+        off-policy rollout with no sign."""
         from .workers import reload_weights
 
         if self.run_ahead is not None:
@@ -315,7 +317,7 @@ class VLLMEngine:
                 "reuse KV of the old ones; update between steps, when no request runs"
             )
         start = time.perf_counter()
-        reload_weights(self.llm, ((name, tensor.detach().to(torch.float32)) for name, tensor in weights.items()))
+        reload_weights(self.llm, ((name, tensor.detach()) for name, tensor in weights.items()))
         self.totals.weight_updates += 1
         self.totals.weight_update_s += time.perf_counter() - start
 
