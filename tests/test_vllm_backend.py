@@ -378,8 +378,8 @@ def test_new_weights_are_refused_while_kv_of_the_old_ones_is_in_use(backend, tin
 def test_training_with_vllm_reaches_the_engines_and_compares_with_none(tmp_path, model_dir):
     """Two GRPO steps with engine.backend: vllm and run-ahead, compared with vLLM without speculation:
     step 2's rollouts are scored by the updated policy at fp32 noise, so the new weights reached vLLM in
-    place; with exact sampling the compared rollouts are token-identical (run-ahead and drafts change no
-    token); run-ahead put tokens into the trees; the SRT trees are saved with the checkpoint."""
+    place; with exact sampling the compared rollouts are token-identical up to proven near-ties (run-ahead and
+    drafts change no token); run-ahead put tokens into the trees; the SRT trees are saved with the checkpoint."""
     path = tmp_path / "tiny.yaml"
     path.write_text(
         f"name: tiny\nenv: rl_envs.ParityToolEnv\nmodel: {model_dir}\n"
@@ -399,7 +399,9 @@ def test_training_with_vllm_reaches_the_engines_and_compares_with_none(tmp_path,
     assert any(not torch.equal(start[k], v) for k, v in loaded.model.state_dict().items())
     for m in report["steps"]:
         assert m["training/rollout_logprob_diff_max"] < 1e-3
-        assert m["compare/none/identical"] == 1.0 and m["compare/none/gen_s"] > 0
+        assert m["compare/none/gen_s"] > 0  # identical, or every first difference a proven near-tie
+        assert m["compare/none/identical"] == 1.0 or m["compare/none/near_ties"] > 0, m
+        assert m.get("compare/none/faults", 0) == m.get("compare/none/observations", 0) == 0, report["identity"]
     assert report["steps"][0]["timing_s/update_actor"] > 0
     assert sum(m["run_ahead/tokens"] for m in report["steps"]) > 0
     assert "identical_vs_none_note" not in report["totals"]

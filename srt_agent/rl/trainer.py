@@ -44,6 +44,7 @@ from .coldstart import ColdStartResult, cold_start_line, finish_report, run_cold
 from .correction import RolloutCorrection
 from .data import PromptSampler
 from .evaluate import HELD_OUT_FIGURES, ToolUseReport, evaluate_policy, held_out_tasks
+from .identity import compare_identity, identity_sampling
 from .interrupt import cooperative_interrupt, deferred_interrupt
 from .memory import MemoryMeter, check_plan, memory_line, plan_memory, planned_engines
 from .metrics import compare_metrics, merged_summary, rollout_metrics, run_ahead_metrics, speed_totals
@@ -149,6 +150,7 @@ class Trainer:
         self.exact: dict[str, bool] = {}  # per variant: whether its backend samples exactly (once the run starts)
         self.engine_dtype = torch.float32  # what the engines compute in, and so receive weights in (once loaded)
         self.correction = RolloutCorrection(self.config.train, self.engine_dtype)  # set again once the run starts
+        self.differences: list[dict] = []  # every compared trajectory's first difference, judged (identity.py)
 
     @property
     def compared(self) -> list[str]:
@@ -327,7 +329,9 @@ class Trainer:
                 f"[yellow]step {step}: no group carries a learning signal (all rewards equal); update skipped[/yellow]"
             )
         t0 = time.perf_counter()
-        rollouts.update_weights(parts.policy.engine_weights(self.engine_dtype))
+        rollouts.update_weights(
+            parts.policy.engine_weights(self.engine_dtype), parts.policy.base is not self.loaded.model
+        )
         rollouts.end_step()
         metrics["timing_s/update_weights"] = time.perf_counter() - t0
         metrics["timing_s/step"] += time.perf_counter() - t_start
@@ -374,7 +378,15 @@ class Trainer:
             for tasks, seed, upcoming in gen.rounds
         ]
         self._step_runs[name] = runs
-        return compare_metrics(name, gen.runs, runs)
+        out = compare_metrics(name, gen.runs, runs)
+        variant = self.variants[self.compared.index(name) + 1]
+        if out[f"compare/{name}/identical"] < 1 and self.exact.get(name, True) and not is_lenient(variant.drafter):
+            mine, theirs = ([t for run in rs for t in run.trajectories] for rs in (gen.runs, runs))
+            sampling = identity_sampling(self.config.sampling, self.engine_dtype)
+            metrics, found = compare_identity(name, mine, theirs, self.loaded.model, sampling, self.engine_dtype)
+            out.update(metrics)
+            self.differences += [{"step": len(self.history) + 1, **d} for d in found]
+        return out
 
     @contextlib.contextmanager
     def _update_bubble(self, rollouts: PolicyRollouts, sampler: PromptSampler) -> Iterator[dict[str, float]]:
@@ -523,7 +535,9 @@ class Trainer:
         for name, path in caches.items():
             if name in parts.rollouts.controllers:
                 parts.rollouts.restore_cache(name, RolloutCache.load(path))
-        parts.rollouts.update_weights(parts.policy.engine_weights(self.engine_dtype))
+        parts.rollouts.update_weights(
+            parts.policy.engine_weights(self.engine_dtype), parts.policy.base is not self.loaded.model
+        )
         self._log(f"resumed from step {state['step']} ({self.resume})")
         return int(state["step"])
 
@@ -544,6 +558,7 @@ class Trainer:
             "cold_start": self.cold.report() if self.cold else None,
             "held_out": {label: r.as_dict() for label, r in self.held_out.items()},
             "steps": self.history,
+            "identity": self.differences,
             "totals": totals,
             "config": cfg.model_dump(mode="json"),
             "memory": self.memory,
