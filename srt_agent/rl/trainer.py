@@ -28,7 +28,7 @@ from ..agent.toolconfig import load_tools, require_sandbox_runtime
 from ..agent.trajectory import Trajectory
 from ..backends import VLLM_IDENTICAL_NOTE
 from ..config import ConfigError, EnvConfig, load_env_config
-from ..drafting import DRAFTERS, RolloutCache, is_lenient
+from ..drafting import DRAFTERS, RolloutCache
 from ..models import LoadedModel, load_model
 from ..runner.device_info import resolve_engine_dtype
 from .batch import Sample
@@ -41,13 +41,13 @@ from .checkpoint import (
     set_rng_state,
 )
 from .coldstart import ColdStartResult, cold_start_line, finish_report, run_cold_start
+from .comparison import Comparison
 from .correction import RolloutCorrection
 from .data import PromptSampler
 from .evaluate import HELD_OUT_FIGURES, ToolUseReport, evaluate_policy, held_out_tasks
-from .identity import compare_identity, identity_sampling
 from .interrupt import cooperative_interrupt, deferred_interrupt
 from .memory import MemoryMeter, check_plan, memory_line, plan_memory, planned_engines
-from .metrics import compare_metrics, merged_summary, rollout_metrics, run_ahead_metrics, speed_totals
+from .metrics import merged_summary, rollout_metrics, run_ahead_metrics, speed_totals
 from .policy import Policy, SamplerNumerics, build_policy, master_copy, require_peft
 from .progress import phase_bar
 from .report import step_table, step_warnings, story_lines, write_report
@@ -147,10 +147,9 @@ class Trainer:
         self.backend = self.config.engine.backend  # the one that runs, once the run starts
         self._step_runs: dict[str, list[RolloutRun]] = {}
         self.memory: dict = {}  # peak and plan (GB), once the run has ended
-        self.exact: dict[str, bool] = {}  # per variant: whether its backend samples exactly (once the run starts)
         self.engine_dtype = torch.float32  # what the engines compute in, and so receive weights in (once loaded)
         self.correction = RolloutCorrection(self.config.train, self.engine_dtype)  # set again once the run starts
-        self.differences: list[dict] = []  # every compared trajectory's first difference, judged (identity.py)
+        self.comparison = Comparison(self.variants[1:], self.config.sampling)
 
     @property
     def compared(self) -> list[str]:
@@ -203,7 +202,7 @@ class Trainer:
         self.backend = main.name
         sampler = SamplerNumerics(self.engine_dtype, main.capabilities.batch_invariant)
         self.correction = RolloutCorrection(train, self.engine_dtype)
-        self.exact = {name: rollouts.backend(name).capabilities.exact_sampling for name in rollouts.drafters}
+        self.comparison.exact = {n: rollouts.backend(n).capabilities.exact_sampling for n in rollouts.drafters}
         trackers: list[Tracker] = []
         try:
             others = rollouts.drafters[1:]
@@ -378,15 +377,8 @@ class Trainer:
             for tasks, seed, upcoming in gen.rounds
         ]
         self._step_runs[name] = runs
-        out = compare_metrics(name, gen.runs, runs)
-        variant = self.variants[self.compared.index(name) + 1]
-        if out[f"compare/{name}/identical"] < 1 and self.exact.get(name, True) and not is_lenient(variant.drafter):
-            mine, theirs = ([t for run in rs for t in run.trajectories] for rs in (gen.runs, runs))
-            sampling = identity_sampling(self.config.sampling, self.engine_dtype)
-            metrics, found = compare_identity(name, mine, theirs, self.loaded.model, sampling, self.engine_dtype)
-            out.update(metrics)
-            self.differences += [{"step": len(self.history) + 1, **d} for d in found]
-        return out
+        step = len(self.history) + 1
+        return self.comparison.step_metrics(step, name, gen.runs, runs, self.loaded.model, self.engine_dtype)
 
     @contextlib.contextmanager
     def _update_bubble(self, rollouts: PolicyRollouts, sampler: PromptSampler) -> Iterator[dict[str, float]]:
@@ -429,14 +421,7 @@ class Trainer:
             self._log(f"[yellow]{line}[/yellow]")
 
     def _warn(self, metrics: dict[str, float]) -> None:
-        why = {}
-        for variant in self.variants[1:]:
-            if is_lenient(variant.drafter):
-                why[variant.name] = "it accepts drafts leniently: not exactly on-policy"
-            elif not self.exact.get(variant.name, True):
-                why[variant.name] = VLLM_IDENTICAL_NOTE
-            else:
-                why[variant.name] = "float32 near-ties can flip between batch shapes"
+        why = self.comparison.reasons()
         for line in step_warnings(metrics, self.config.train.logprob_mismatch_warn, self.config.engine.drafter, why):
             self._log(line)
 
@@ -544,7 +529,7 @@ class Trainer:
     def report(self) -> dict:
         cfg, train = self.config, self.config.train
         totals = speed_totals(self.history, self.compared)
-        if not self.exact.get(self.variants[0].name, True):
+        if not self.comparison.exact.get(self.variants[0].name, True):
             totals.update({f"identical_vs_{name}_note": VLLM_IDENTICAL_NOTE for name in self.compared})
         return {
             "name": cfg.name,
@@ -558,7 +543,7 @@ class Trainer:
             "cold_start": self.cold.report() if self.cold else None,
             "held_out": {label: r.as_dict() for label, r in self.held_out.items()},
             "steps": self.history,
-            "identity": self.differences,
+            "identity": self.comparison.differences,
             "totals": totals,
             "config": cfg.model_dump(mode="json"),
             "memory": self.memory,
