@@ -1,5 +1,6 @@
 """Our engine as a rollout backend: the AsyncEngine front plus the trainer's calls, each run on the
-engine thread between steps (the exact reference: lossless token for token)."""
+engine thread between steps (the exact reference: lossless, token for token where its numerics are
+batch-invariant, `runner/numerics.py`)."""
 
 from __future__ import annotations
 

@@ -101,17 +101,25 @@ def bench_engine(
         "float32", help="Policy dtype: float32 or bfloat16 (bf16 matmuls use AMX where the CPU has it)."
     ),
     seed: int = typer.Option(0),
+    batch_invariant: str = typer.Option(
+        "auto", help="The engine's float64 attention: on, off or auto (on a CPU whose linears are batch-invariant)."
+    ),
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, tiny workload: seconds."),
     json_path: Path | None = JSON,
     plot: Path | None = PLOT_PNG,
 ):
     """The speculative engine per drafter and batch size (tokens/s, tokens per forward, speedup)."""
+    if batch_invariant not in ("auto", "on", "off"):
+        raise typer.BadParameter("choose on, off or auto", param_hint="--batch-invariant")
+    invariant = batch_invariant if batch_invariant == "auto" else batch_invariant == "on"
     from rich.progress import Progress
 
     from ..bench.engine import METHODS, EngineBenchConfig, run_engine_bench, summary_table, verification_cost_lines
 
     if quick:
-        config = dataclasses.replace(EngineBenchConfig.quick(), dtype=dtype, adaptive_drafts=adaptive)
+        config = dataclasses.replace(
+            EngineBenchConfig.quick(), dtype=dtype, adaptive_drafts=adaptive, batch_invariant=invariant
+        )
     else:
         config = EngineBenchConfig(
             model=model,
@@ -127,6 +135,7 @@ def bench_engine(
             seed=seed,
             threads=threads,
             dtype=dtype,
+            batch_invariant=invariant,
         )
     total = len(config.batches) * len(config.methods) * config.epochs + (
         2 * config.epochs if config.hf_baseline and 1 in config.batches else 0

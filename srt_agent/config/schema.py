@@ -224,7 +224,8 @@ class VLLMOptions(_Strict):
     exact_sampling: bool = Field(
         True,
         description="sample as our engine does (position-keyed noise): a seeded request's tokens do not depend on "
-        "drafts or batch, and equal our engine's; off: vLLM's own sampler (equal in distribution only)",
+        "the drafts, and equal our engine's on the same weights except where the engines' float errors flip a "
+        "near-tie (rl/identity.py proves each); off: vLLM's own sampler (equal in distribution only)",
     )
     proposer: dict[str, Any] = Field(
         default_factory=dict,

@@ -1,5 +1,10 @@
 """The engine: continuous batching with lossless tree speculation (draft → verify in one pass → accept).
 
+Lossless: a position's token is drawn from its logits with noise keyed by (seed, position), so drafts
+change speed only. Bit for bit where the numerics are batch-invariant (float64; ``batch_invariant`` on a
+CPU whose linears pass the probe, `runner/numerics.py`); otherwise the same tokens except at near-ties the
+float error of a different batch shape flips; in bfloat16, the same distribution (docs/engine.md).
+
 Each step the scheduler picks the running sequences (`scheduler.py`), drafting gives each a draft tree
 and sizes the drafts to the batch with the cost model (`drafting.py`), verification runs all of them in
 one tree-masked forward pass and walks each tree with the lossless sampler (`verification.py`), the KV

@@ -5,7 +5,8 @@ Requests go in as token ids; each delta of sampled ids goes through our engine's
 :class:`~srt_agent.engine.stops.StopChecker`, so a turn ends at exactly the token where our engine's would
 (vLLM's own EOS rule is off; what a speculative step overshoots is dropped). A later turn is a new vLLM
 request over the whole token list, its KV reused by vLLM's prefix cache. Sampling is exact by default
-(``exact_sampling.py``): a seeded request's tokens do not depend on the drafts and equal our engine's. New
+(``exact_sampling.py``): a seeded request's tokens do not depend on the drafts, and equal our engine's up to
+near-ties of the two engines' float errors. A narrow model's LM head runs in float32. New
 weights go in place (``reload_weights``); the SRT proposer's trees stay. The device decides the settings
 (``device_settings.py``). The whole contract: docs/vllm.md.
 """
