@@ -13,7 +13,8 @@ with the rollout correction's figures.
 
 Then the gap where users run (`sampler_gap`): a random-weight model of `gap_shape` (Qwen2.5-1.5B's; its
 head sharpened to `target_entropy`, as real models' are), our engine in bfloat16 sampling a GRPO batch, and
-the trainer scoring it from float32 masters, with ``train.dtype`` auto (the engine's numerics) and float32.
+the trainer scoring it from float32 masters as a run does and with one source changed at a time
+(`bench/gap.py`: attention not exact, a float32 trainer, float64).
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ import torch
 from ..config import EnvConfig, TrainConfig
 from ..engine import Engine, SamplingParams
 from ..rl.batch import Sample
-from ..rl.policy import Policy, SamplerNumerics, build_policy, master_copy
-from ..rl.update import logprob_mismatch, score_samples, update_step
+from ..rl.policy import SamplerNumerics, build_policy, master_copy
+from ..rl.update import update_step
 from ..runner.device_info import resolve_engine_dtype
 from ..runner.numerics import choose_exact_attention
+from .gap import sampler_gap_rows
 from .gpu_setup import (
     Deadline,
     GpuCheckConfig,
@@ -115,8 +117,8 @@ def grpo_step(config: GpuCheckConfig, device: torch.device, dtype: str) -> dict:
 
 
 def sampler_gap(config: GpuCheckConfig, device: torch.device) -> dict:
-    """The bfloat16 sampler-trainer gap at `gap_shape` (module docstring): per ``train.dtype``, the mean and
-    largest |engine - trainer| log-prob of the sampled tokens, and whether the engine's attention was exact."""
+    """The bfloat16 sampler-trainer gap at `gap_shape` (module docstring), per trainer variant
+    (`bench/gap.py`'s rows), and whether the engine's attention was exact."""
     shape = config.gap_shape
     loaded = random_model(shape, torch.float32, device, config.seed)
     rng = random.Random(config.seed)
@@ -134,14 +136,10 @@ def sampler_gap(config: GpuCheckConfig, device: torch.device) -> dict:
     )
     sampler = SamplerNumerics(torch.bfloat16, engine.runner.exact_attention)
     samples = rollouts(engine, config, shape.vocab_size)
-    out: dict = dict(model=shape.name, exact_attention=sampler.exact_attention, entropy=sharpened["entropy_after_nats"])
-    for dtype in ("auto", "float32"):
-        policy = Policy(loaded.model, masters=masters, **sampler.policy_options(TrainConfig(dtype=dtype)))
-        logprobs, _ = score_samples(policy, samples, 2048)
-        gap = logprob_mismatch(samples, logprobs)
-        out[f"train_{dtype}"] = {k.removeprefix("training/rollout_"): v for k, v in gap.items()}
-        del policy
-    return out
+    rows = sampler_gap_rows(loaded.model, masters, samples, sampler)
+    return dict(
+        model=shape.name, exact_attention=sampler.exact_attention, entropy=sharpened["entropy_after_nats"], rows=rows
+    )
 
 
 def run_train(
@@ -165,7 +163,7 @@ def run_train(
         result["skipped"].append(f"sampler gap at {config.gap_shape.name}: time budget")
     else:
         result["gap"] = sampler_gap(config, device)
-        log(f"bfloat16 sampler-trainer gap at {config.gap_shape.name}: {result['gap']['train_auto']}")
+        log(f"bfloat16 sampler-trainer gap at {config.gap_shape.name}: {result['gap']['rows']['trainer']}")
         save(result)
     result["headline"] = {
         s["dtype"]: dict(

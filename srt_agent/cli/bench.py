@@ -162,6 +162,27 @@ def bench_engine(
         console.print(f"wrote {plot_engine_bench(result, plot)}")
 
 
+@bench_app.command("gap")
+def bench_gap(
+    model: str = MODEL,
+    backend: str = typer.Option("engine", help="engine (ours) or vllm."),
+    dtype: str = typer.Option("bfloat16", help="What the backend samples in: bfloat16, float16 or float32."),
+    batch_invariant: str = typer.Option("auto", help="Our engine's float64 attention: on, off or auto."),
+    prompts: int = typer.Option(8, min=1, help="Chat prompts, each sampled once."),
+    max_tokens: int = typer.Option(64, min=1, help="Tokens per sample."),
+    json_path: Path | None = JSON,
+):
+    """The gap between a sampled token's log-prob and the trainer's, with one source changed at a time."""
+    from ..bench.gap import GapConfig, run_gap
+
+    invariant = batch_invariant if batch_invariant == "auto" else batch_invariant == "on"
+    result = run_gap(GapConfig(model, backend, dtype, invariant, prompts, max_tokens))
+    console.print(f"{backend} in {dtype} (exact attention: {result['exact_attention']}), {result['tokens']} tokens")
+    for name, row in result["rows"].items():
+        console.print(f"  {name}: mean {row['logprob_diff_mean']:.2e}, max {row['logprob_diff_max']:.2e}")
+    write_json(result, json_path)
+
+
 @bench_app.command("prefix")
 def bench_prefix(
     env_file: Path = typer.Argument(

@@ -97,17 +97,19 @@ def first_difference(a: Rollout, b: Rollout) -> int | None:
 def explain_pairs(
     model: torch.nn.Module,
     pairs: Sequence[tuple[Rollout, Rollout]],
-    sampling: Sampling,
+    sampling: Sampling | Sequence[Sampling],
     dtype: torch.dtype,
 ) -> list[Difference]:
     """Each differing pair's first difference, judged (module docstring). `model`: the weights the rollouts
-    were sampled from (any dtype; rounded to `dtype`, the run's, then upcast to float64)."""
+    were sampled from (any dtype; rounded to `dtype`, the run's, then upcast to float64); `sampling`: how
+    every pair was sampled, or one per pair."""
     found = [(i, a, b, first_difference(a, b)) for i, (a, b) in enumerate(pairs)]
     found = [(i, a, b, at) for i, a, b, at in found if at is not None]
     if not found:
         return []
-    judge = _Judge(model, sampling, dtype)
-    return [judge.difference(i, a, b, at) for i, a, b, at in found]
+    per_pair = [sampling] * len(pairs) if isinstance(sampling, Sampling) else list(sampling)
+    judge = _Judge(model, dtype)
+    return [judge.difference(i, a, b, at, per_pair[i]) for i, a, b, at in found]
 
 
 def faults(differences: Sequence[Difference]) -> list[Difference]:
@@ -131,15 +133,15 @@ def compare_identity(
 class _Judge:
     """The weights in the run's dtype and in float64, on the CPU, and the row-by-row verdict."""
 
-    def __init__(self, model: torch.nn.Module, sampling: Sampling, dtype: torch.dtype):
-        self.sampling, self.dtype = sampling, dtype
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype):
+        self.dtype = dtype
         self.run = copy.deepcopy(model).to("cpu").eval()
         with torch.no_grad():
             for p in self.run.parameters():
                 p.data = p.data.to(dtype)
         self.exact = copy.deepcopy(self.run).double()
 
-    def difference(self, pair: int, a: Rollout, b: Rollout, at: int) -> Difference:
+    def difference(self, pair: int, a: Rollout, b: Rollout, at: int, sampling: Sampling) -> Difference:
         position = len(a.prompt_ids) + at
         tokens = (_token(a, at), _token(b, at))
         sampled = [_sampled(r, at) for r in (a, b)]
@@ -149,13 +151,15 @@ class _Judge:
             return Difference(pair, position, tokens, "observation", detail="forced tokens differ")
         if not all(sampled):
             return Difference(pair, position, tokens, "fault", detail="one side sampled, the other forced a token")
-        if a.seed is None or a.seed != b.seed:
+        if sampling.temperature > 0 and (a.seed is None or a.seed != b.seed):  # greedy draws no noise
             return Difference(pair, position, tokens, "fault", detail=f"seeds differ ({a.seed} vs {b.seed})")
-        return self._row(pair, position, tokens, list(a.prompt_ids) + list(a.response_ids[:at]), a.seed)
+        context = list(a.prompt_ids) + list(a.response_ids[:at])
+        return self._row(pair, position, tokens, context, a.seed or 0, sampling)
 
     @torch.no_grad()
-    def _row(self, pair: int, position: int, tokens: tuple[int, int], context: list[int], seed: int) -> Difference:
-        s = self.sampling
+    def _row(
+        self, pair: int, position: int, tokens: tuple[int, int], context: list[int], seed: int, s: Sampling
+    ) -> Difference:
         temperature = s.temperature or 1.0
         exact = _last_logits(self.exact, context, torch.float64) / temperature
         run = _last_logits(self.run, context, self.dtype).double() / temperature
@@ -163,27 +167,27 @@ class _Judge:
         noise = uniforms([(seed, position)], exact.shape[-1], s.noise_dtype).double()
         gumbel = -torch.log(-torch.log(noise[0]))
         tolerance = TOLERANCE_FACTOR * error + 1e-6 * (1.0 + float(gumbel.abs().max()))
-        scores = self._filtered(exact, tokens, tolerance) + (gumbel if s.temperature > 0 else 0.0)
+        scores = _filtered(exact, tokens, tolerance, s) + (gumbel if s.temperature > 0 else 0.0)
         best = float(scores.max())
         below = max(best - float(scores[t]) for t in tokens)
         gap = abs(float(scores[tokens[0]] - scores[tokens[1]]))
         kind = "near-tie" if below <= tolerance else "fault"
         return Difference(pair, position, tokens, kind, gap, below, tolerance, f"float error of the logits {error:.2e}")
 
-    def _filtered(self, scaled: torch.Tensor, tokens: tuple[int, int], tolerance: float) -> torch.Tensor:
-        """The row after top-k / top-p in float64, each of `tokens` kept where raising its logit by
-        `tolerance` would keep it (a filter boundary the row's error can move)."""
-        s = self.sampling
-        if s.top_k <= 0 and s.top_p >= 1:
-            return scaled
-        out = filter_logits(scaled[None], [s.top_k], [s.top_p])[0]
-        for t in tokens:
-            if out[t] == float("-inf"):
-                raised = scaled.clone()
-                raised[t] += tolerance
-                if filter_logits(raised[None], [s.top_k], [s.top_p])[0][t] != float("-inf"):
-                    out[t] = scaled[t]
-        return out
+
+def _filtered(scaled: torch.Tensor, tokens: tuple[int, int], tolerance: float, s: Sampling) -> torch.Tensor:
+    """The row after `s`'s top-k / top-p in float64, each of `tokens` kept where raising its logit by
+    `tolerance` would keep it (a filter boundary the row's error can move)."""
+    if s.top_k <= 0 and s.top_p >= 1:
+        return scaled
+    out = filter_logits(scaled[None], [s.top_k], [s.top_p])[0]
+    for t in tokens:
+        if out[t] == float("-inf"):
+            raised = scaled.clone()
+            raised[t] += tolerance
+            if filter_logits(raised[None], [s.top_k], [s.top_p])[0][t] != float("-inf"):
+                out[t] = scaled[t]
+    return out
 
 
 def _token(r: Rollout, at: int) -> int | None:
