@@ -63,6 +63,14 @@ def test_cpu_settings_are_those_vllm_started_with_before(threads, kv_cache_gib, 
     assert settings.engine_args == args_before
 
 
+def test_vllms_batch_invariant_mode_is_a_gpus_and_refused_on_a_cpu_in_one_line():
+    assert vllm_settings(H100, "auto", kv_cache_gib=0.7, batch_invariant=True).env["VLLM_BATCH_INVARIANT"] == "1"
+    assert "VLLM_BATCH_INVARIANT" not in vllm_settings(H100, "auto", kv_cache_gib=0.7).env
+    with pytest.raises(ValueError, match="CUDA only") as err:
+        vllm_settings(CPU, "auto", batch_invariant=True)
+    assert "\n" not in str(err.value)
+
+
 def test_a_narrow_model_gets_a_float32_lm_head_and_float32_none():
     assert vllm_settings(CPU, "bfloat16").engine_args["hf_overrides"] == {"head_dtype": "float32"}
     assert vllm_settings(CPU, "float16").engine_args["hf_overrides"] == {"head_dtype": "float32"}

@@ -201,6 +201,11 @@ class VLLMOptions(_Strict):
         "tokens); VLLM_CPU_KVCACHE_SPACE in the environment (whole GiB) overrides both. On a GPU the KV is what "
         "gpu_memory_utilization leaves after the weights, and this is the least it must hold (checked at start)",
     )
+    batch_invariant: bool = Field(
+        False,
+        description="vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT: its Triton kernels, CUDA only; refused on a "
+        "CPU): a request's logits do not depend on its batch, so its methods' tokens agree bit for bit",
+    )
     gpu_memory_utilization: float | None = Field(
         None,
         gt=0,

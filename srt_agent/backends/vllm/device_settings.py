@@ -28,6 +28,7 @@ from typing import Any, Literal
 from .settings import V2_RUNNER_ENV
 
 GiB = 2**30
+BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"  # vLLM's batch-invariant kernels (0.31 and later, CUDA)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 #: what the trainer allocates per parameter after vLLM has started (the policy's own weights are already
 #: resident, so out of the free memory vLLM sees): float32 gradients (4), AdamW's two float32 moments (8),
@@ -116,14 +117,23 @@ def vllm_settings(
     threads: int | None = None,
     enforce_eager: bool | None = None,
     memory_utilization: float | None = None,
+    batch_invariant: bool = False,
 ) -> VLLMSettings:
     """The settings of one engine on the device `facts` describe (pure: nothing is read or set).
 
     `kv_cache_gib`: the KV cache (CPU) or the least KV vLLM's share must hold (GPU); `threads`: CPUs
     vLLM's OpenMP threads bind to (CPU; default: all but one); `enforce_eager` (None: on a CPU, off on
-    a GPU); `memory_utilization`: vLLM's share of the GPU (None: from the free memory)."""
+    a GPU); `memory_utilization`: vLLM's share of the GPU (None: from the free memory); `batch_invariant`:
+    vLLM's batch-invariant mode (CUDA only: ValueError on a CPU)."""
     resolved = model_dtype(dtype, facts)
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", V2_RUNNER_ENV: "0"}
+    if batch_invariant and facts.device != "cuda":
+        raise ValueError(
+            "engine.vllm.batch_invariant: vLLM's batch-invariant mode runs its Triton kernels on CUDA only; "
+            "on a CPU leave it off (our engine's engine.batch_invariant is the CPU's)"
+        )
+    if batch_invariant:
+        env[BATCH_INVARIANT_ENV] = "1"
     defaults = dict(QUIET)
     if facts.device == "cpu":
         from .cpu import cpu_env

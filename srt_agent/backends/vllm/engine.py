@@ -86,6 +86,7 @@ class VLLMEngine:
         run_ahead: RunAheadOptions | None = None,
         dtype: str = "auto",
         gpu_memory_utilization: float | None = None,
+        batch_invariant: bool = False,
     ):
         check_drafter(drafter)
         if run_ahead is not None:
@@ -96,7 +97,13 @@ class VLLMEngine:
         from .device_settings import device_facts, vllm_settings
 
         self.settings = vllm_settings(
-            device_facts(model_dir), dtype, kv_cache_gib, threads, enforce_eager, gpu_memory_utilization
+            device_facts(model_dir),
+            dtype,
+            kv_cache_gib,
+            threads,
+            enforce_eager,
+            gpu_memory_utilization,
+            batch_invariant,
         )
         self.drafter_name = drafter
         self.exact_sampling = exact_sampling
