@@ -21,6 +21,7 @@ same in every batch, in the engine and in the trainer. Why and what it costs: do
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +80,17 @@ def base_attention(name: str) -> str:
     return name.rsplit("_over_", 1)[-1]
 
 
+def base_attention_function(module: torch.nn.Module):
+    """The attention function of `module`'s model under srt-agent's wrappers (each modeling file has its own
+    eager function)."""
+    from transformers import AttentionInterface
+
+    name = base_attention(module.config._attn_implementation)
+    if name == "eager":
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return AttentionInterface._global_mapping[name]
+
+
 def exact_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -89,16 +101,8 @@ def exact_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention signature: the model's own implementation, run in float64 on its inputs
     rounded to the attention weights' dtype (what the engine's KV cache holds), its output rounded back."""
-    from transformers import AttentionInterface
-
     store = module.o_proj.weight.dtype if hasattr(module, "o_proj") else next(module.parameters()).dtype
-    base = base_attention(module.config._attn_implementation)
-    if base == "eager":
-        import sys
-
-        function = sys.modules[type(module).__module__].eager_attention_forward
-    else:
-        function = AttentionInterface._global_mapping[base]
+    function = base_attention_function(module)
     if attention_mask is not None and attention_mask.is_floating_point():
         attention_mask = attention_mask.double()
     with torch.autocast(query.device.type, enabled=False):

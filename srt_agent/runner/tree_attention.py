@@ -11,14 +11,13 @@ on CUDA and CPU alike; why, and what it measured: docs/engine.md, "Forward pass"
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from .kv_cache import KVCache
-from .numerics import base_attention, exact_sdpa
+from .numerics import base_attention_function, exact_sdpa
 
 TREE_ATTENTION_PREFIX = "srt_tree_over_"
 
@@ -121,7 +120,7 @@ def tree_attention(
     (``s_aux``, gpt-oss). Without a `tree_batch` it is the model's previous implementation.
     """
     if tree_batch is None:
-        fallback = _fallback(module)
+        fallback = base_attention_function(module)
         extra = dict(sliding_window=sliding_window, softcap=softcap, s_aux=s_aux)
         extra = {k: v for k, v in extra.items() if v is not None}
         return fallback(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **extra, **kwargs)
@@ -191,16 +190,6 @@ def _attention_math(
         scores = scores - scores.max(dim=-1, keepdim=True).values
     probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
     return (probs[..., :-1] if sinks is not None else probs) @ v
-
-
-def _fallback(module: torch.nn.Module):
-    """The attention function the model used before :func:`use_tree_attention`."""
-    from transformers import AttentionInterface
-
-    name = base_attention(module.config._attn_implementation)
-    if name == "eager":  # each modeling file has its own eager function
-        return sys.modules[type(module).__module__].eager_attention_forward
-    return AttentionInterface._global_mapping[name]
 
 
 def use_tree_attention(model: torch.nn.Module) -> None:
