@@ -92,6 +92,13 @@ def test_dry_run_speed_train_and_profile(dry_run):
     train = stage(out, "train")
     assert [s["dtype"] for s in train["steps"]] == ["float32", "bfloat16"]
     assert train["steps"][0]["max_weight_change"] > 0 and train["steps"][0]["update_memory"]["peak_rss_mb"] > 0
+    assert all(s["training/rollout_logprob_diff_mean"] >= 0 for s in train["steps"])  # the gap is reported
+    gap = train["gap"]  # bfloat16 sampling, scored as the trainer does and with one source changed at a time
+    assert gap["model"] == gpu_setup.TINY.name and gap["exact_attention"]  # a CPU: batch-invariant numerics
+    rows = gap["rows"]
+    assert rows["trainer"]["logprob_diff_mean"] < 1e-4 < rows["trainer, float32"]["logprob_diff_mean"]
+    assert rows["float64"]["logprob_diff_mean"] > 0 and "trainer, attention not exact" in rows
+    assert train["headline"]["bf16_gap"]["trainer"] == rows["trainer"]["logprob_diff_mean"]
 
     profile = stage(out, "profile")
     for p in profile["profiles"]:

@@ -1,5 +1,6 @@
 """`srt-agent bench vllm` on the tiny model: every method regenerates real RL steps side by side, token for
-token the same rollouts (but stock vLLM's own sampler); each ratio with a paired bootstrap interval."""
+token the same rollouts (but stock vLLM's own sampler) up to proven near-ties; each ratio with a paired
+bootstrap interval."""
 
 from __future__ import annotations
 
@@ -169,11 +170,10 @@ def test_bench_vllm_measures_every_method_in_the_same_rl_steps(tmp_path, monkeyp
         assert set(step["methods"]) == {"vllm:none", "vllm:stock", "vllm:srt", "vllm:srt+ahead", "engine:srt"}
         for name, m in step["methods"].items():
             assert m["gen_s"] > 0 and m["tokens"] > 0 and m["tok_s"] == pytest.approx(m["tokens"] / m["gen_s"])
-            if name.startswith("vllm:") and name != "vllm:stock":  # exact sampling: vLLM's methods, token for token
-                assert m["identical"] == 1.0, name
-            elif name == "engine:srt":  # ours against vLLM's numerics: the same up to float32 near-ties, which the
-                # tiny random model's flat logits make common and which batch shapes (tool timing) move
-                assert m["identical"] >= 0.5, (name, m["identical"])
+            if name != "vllm:stock":  # exact sampling, every engine: identical, or each first difference a
+                # proven near-tie (float32 batch-shape noise on the tiny random model's flat logits; rl/identity.py)
+                assert m["identical"] == 1.0 or m["near_ties"] > 0, (name, m)
+                assert m["faults"] == 0 and m["observations"] == 0, (name, m)
         none = step["methods"]["vllm:none"]
         for m in step["methods"].values():  # each ratio from this step's own times, against vLLM none's
             assert m["speedup_vs_vllm_none"] == pytest.approx(none["gen_s"] / m["gen_s"])

@@ -25,3 +25,13 @@ def test_the_cuda_self_drafter_without_torchao_is_refused_in_one_line(monkeypatc
     model = tiny_random_model("llama", seed=0, dtype=torch.float32).model
     with pytest.raises(ValueError, match="pip install torchao"):
         SelfDrafter(scheme).attach(model, torch.device("cuda"), 1, 32, calibrate=False)
+
+
+def test_torchao_schemes_quantize_a_bfloat16_copy_whatever_the_engines_dtype():
+    """torchao's PerRow fp8 takes bfloat16 input only: a float32 or float16 engine's self drafter quantized
+    its float32 copy and failed at start on a GPU with fp8 (sm >= 8.9). Both torchao schemes now cast the copy
+    to bfloat16 first; int8 (torch's CPU kernels) stays float32."""
+    from srt_agent.runner.quantize import quantized_dtype
+
+    assert quantized_dtype("fp8") == quantized_dtype("int4") == torch.bfloat16
+    assert quantized_dtype("int8") == torch.float32

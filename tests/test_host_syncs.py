@@ -33,6 +33,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from srt_agent.drafting import make_drafter
 from srt_agent.engine import Engine, SamplingParams, verification
 from srt_agent.models import tiny_random_model
+from srt_agent.runner.device_info import DeviceInfo
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -146,14 +147,47 @@ def test_an_engine_step_reads_the_device_once(dtype, drafter):
         assert count <= STEP_BUDGET, sites
 
 
-def test_a_level_by_level_walk_reads_once_per_level(monkeypatch):
+def test_a_level_by_level_walk_reads_once_per_level():
     """Trees past the eager path's size are walked level by level: one read per level walked."""
-    monkeypatch.setattr(verification, "EAGER_LOGITS_ROWS", 0)
     engine = speculative_engine(torch.float32, "srt")
+    engine.verifier.eager_rows = 0
     steps = counted_steps(engine)
     assert max(levels for _, _, levels in steps) > 2
     for count, sites, levels in steps:
         assert count <= levels, sites
+
+
+def test_the_cut_off_is_the_devices_and_a_gpu_verifies_the_main_jobs_shape_in_one_read():
+    """On a CPU the eager path stops at 64 rows (extra rows' logits are wasted work there); on a GPU every row
+    of the main job's shape (16 sequences × a 16-node draft and its root) goes in one pass and one read, at
+    SmolLM2's vocabulary and at Qwen2.5's. Run here on the CPU with the GPU's cut-off."""
+    cpu, gpu = DeviceInfo("cpu", "x86", 2, "AVX2"), DeviceInfo("cuda", "H100", 0, "cuda")
+    assert verification.eager_logits_rows(cpu, 151936) == verification.CPU_EAGER_ROWS == 64
+    assert verification.eager_logits_rows(gpu, 49152) >= verification.eager_logits_rows(gpu, 151936) >= 16 * 17
+    engine = Engine(
+        tiny_random_model("llama", seed=0, dtype=torch.float32),
+        drafter=make_drafter("srt"),
+        max_batch=16,
+        max_context=96,
+        max_draft_tokens=16,
+        adaptive_drafts=False,
+        calibrate=False,
+    )
+    engine.verifier.eager_rows = verification.eager_logits_rows(gpu, engine.runner.vocab_size)
+    prompts = [[1 + i % 4, 2, 3] for i in range(16)]
+    sampling = [SamplingParams(max_tokens=24, seed=7 + i, temperature=1.0) for i in range(16)]
+    engine.generate(prompts, sampling)  # the trees learn the prompts' continuations
+    engine.end_step()
+    for prompt, p in zip(prompts, sampling):
+        engine.add_request(prompt, p)
+    widest = 0
+    while engine.has_unfinished():
+        before = engine.stats()["draft_verified"]
+        with counting(engine) as reads:
+            engine.step()
+        widest = max(widest, engine.stats()["draft_verified"] - before)
+        assert sum(reads.sites.values()) <= STEP_BUDGET, reads.sites
+    assert widest > verification.CPU_EAGER_ROWS  # steps the CPU's cut-off would have walked level by level
 
 
 def test_the_counter_sees_reads_of_device_tensors_only():

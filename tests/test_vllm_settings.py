@@ -63,6 +63,20 @@ def test_cpu_settings_are_those_vllm_started_with_before(threads, kv_cache_gib, 
     assert settings.engine_args == args_before
 
 
+def test_vllms_batch_invariant_mode_is_a_gpus_and_refused_on_a_cpu_in_one_line():
+    assert vllm_settings(H100, "auto", kv_cache_gib=0.7, batch_invariant=True).env["VLLM_BATCH_INVARIANT"] == "1"
+    assert "VLLM_BATCH_INVARIANT" not in vllm_settings(H100, "auto", kv_cache_gib=0.7).env
+    with pytest.raises(ValueError, match="CUDA only") as err:
+        vllm_settings(CPU, "auto", batch_invariant=True)
+    assert "\n" not in str(err.value)
+
+
+def test_a_narrow_model_gets_a_float32_lm_head_and_float32_none():
+    assert vllm_settings(CPU, "bfloat16").engine_args["hf_overrides"] == {"head_dtype": "float32"}
+    assert vllm_settings(CPU, "float16").engine_args["hf_overrides"] == {"head_dtype": "float32"}
+    assert "hf_overrides" not in vllm_settings(CPU, "float32").engine_args
+
+
 def test_a_gpu_gets_bfloat16_a_share_of_its_free_memory_and_no_cpu_variables():
     settings = vllm_settings(H100, "auto", kv_cache_gib=0.7)
     env = {**settings.env, **settings.env_defaults}
@@ -71,6 +85,7 @@ def test_a_gpu_gets_bfloat16_a_share_of_its_free_memory_and_no_cpu_variables():
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the trainer shares the engine's process and card
     assert "kv_cache_memory_bytes" not in settings.engine_args  # the KV is what the share leaves
     assert settings.dtype == "bfloat16"
+    assert settings.engine_args["hf_overrides"] == {"head_dtype": "float32"}  # the LM head as the trainer's
     assert settings.engine_args["enforce_eager"] is False  # CUDA graphs
     share = settings.engine_args["gpu_memory_utilization"]
     assert 0 < share < 1

@@ -155,7 +155,8 @@ class MultiTurnController:
             traj.messages = [dict(m) for m in traj.prompt]
             traj.prompt_ids = self._encode(render_prompt(self.tokenizer, traj.prompt))
             base = self.config.sampling.seed if seed is None else seed
-            await self._episode(env, task, traj, trajectory_seed(base, task_index, sample_index))
+            traj.seed = trajectory_seed(base, task_index, sample_index)
+            await self._episode(env, task, traj, traj.seed)
         except Exception as exc:  # noqa: BLE001 - isolation: one broken episode never stops the batch
             traj.finish_reason, traj.error = "error", f"{type(exc).__name__}: {exc}"
         finally:

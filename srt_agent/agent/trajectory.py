@@ -51,6 +51,7 @@ class Trajectory:
     wall_s: float = 0.0
     branch_reason: str | None = None  # why this branch of a server session started (None: the first)
     branches: list[Trajectory] = field(default_factory=list)  # the session's earlier branches, oldest first
+    seed: int | None = None  # every turn's sampling seed: the token at position p drew noise keyed by (seed, p)
 
     def append(self, token_ids: list[int], logprobs: list[float] | None = None) -> None:
         """Add model tokens (with log-probs) or, when `logprobs` is None, forced tokens."""

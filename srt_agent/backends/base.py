@@ -46,6 +46,7 @@ class Capabilities:
     trees: bool  # its drafter keeps per-prompt trees (`trees()`, saved with checkpoints)
     run_ahead: bool  # it fills idle capacity with run-ahead windows (`run_ahead` is not None)
     serves_module: bool  # it runs on the loaded torch module itself (our engine), not on a copy of its own (vLLM)
+    batch_invariant: bool = False  # its attention runs in float64: the trainer scores tokens the same way
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Our engine as a rollout backend: the AsyncEngine front plus the trainer's calls, each run on the
-engine thread between steps (the exact reference: lossless token for token)."""
+engine thread between steps (the exact reference: lossless, token for token where its numerics are
+batch-invariant, `runner/numerics.py`)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ class EngineBackend(AsyncEngine[Engine]):
             trees=capabilities(engine.drafter).trees,
             run_ahead=self.run_ahead is not None,
             serves_module=True,
+            batch_invariant=engine.runner.exact_attention,
         )
 
     def update_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
@@ -102,6 +104,7 @@ def engine_backend(config, loaded, drafter: str | None = None, run_ahead=None) -
         prefix_sharing=e.prefix_sharing,
         prefix_cache_tokens=e.prefix_cache_tokens,
         dtype=e.dtype,
+        batch_invariant=e.batch_invariant,
     )
     return EngineBackend(engine)
 

@@ -60,6 +60,7 @@ class EngineBenchConfig:
     device: str = "auto"
     dtype: str = "float32"  # bfloat16: a bf16 policy (cheap verification on CPUs with AMX)
     threads: int | None = None  # torch intra-op threads (None: torch's default)
+    batch_invariant: bool | str = "auto"  # the engine's float64 attention (runner/numerics.py)
     notes: list[str] = field(default_factory=list)
 
     @classmethod
@@ -110,6 +111,7 @@ def open_engine(loaded, config, method, batch, max_context) -> Engine:
         max_context=max_context,
         max_draft_tokens=config.max_draft_tokens,
         adaptive_drafts=config.adaptive_drafts,
+        batch_invariant=config.batch_invariant,
     )
 
 

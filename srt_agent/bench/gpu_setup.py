@@ -12,7 +12,7 @@ import torch
 from ..models import LoadedModel
 
 STAGES = ("exactness", "speed", "train", "profile")
-SHARES = {"exactness": 0.2, "speed": 0.5, "train": 0.1, "profile": 0.2}  # of the time budget
+SHARES = {"exactness": 0.2, "speed": 0.45, "train": 0.15, "profile": 0.2}  # of the time budget
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class GpuCheckConfig:
     target_entropy: float = 0.5  # nats: the sharpened head's mean next-token entropy at T = 1
     drafted_per_sequence: tuple[int, ...] = (4, 8)  # verification shapes timed against a plain step
     train_shape: ModelShape = SMALL
+    gap_shape: ModelShape = QWEN25_1_5B  # where the train stage measures the bfloat16 sampler-trainer gap
     profile_batch: int = 64
     threads: int | None = None  # torch's CPU threads (None: torch's choice)
 
@@ -75,6 +76,7 @@ class GpuCheckConfig:
             max_draft_tokens=4,
             drafted_per_sequence=(2,),
             train_shape=TINY,
+            gap_shape=TINY,
             profile_batch=4,
             threads=1,  # tiny CPU ops: one thread beats several, above all on a shared machine
         )

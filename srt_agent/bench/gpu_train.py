@@ -7,7 +7,14 @@ reward, and the trainer's own pieces take the step: `update_step` (old log-probs
 clipped policy loss, one optimizer step) and `Engine.update_weights(policy.engine_weights(engine dtype))`
 (the weight sync). Reported per dtype: the seconds of rollouts, update and sync, the peak device memory of
 the update (CUDA's allocator peak; on a CPU the process's RSS; the weights' copy taken to measure the
-change lives on the host), and the largest weight change the step made (0: the update rounded away).
+change lives on the host), the largest weight change the step made (0: the update rounded away), and the
+gap between the engine's and the trainer's log-probs of the sampled tokens (`training/rollout_logprob_diff_*`)
+with the rollout correction's figures.
+
+Then the gap where users run (`sampler_gap`): a random-weight model of `gap_shape` (Qwen2.5-1.5B's; its
+head sharpened to `target_entropy`, as real models' are), our engine in bfloat16 sampling a GRPO batch, and
+the trainer scoring it from float32 masters as a run does and with one source changed at a time
+(`bench/gap.py`: attention not exact, a float32 trainer, float64).
 """
 
 from __future__ import annotations
@@ -21,9 +28,11 @@ import torch
 from ..config import EnvConfig, TrainConfig
 from ..engine import Engine, SamplingParams
 from ..rl.batch import Sample
-from ..rl.policy import build_policy
+from ..rl.policy import SamplerNumerics, build_policy, master_copy
 from ..rl.update import update_step
 from ..runner.device_info import resolve_engine_dtype
+from ..runner.numerics import choose_exact_attention
+from .gap import sampler_gap_rows
 from .gpu_setup import (
     Deadline,
     GpuCheckConfig,
@@ -31,6 +40,7 @@ from .gpu_setup import (
     memory_figures,
     random_model,
     reset_peak_memory,
+    sharpen_head,
     synchronize,
 )
 
@@ -68,7 +78,8 @@ def grpo_step(config: GpuCheckConfig, device: torch.device, dtype: str) -> dict:
     loaded = random_model(config.train_shape, torch.float32, device, config.seed)
     env = EnvConfig(train=TrainConfig(dtype=dtype))
     engine_dtype = resolve_engine_dtype(env.engine.dtype, device, loaded.dtype)
-    policy, optimizer, scheduler, reference = build_policy(env, loaded.model)
+    sampler = SamplerNumerics(engine_dtype, choose_exact_attention(env.engine.batch_invariant, loaded.model, device))
+    policy, optimizer, scheduler, reference = build_policy(env, loaded.model, sampler=sampler)
     engine = Engine(
         loaded,
         drafter="srt",
@@ -77,6 +88,7 @@ def grpo_step(config: GpuCheckConfig, device: torch.device, dtype: str) -> dict:
         max_context=config.prompt_tokens + config.max_tokens + 8,
         calibrate=False,
         dtype=engine_dtype,
+        batch_invariant=sampler.exact_attention,
     )
     samples, rollout_s = timed(lambda: rollouts(engine, config, config.train_shape.vocab_size), device)
     before = {k: v.detach().to("cpu", torch.float32, copy=True) for k, v in policy.base.state_dict().items()}
@@ -100,6 +112,33 @@ def grpo_step(config: GpuCheckConfig, device: torch.device, dtype: str) -> dict:
         lr=env.train.lr,
         grad_norm=metrics.get("actor/grad_norm"),
         pg_loss=metrics.get("actor/pg_loss"),
+        **{k: v for k, v in metrics.items() if k.startswith(("training/rollout_", "rollout_corr/"))},
+    )
+
+
+def sampler_gap(config: GpuCheckConfig, device: torch.device) -> dict:
+    """The bfloat16 sampler-trainer gap at `gap_shape` (module docstring), per trainer variant
+    (`bench/gap.py`'s rows), and whether the engine's attention was exact."""
+    shape = config.gap_shape
+    loaded = random_model(shape, torch.float32, device, config.seed)
+    rng = random.Random(config.seed)
+    probe = [[rng.randrange(shape.vocab_size) for _ in range(config.prompt_tokens)] for _ in range(PROMPTS)]
+    sharpened = sharpen_head(loaded.model, probe, config.target_entropy)
+    masters = master_copy(loaded.model)  # before the engine casts the module, as the trainer takes them
+    engine = Engine(
+        loaded,
+        drafter="srt",
+        device=device,
+        max_batch=PROMPTS * config.group,
+        max_context=config.prompt_tokens + config.max_tokens + 8,
+        calibrate=False,
+        dtype=torch.bfloat16,
+    )
+    sampler = SamplerNumerics(torch.bfloat16, engine.runner.exact_attention)
+    samples = rollouts(engine, config, shape.vocab_size)
+    rows = sampler_gap_rows(loaded.model, masters, samples, sampler)
+    return dict(
+        model=shape.name, exact_attention=sampler.exact_attention, entropy=sharpened["entropy_after_nats"], rows=rows
     )
 
 
@@ -110,7 +149,7 @@ def run_train(
     save: Callable[[dict], None],
     log: Callable[[str], None],
 ) -> dict:
-    """The stage: one GRPO step per train dtype."""
+    """The stage: one GRPO step per train dtype, then the bfloat16 sampler-trainer gap at `gap_shape`."""
     result: dict = dict(model=vars(config.train_shape), steps=[], skipped=[])
     for dtype in DTYPES:
         if deadline.expired():
@@ -120,10 +159,23 @@ def run_train(
         log(f"GRPO step {dtype}: update {step['update_s']:.2f} s, weight change {step['max_weight_change']:.2e}")
         result["steps"].append(step)
         save(result)
+    if deadline.expired():
+        result["skipped"].append(f"sampler gap at {config.gap_shape.name}: time budget")
+    else:
+        result["gap"] = sampler_gap(config, device)
+        log(f"bfloat16 sampler-trainer gap at {config.gap_shape.name}: {result['gap']['rows']['trainer']}")
+        save(result)
     result["headline"] = {
         s["dtype"]: dict(
-            update_s=round(s["update_s"], 3), max_weight_change=s["max_weight_change"], **s["update_memory"]
+            update_s=round(s["update_s"], 3),
+            max_weight_change=s["max_weight_change"],
+            logprob_diff_mean=s.get("training/rollout_logprob_diff_mean"),
+            **s["update_memory"],
         )
         for s in result["steps"]
     }
+    if "gap" in result:
+        result["headline"]["bf16_gap"] = {
+            k: result["gap"][k]["logprob_diff_mean"] for k in ("train_auto", "train_float32")
+        }
     return result

@@ -55,6 +55,9 @@ class VLLMBenchConfig:
     overrides: list[str] = field(default_factory=list)  # KEY=VALUE on the env config
 
 
+IDENTITY_COUNTS = ("near_ties", "faults", "observations")
+
+
 def chosen_methods(names: Sequence[str]) -> list[Method]:
     """The named methods, vLLM without speculation first, the others in the order engines can be built."""
     return pick(names, METHODS, BASELINE)
@@ -93,9 +96,11 @@ def method_figures(figures: StepFigures) -> dict[str, float]:
 
 
 def bench_step(record: RecordedStep, names: Sequence[str]) -> dict:
-    """A step's entry: every method's figures (with its speed-ups over vLLM without speculation), whether
-    the step revisits its prompts, its reward."""
+    """A step's entry: every method's figures (with its speed-ups over vLLM without speculation and what its
+    differences from the training rollouts were), whether the step revisits its prompts, its reward."""
     methods = {name: method_figures(record.figures[name]) for name in names}
+    for name, figures in methods.items():  # the first differences, judged (rl/identity.py); 0 where identical
+        figures.update({k: record.metrics.get(f"compare/{name}/{k}", 0.0) for k in IDENTITY_COUNTS})
     base = methods[BASELINE]
     for figures in methods.values():
         figures["speedup_vs_vllm_none"] = base["gen_s"] / figures["gen_s"] if figures["gen_s"] > 0 else 0.0

@@ -41,18 +41,26 @@ def bench_engine(
         "float32", help="Policy dtype: float32 or bfloat16 (bf16 matmuls use AMX where the CPU has it)."
     ),
     seed: int = typer.Option(0),
+    batch_invariant: str = typer.Option(
+        "auto", help="The engine's float64 attention: on, off or auto (on a CPU whose linears are batch-invariant)."
+    ),
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, tiny workload: seconds."),
     json_path: Path | None = JSON,
     plot: Path | None = PLOT_PNG,
     verbose: bool = verbose_option(command_log("bench-engine")),
 ):
     """The speculative engine per drafter and batch size (tokens/s, tokens per forward, speedup)."""
+    if batch_invariant not in ("auto", "on", "off"):
+        raise typer.BadParameter("choose on, off or auto", param_hint="--batch-invariant")
+    invariant = batch_invariant if batch_invariant == "auto" else batch_invariant == "on"
     from rich.progress import Progress
 
     from ..bench.engine import METHODS, EngineBenchConfig, result_lines, run_engine_bench, summary_table
 
     if quick:
-        config = dataclasses.replace(EngineBenchConfig.quick(), dtype=dtype, adaptive_drafts=adaptive)
+        config = dataclasses.replace(
+            EngineBenchConfig.quick(), dtype=dtype, adaptive_drafts=adaptive, batch_invariant=invariant
+        )
     else:
         config = EngineBenchConfig(
             model=model,
@@ -68,6 +76,7 @@ def bench_engine(
             seed=seed,
             threads=threads,
             dtype=dtype,
+            batch_invariant=invariant,
         )
     total = len(config.batches) * len(config.methods) * config.epochs + (
         2 * config.epochs if config.hf_baseline and 1 in config.batches else 0
@@ -95,6 +104,27 @@ def bench_engine(
         from ..bench.engine_plot import plot_engine_bench
 
         console.print(f"wrote {plot_engine_bench(result, plot)}")
+
+
+@bench_app.command("gap")
+def bench_gap(
+    model: str = MODEL,
+    backend: str = typer.Option("engine", help="engine (ours) or vllm."),
+    dtype: str = typer.Option("bfloat16", help="What the backend samples in: bfloat16, float16 or float32."),
+    batch_invariant: str = typer.Option("auto", help="Our engine's float64 attention: on, off or auto."),
+    prompts: int = typer.Option(8, min=1, help="Chat prompts, each sampled once."),
+    max_tokens: int = typer.Option(64, min=1, help="Tokens per sample."),
+    json_path: Path | None = JSON,
+):
+    """The gap between a sampled token's log-prob and the trainer's, with one source changed at a time."""
+    from ..bench.gap import GapConfig, run_gap
+
+    invariant = batch_invariant if batch_invariant == "auto" else batch_invariant == "on"
+    result = run_gap(GapConfig(model, backend, dtype, invariant, prompts, max_tokens))
+    console.print(f"{backend} in {dtype} (exact attention: {result['exact_attention']}), {result['tokens']} tokens")
+    for name, row in result["rows"].items():
+        console.print(f"  {name}: mean {row['logprob_diff_mean']:.2e}, max {row['logprob_diff_max']:.2e}")
+    write_json(result, json_path)
 
 
 @bench_app.command("prefix")

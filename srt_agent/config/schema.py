@@ -197,6 +197,11 @@ class VLLMOptions(_Strict):
         "tokens); VLLM_CPU_KVCACHE_SPACE in the environment (whole GiB) overrides both. On a GPU the KV is what "
         "gpu_memory_utilization leaves after the weights, and this is the least it must hold (checked at start)",
     )
+    batch_invariant: bool = Field(
+        False,
+        description="vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT: its Triton kernels, CUDA only; refused on a "
+        "CPU): a request's logits do not depend on its batch, so its methods' tokens agree bit for bit",
+    )
     gpu_memory_utilization: float | None = Field(
         None,
         gt=0,
@@ -220,7 +225,8 @@ class VLLMOptions(_Strict):
     exact_sampling: bool = Field(
         True,
         description="sample as our engine does (position-keyed noise): a seeded request's tokens do not depend on "
-        "drafts or batch, and equal our engine's; off: vLLM's own sampler (equal in distribution only)",
+        "the drafts, and equal our engine's on the same weights except where the engines' float errors flip a "
+        "near-tie (rl/identity.py proves each); off: vLLM's own sampler (equal in distribution only)",
     )
     proposer: dict[str, Any] = Field(
         default_factory=dict,
@@ -268,6 +274,12 @@ class EngineConfig(_Strict):
         description="bytes SRT's trees may hold per engine (prompt trees, held turns, the global tree of responses); "
         "null: sized from the run (4 steps of prompts_per_step × n_samples rollouts of max_context tokens at 100 "
         "bytes a token, at least 64 MiB, at most an eighth of the host memory available); printed at start",
+    )
+    batch_invariant: bool | Literal["auto"] = Field(
+        _ENGINE.batch_invariant,
+        description="our engine: attention in float64, so a position's logits do not depend on the batch, the drafts or "
+        "decoding vs scoring where the device's linears do not either (the trainer scores so too); auto: on a CPU "
+        "whose linears pass the probe at start-up",
     )
 
     @field_validator("backend")
@@ -323,10 +335,11 @@ class TrainConfig(_Strict):
     micro_batch_tokens: int = Field(
         768, ge=64, description="packed tokens per forward/backward (attention is dense within one)"
     )
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32",
-        description="the update's compute dtype: weights and AdamW's state stay float32; bfloat16 runs the "
-        "forward and backward passes under autocast",
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="the update's compute dtype: weights and AdamW's state stay float32; bfloat16 computes as the "
+        "engine does in bfloat16 (the weights cast to it, float32 residual stream and LM head); auto: the "
+        "engine's dtype where it is bfloat16 or float16, else float32",
     )
     lora: LoraConfig = Field(default_factory=LoraConfig)
     # policy loss
@@ -344,7 +357,16 @@ class TrainConfig(_Strict):
     kl_penalty: str = "low_var_kl"
     # log-probs
     old_logprobs: Literal["trainer", "engine"] = "trainer"
-    tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling cap (engine vs trainer)")
+    rollout_correction: Literal["auto", "tis", "mis", "off"] = Field(
+        "auto",
+        description="importance sampling between the engine's and the trainer's log-probs: tis (truncated at tis_cap), "
+        "mis (tokens above tis_cap masked), off; auto: tis where the engines sample in a dtype other than float32 "
+        "or float64, or from the step after one whose mean |Δ log-prob| exceeded rollout_correction_gap",
+    )
+    tis_cap: float = Field(2.0, gt=0, description="the importance weights' cap (tis) or mask threshold (mis)")
+    rollout_correction_gap: float = Field(
+        1e-3, gt=0, description="auto: a step's mean |Δ log-prob| above this turns the correction on"
+    )
     logprob_mismatch_warn: float = Field(0.05, gt=0, description="flag a step whose mean |Δ log-prob| exceeds this")
     # DAPO
     dynamic_sampling: bool | None = None

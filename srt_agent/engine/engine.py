@@ -1,5 +1,10 @@
 """The engine: continuous batching with lossless tree speculation (draft → verify in one pass → accept).
 
+Lossless: a position's token is drawn from its logits with noise keyed by (seed, position), so drafts
+change speed only. Bit for bit where the numerics are batch-invariant (float64; ``batch_invariant`` on a
+CPU whose linears pass the probe, `runner/numerics.py`); otherwise the same tokens except at near-ties the
+float error of a different batch shape flips; in bfloat16, the same distribution (docs/engine.md).
+
 Each step the scheduler picks the running sequences (`scheduler.py`), drafting gives each a draft tree
 and sizes the drafts to the batch with the cost model (`drafting.py`), verification runs all of them in
 one tree-masked forward pass and walks each tree with the lossless sampler (`verification.py`), the KV
@@ -76,6 +81,7 @@ class Engine:
 
     `dtype` (a dtype or an ``engine.dtype`` name such as ``auto``) casts the model in place before the
     engine starts (it runs on the module it is given); None keeps the dtype it was loaded in.
+    `batch_invariant` (True, False or ``auto``): attention in float64 (`runner/numerics.py`).
     """
 
     def __init__(
@@ -95,6 +101,7 @@ class Engine:
         prefix_block_size: int = 16,
         prefix_cache_tokens: int = DEFAULTS.prefix_cache_tokens,
         dtype: str | torch.dtype | None = None,
+        batch_invariant: bool | str = DEFAULTS.batch_invariant,
     ):
         if max_batch < 1 or max_context < 2 or max_draft_tokens < 0:
             raise ValueError("need max_batch >= 1, max_context >= 2 and max_draft_tokens >= 0")
@@ -110,7 +117,9 @@ class Engine:
         self.max_draft_tokens = max_draft_tokens
         self.adaptive_drafts = adaptive_drafts
         self.min_draft_gain = min_draft_gain
-        self.runner = ModelRunner(model.model, max_batch, max_context, max_draft_tokens + 1, self.device)
+        self.runner = ModelRunner(
+            model.model, max_batch, max_context, max_draft_tokens + 1, self.device, exact_attention=batch_invariant
+        )
         self.prefix = self._prefix_sharing(prefix_block_size, prefix_cache_tokens) if prefix_sharing else None
         self.scheduler = Scheduler(max_batch, max_prefill_tokens, self.prefix)
         self.stops = StopChecker(frozenset(model.eos_token_ids), max_context, model.tokenizer)

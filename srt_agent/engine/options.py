@@ -25,6 +25,7 @@ class EngineDefaults:
     calibrate: bool = True
     prefix_sharing: bool = True
     prefix_cache_tokens: int = 8192
+    batch_invariant: bool | str = "auto"
 
 
 @dataclass

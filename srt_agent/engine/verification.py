@@ -18,13 +18,27 @@ import torch
 
 from ..drafting.draft import Draft
 from ..drafting.drafter import Drafter, capabilities
+from ..runner.device_info import DeviceInfo
 from ..runner.model_runner import Chunk, ModelRunner
 from ..runner.sampler import RowSampling, draw, to_host, upload
 from .lenient import acceptance_uniform, lenient_accept, target_logprobs
 from .sequence import Sequence
 from .stats import EngineStats
 
-EAGER_LOGITS_ROWS = 64  # up to this many verified rows, all logits come from one LM-head pass
+CPU_EAGER_ROWS = 64  # on a CPU, up to this many verified rows take all logits from one LM-head pass
+EAGER_LOGITS_BYTES = 1 << 28  # on a GPU, as many rows as fit 256 MiB of float32 logits
+
+
+def eager_logits_rows(info: DeviceInfo, vocab_size: int) -> int:
+    """Up to how many candidate rows the verifier samples in one LM-head pass and one read (more rows: level
+    by level, one read per level). A CPU computes every extra row's logits for nothing when a walk stops
+    early, so it stays at `CPU_EAGER_ROWS` (tuned there); on a GPU a read per level waits for the device's
+    whole queue, which costs more than the extra rows, so every row goes at once up to `EAGER_LOGITS_BYTES`
+    of logits (the main job's shape, 16 rows × 17 candidates, at any vocabulary up to ~240k tokens)."""
+    if info.device != "cuda":
+        return CPU_EAGER_ROWS
+    return max(CPU_EAGER_ROWS, EAGER_LOGITS_BYTES // (4 * max(1, vocab_size)))
+
 
 # Per sequence: the emitted (token, log-probability) pairs and the accepted draft nodes; and the
 # sequences (by index) whose pass or logits failed, with what went wrong.
@@ -47,6 +61,7 @@ class Verifier:
         self.runner = runner
         self.drafter = drafter
         self.totals = totals
+        self.eager_rows = eager_logits_rows(runner.device_info, runner.vocab_size)
 
     def forward_and_verify(self, seqs: list[Sequence], chunks: list[Chunk], drafts: list[Draft]) -> Verified:
         """One forward pass and the walk of every draft tree. Changes no sequence: on a raise the step can
@@ -97,7 +112,7 @@ class Verifier:
         # Rows that may need logits: each chunk's last pending token and its draft nodes. Few of them: one
         # LM-head pass and one draw over all, read back at once. Many: level by level, only the rows on
         # accepted paths.
-        if sum(len(d.parents) + 1 for d in drafts) <= max(EAGER_LOGITS_ROWS, 2 * len(seqs)):
+        if sum(len(d.parents) + 1 for d in drafts) <= max(self.eager_rows, 2 * len(seqs)):
             self._walk_at_once(walks, hidden)
         else:
             self._walk_by_level(walks, hidden)

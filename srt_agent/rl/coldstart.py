@@ -25,14 +25,15 @@ from ..models import LoadedModel, cache_root
 from ..sources.arithmetic import arithmetic_tasks
 from .batch import Sample, trajectory_sample
 from .evaluate import ToolUseReport
-from .policy import Policy, autocast_dtype
+from .policy import FLOAT32_SAMPLER, Policy, SamplerNumerics
 from .progress import Phase, no_bar
 from .sft import sft_epochs
 from .traces import load_message_traces, procedural_traces, turn_end_token
 
-#: 2: ``train.dtype: bfloat16`` trains under autocast over float32 weights (1 kept bfloat16 weights, whose
-#: updates rounded away: its bfloat16 cold starts taught nothing and must not be reused)
-COLD_START_VERSION = 2
+#: 3: a narrow compute dtype computes as the engine does (masters taken before the engine's cast, float32 residual
+#: stream and head); 2: ``train.dtype: bfloat16`` trains under autocast over float32 weights (1 kept bfloat16
+#: weights, whose updates rounded away: its bfloat16 cold starts taught nothing and must not be reused)
+COLD_START_VERSION = 3
 
 
 class ColdStartError(RuntimeError):
@@ -209,13 +210,16 @@ def run_cold_start(
     phase: Phase = no_bar,
     log: Callable[[str], None] = print,
     copy: bool = True,
+    sampler: SamplerNumerics = FLOAT32_SAMPLER,
+    masters: dict[str, torch.Tensor] | None = None,
 ) -> ColdStartResult:
     """Cold-start `loaded` (from the cache when this exact cold start ran before).
 
     `evaluate(label)` runs the held-out report with the engines' current weights; it is called before
     SFT, and after, once the caller has loaded the returned weights (see :func:`finish_report`). `phase`
     shows the trace generation and the SFT steps as they go. ``copy=False``: SFT trains `loaded`'s module
-    itself where it can (nothing runs on it: vLLM serves the rollouts), not a copy.
+    itself where it can (nothing runs on it: vLLM serves the rollouts), not a copy. `sampler` and `masters`:
+    as :func:`~srt_agent.rl.policy.build_policy` takes them.
     """
     key = cold_start_key(config, loaded)
     folder = cold_start_dir(key)
@@ -231,7 +235,12 @@ def run_cold_start(
     log(f"cold start: {len(samples)} traces, {tokens} trained tokens, {sum(len(s) for s in samples)} tokens in all")
     cs, train = config.cold_start, config.train
     policy = Policy(
-        loaded.model, config.sampling.temperature, train.lora, copy=copy, compute_dtype=autocast_dtype(train)
+        loaded.model,
+        config.sampling.temperature,
+        train.lora,
+        copy=copy,
+        masters=masters,
+        **sampler.policy_options(train),
     )
     with phase("cold start SFT", None, "loss {task.fields[loss]:.3f}", loss=float("nan")) as update:
         history = sft_epochs(

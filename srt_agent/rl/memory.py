@@ -24,6 +24,7 @@ from ..backends.base import run_tree_budget
 from ..backends.vllm.kv_cache import kv_bytes_per_token, kv_cache_gib
 from ..config import ConfigError
 from ..runner.device_info import resolve_engine_dtype
+from ..runner.numerics import is_narrow
 from ..runner.packed_linear import available_memory_bytes
 from .policy import MASTER_DTYPE
 
@@ -139,6 +140,10 @@ def plan_memory(
         slots = engine.max_batch * (engine.max_context + OUR_TREE_MARGIN) + engine.prefix_cache_tokens
         kv = kv_bytes_per_token(model.config, engine_dtype.itemsize) * slots
         parts[f"our engine's KV cache ({our_engines} × {kv / GB:.2f} GB)"] = kv * our_engines
+        if is_narrow(engine_dtype):  # each engine's float32 copy of the LM head (runner/numerics.py)
+            parts[f"LM head in float32 ({our_engines} ×)"] = (
+                model.get_output_embeddings().weight.numel() * 4 * our_engines
+            )
     if policy_copies_model or train.lora.rank > 0 or model_dtype != MASTER_DTYPE:
         parts["policy (a copy of the model)"] = trained
     if train.needs_reference and train.lora.rank == 0:

@@ -5,10 +5,13 @@
 estimate. :meth:`Policy.engine_weights` gives the plain model's weights (LoRA merged) for
 ``Engine.update_weights``: the engine gets the new policy in memory, with no disk round trip.
 
-Mixed precision keeps float32 master weights (and so float32 AdamW moments) and runs the decoder under
-``torch.autocast`` in the compute dtype (``train.dtype: bfloat16``), on CPU and CUDA alike: an update of
-lr 1e-6 lands on a float32 weight, where bfloat16's resolution (about 1.2e-4 at 0.02) would round it
-away. The LM head and the value head run in the weights' dtype, so log-probs keep float32 precision.
+Mixed precision keeps float32 master weights (and so float32 AdamW moments): an update of lr 1e-6 lands on
+a float32 weight, where bfloat16's resolution (about 1.2e-4 at 0.02) would round it away. A narrow compute
+dtype (``train.dtype: bfloat16``) scores with the engine's numerics (`runner/numerics.py`): the masters
+cast to it (as the engine holds them; the cast is differentiable, so gradients reach the masters), a
+float32 residual stream with the linears under ``torch.autocast``, and the LM head and the value head in
+float32. With ``exact_attention`` (the engine's batch-invariant option) attention runs in float64 as in
+the engine. LoRA keeps autocast over the frozen weights (the engine's merged weights differ anyway).
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from copy import deepcopy
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ..config import ConfigError, EnvConfig, LoraConfig, TrainConfig
+from ..runner.numerics import base_attention, compute, embeddings, is_narrow, use_exact_attention, wide
 from .algorithms import entropy_from_logits
 from .batch import MicroBatch
 
@@ -29,8 +34,11 @@ PEFT_MISSING = "train.lora.rank > 0 trains LoRA adapters through peft, which is 
 MASTER_DTYPE = torch.float32
 
 
-def autocast_dtype(train: TrainConfig) -> torch.dtype | None:
-    """The dtype ``train.dtype`` runs the forward and backward passes in under autocast (None: the weights')."""
+def autocast_dtype(train: TrainConfig, engine_dtype: torch.dtype | None = None) -> torch.dtype | None:
+    """The dtype ``train.dtype`` computes the forward and backward passes in (None: the weights'); ``auto``:
+    the engine's where it is narrow (bfloat16, float16), so both sides compute alike."""
+    if train.dtype == "auto":
+        return engine_dtype if is_narrow(engine_dtype) else None
     return None if train.dtype == "float32" else getattr(torch, train.dtype)
 
 
@@ -58,7 +66,9 @@ class Scores:
 class Policy:
     """A causal LM being trained: its own copy of `model` in `dtype`, or (``copy=False``, full fine-tuning
     in `model`'s dtype) `model` itself, when nothing else runs on it (vLLM serves the rollouts from its
-    own copy). `compute_dtype`: the decoder runs under autocast in it (the weights stay in `dtype`)."""
+    own copy). `masters`: the weights to start from where `model` no longer holds them at full precision
+    (an engine cast it). `compute_dtype`: what the forward and backward passes compute in (the weights
+    stay in `dtype`; see the module docstring), `exact_attention`: attention in float64, as the engine's."""
 
     def __init__(
         self,
@@ -69,6 +79,8 @@ class Policy:
         dtype: torch.dtype = MASTER_DTYPE,
         copy: bool = True,
         compute_dtype: torch.dtype | None = None,
+        exact_attention: bool = False,
+        masters: dict[str, torch.Tensor] | None = None,
     ):
         if temperature <= 0:
             raise ValueError("training needs a sampling temperature > 0 (log-probs of a greedy policy are undefined)")
@@ -77,9 +89,18 @@ class Policy:
         self.compute_dtype = compute_dtype if compute_dtype != dtype else None
         self.lora = lora if lora is not None and lora.rank > 0 else None
         require_peft(self.lora)
-        shared = not copy and self.lora is None and all(p.dtype == dtype for p in model.parameters())
+        shared = (
+            not copy and self.lora is None and masters is None and all(p.dtype == dtype for p in model.parameters())
+        )
         base = model if shared else deepcopy(model).to(dtype)
+        if masters is not None:
+            with torch.no_grad():
+                base.load_state_dict(masters, strict=True)
         base.config.use_cache = False
+        if exact_attention:
+            use_exact_attention(base)
+        # The masters cast to the compute dtype for every pass, as the engine holds them (full fine-tuning).
+        self.cast = is_narrow(self.compute_dtype) and self.lora is None
         if self.lora is not None:
             from peft import LoraConfig as PeftLoraConfig, get_peft_model
 
@@ -100,6 +121,7 @@ class Policy:
         if self.value_head is not None:
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
+        self._forward = _Forward(base, self.compute_dtype)
         self.model.train()
 
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -117,18 +139,20 @@ class Policy:
         """
         disable = self.model.disable_adapter() if reference and self.lora is not None else nullcontext()
         device = self.device
+        inputs = (
+            batch.input_ids.to(device),
+            batch.position_ids.to(device),
+            self._mask(batch),
+            batch.targets.to(device),
+        )
         with disable:
-            with self._autocast():
-                out = self.base.get_decoder()(
-                    input_ids=batch.input_ids.to(device),
-                    position_ids=batch.position_ids.to(device),
-                    attention_mask=self._mask(batch),
-                    use_cache=False,
-                )
-            # The heads run in the weights' dtype: bfloat16 logits would blur every log-prob by ~0.05.
-            hidden = out.last_hidden_state[0, batch.targets.to(device)].to(self.dtype)
-            logits = self.base.get_output_embeddings()(hidden)
-            logits = (logits if logits.dtype == torch.float64 else logits.float()) / self.temperature
+            if self.cast:
+                dtype = self.compute_dtype
+                params = {f"base.{n}": p.to(dtype) for n, p in self.base.named_parameters()}
+                hidden, logits = torch.func.functional_call(self._forward, params, inputs)
+            else:
+                hidden, logits = self._forward(*inputs)
+            logits = logits / self.temperature
         # log p(token) = logit - logsumexp(logits): no full [tokens, vocab] log-softmax is kept.
         lse = torch.logsumexp(logits, dim=-1)
         token_logp = logits.gather(1, batch.target_ids.to(device).unsqueeze(1)).squeeze(1) - lse
@@ -144,17 +168,15 @@ class Policy:
         values = self.value_head(hidden).squeeze(-1) if self.value_head is not None else None
         return Scores(token_logp, ent, values)
 
-    def _autocast(self) -> torch.autocast:
-        """Autocast to the compute dtype on the weights' device (off without a compute dtype)."""
-        enabled = self.compute_dtype is not None
-        return torch.autocast(self.device.type, dtype=self.compute_dtype if enabled else None, enabled=enabled)
-
     def _mask(self, batch: MicroBatch) -> torch.Tensor | None:
         """The micro-batch's mask in the form the model's attention implementation takes."""
         if batch.attention_mask is None:
             return None
         mask = batch.attention_mask.to(self.device)
-        if getattr(self.base.config, "_attn_implementation", "sdpa") in ("sdpa", "flex_attention"):
+        if base_attention(getattr(self.base.config, "_attn_implementation", None) or "sdpa") in (
+            "sdpa",
+            "flex_attention",
+        ):
             return mask
         dtype = self.compute_dtype or next(self.base.parameters()).dtype
         return torch.zeros(mask.shape, dtype=dtype, device=self.device).masked_fill(~mask, torch.finfo(dtype).min)
@@ -198,16 +220,73 @@ class Policy:
             )
 
 
-def build_policy(config: EnvConfig, model: torch.nn.Module, copy: bool = True):
+class _Forward(torch.nn.Module):
+    """The policy's pass over a packed micro-batch: the decoder in the compute dtype's numerics, then the LM
+    head in float32 (or wider) on the trained rows; (hidden rows, logits)."""
+
+    def __init__(self, base: torch.nn.Module, compute_dtype: torch.dtype | None):
+        super().__init__()
+        self.base = base
+        self.compute_dtype = compute_dtype
+
+    def forward(self, input_ids, position_ids, mask, targets) -> tuple[torch.Tensor, torch.Tensor]:
+        decoder, device = self.base.get_decoder(), input_ids.device
+        with compute(self.compute_dtype, device.type):
+            out = decoder(
+                inputs_embeds=embeddings(decoder, input_ids, self.compute_dtype),
+                position_ids=position_ids,
+                attention_mask=mask,
+                use_cache=False,
+            )
+        hidden = wide(out.last_hidden_state[0, targets])
+        head = self.base.get_output_embeddings()
+        bias = head.bias if head.bias is None else wide(head.bias)
+        return hidden, F.linear(hidden, wide(head.weight), bias)
+
+
+@dataclass(frozen=True)
+class SamplerNumerics:
+    """How the rollout engine computes (its dtype; whether its attention is exact, as
+    ``engine.batch_invariant`` makes it), which the trainer's passes follow where ``train.dtype`` lets them."""
+
+    dtype: torch.dtype = torch.float32
+    exact_attention: bool = False
+
+    def policy_options(self, train: TrainConfig) -> dict:
+        """`Policy`'s `compute_dtype` and `exact_attention` for `train`: exact attention where the trainer
+        computes in the engine's dtype (elsewhere the two differ anyway)."""
+        compute = autocast_dtype(train, self.dtype)
+        same = compute == self.dtype if is_narrow(self.dtype) else compute is None
+        return {"compute_dtype": compute, "exact_attention": self.exact_attention and same}
+
+
+#: an engine in float32 without exact attention (what a caller that names none gets)
+FLOAT32_SAMPLER = SamplerNumerics()
+
+
+def master_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights in host memory, taken before an engine casts the module: the float32 masters
+    the policy starts from (rounded to the engine's dtype, they would lose what it cannot hold)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+def build_policy(
+    config: EnvConfig,
+    model: torch.nn.Module,
+    copy: bool = True,
+    sampler: SamplerNumerics = FLOAT32_SAMPLER,
+    masters: dict[str, torch.Tensor] | None = None,
+):
     """(policy, AdamW, warm-up scheduler, frozen reference or None) for an RL run of `config` on `model`; the
     reference is the start policy when the config has a KL loss or its estimator reads reference log-probs
     (with LoRA the adapters off serve as it); a value head when its estimator needs values.
-    ``copy=False``: the policy trains `model` itself where it can (see :class:`Policy`)."""
+    ``copy=False``: the policy trains `model` itself where it can (see :class:`Policy`); `sampler`: how the
+    engine computes; `masters`: the weights to start from where the engine cast `model` (`master_copy`)."""
     train = config.train
-    compute = autocast_dtype(train)
+    numerics = sampler.policy_options(train)
     reference = None
     if train.needs_reference and (train.lora is None or train.lora.rank == 0):  # copied before training changes it
-        reference = Policy(model, config.sampling.temperature, compute_dtype=compute)
+        reference = Policy(model, config.sampling.temperature, masters=masters, **numerics)
         for p in reference.parameters():
             p.requires_grad_(False)
     policy = Policy(
@@ -216,7 +295,8 @@ def build_policy(config: EnvConfig, model: torch.nn.Module, copy: bool = True):
         train.lora,
         value_head=train.estimator.needs_values,
         copy=copy,
-        compute_dtype=compute,
+        masters=masters,
+        **numerics,
     )
     optimizer = adamw(policy.parameters(), lr=train.lr, weight_decay=train.weight_decay)
     warmup = train.warmup_steps * train.mini_batches * train.ppo_epochs

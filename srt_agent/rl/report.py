@@ -29,6 +29,7 @@ STEP_COLUMNS = (
     ("tok/fwd", "srt/tokens_per_forward", "{:.2f}"),
     ("acc/draft", "srt/accepted_per_draft", "{:.0%}"),
     ("|Δlogp|", "training/rollout_logprob_diff_mean", "{:.1e}"),
+    ("IS w", "rollout_corr/rollout_is_mean", "{:.3f}"),  # the rollout correction's mean weight, while on
 )
 
 
@@ -312,9 +313,15 @@ def step_warnings(
         )
     for name, why in compared_why.items():
         share = metrics.get(f"compare/{name}/identical", 1.0)
-        if share < 1.0:
-            lines.append(
-                f"[yellow]step {step:.0f}: {name}'s rollouts match {share:.0%} of {drafter}'s "
-                f"token for token ({why})[/yellow]"
-            )
+        if share >= 1.0:
+            continue
+        judged = f"compare/{name}/near_ties" in metrics
+        if judged:  # each first difference recomputed in float64 (identity.py)
+            counts = [int(metrics.get(f"compare/{name}/{k}", 0)) for k in ("near_ties", "faults", "observations")]
+            why = "first differences: {} proven near-tie(s), {} fault(s), {} in forced tokens; report.json's identity"
+            why = why.format(*counts)
+        color = "red" if judged and sum(counts[1:]) else "yellow"
+        lines.append(
+            f"[{color}]step {step:.0f}: {name}'s rollouts match {share:.0%} of {drafter}'s token for token ({why})[/{color}]"
+        )
     return lines

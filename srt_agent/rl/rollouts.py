@@ -204,15 +204,17 @@ class PolicyRollouts:
             raise ValueError(f"variant {drafter!r} runs no run-ahead (its backend: {self.backend(drafter).name})")
         return control
 
-    def update_weights(self, weights: dict[str, torch.Tensor]) -> float:
+    def update_weights(self, weights: dict[str, torch.Tensor], module: bool = True) -> float:
         """Load new policy weights into every backend (in memory, in place); returns seconds.
 
         `loaded`'s module gets them too: our engine runs on it, and a new `Policy` starts from it (after
-        the cold start), so it must hold the rollout policy whichever backend serves the rollouts."""
+        the cold start), so it must hold the rollout policy whichever backend serves the rollouts. Not with
+        ``module=False``: the module is the policy that made them (its float32 masters would be rounded to
+        the engine's dtype)."""
         start = time.perf_counter()
         for name in self.controllers:
             self.backend(name).update_weights(weights)
-        if not self.serves_module:
+        if module and not self.serves_module:
             with torch.no_grad():
                 self.loaded.model.load_state_dict(weights, strict=True)
         return time.perf_counter() - start

@@ -29,7 +29,7 @@ from ..agent.trajectory import Trajectory
 from ..backends import VLLM_IDENTICAL_NOTE
 from ..backends.base import run_tree_budget
 from ..config import ConfigError, EnvConfig, load_env_config
-from ..drafting import DRAFTERS, RolloutCache, drafter_capabilities, is_lenient
+from ..drafting import DRAFTERS, RolloutCache, drafter_capabilities
 from ..models import LoadedModel, load_model
 from ..runner.device_info import resolve_engine_dtype
 from .batch import Sample
@@ -43,12 +43,14 @@ from .checkpoint import (
     set_rng_state,
 )
 from .coldstart import ColdStartResult, cold_start_line, finish_report, run_cold_start
+from .comparison import Comparison
+from .correction import RolloutCorrection
 from .data import PromptSampler
 from .evaluate import HELD_OUT_FIGURES, ToolUseReport, evaluate_policy, held_out_tasks
 from .interrupt import cooperative_interrupt, deferred_interrupt
 from .memory import MemoryMeter, check_plan, memory_line, plan_memory, planned_engines
-from .metrics import compare_metrics, merged_summary, rollout_metrics, run_ahead_metrics, speed_totals
-from .policy import Policy, build_policy, require_peft
+from .metrics import merged_summary, rollout_metrics, run_ahead_metrics, speed_totals
+from .policy import Policy, SamplerNumerics, build_policy, master_copy, require_peft
 from .progress import phase_bar
 from .report import step_table, step_warnings, story_lines, write_report
 from .rollouts import PolicyRollouts, RolloutRun, RolloutVariant, stats_delta
@@ -147,8 +149,9 @@ class Trainer:
         self.backend = self.config.engine.backend  # the one that runs, once the run starts
         self._step_runs: dict[str, list[RolloutRun]] = {}
         self.memory: dict = {}  # peak and plan (GB), once the run has ended
-        self.exact: dict[str, bool] = {}  # per variant: whether its backend samples exactly (once the run starts)
         self.engine_dtype = torch.float32  # what the engines compute in, and so receive weights in (once loaded)
+        self.correction = RolloutCorrection(self.config.train, self.engine_dtype)  # set again once the run starts
+        self.comparison = Comparison(self.variants[1:], self.config.sampling)
 
     @property
     def compared(self) -> list[str]:
@@ -199,11 +202,15 @@ class Trainer:
         )
         check_plan(plan, train.max_memory_gb)
         meter.mark("model loaded")
+        # Our engine casts the module it runs on: the policy's float32 masters are taken before it does.
+        masters = master_copy(self.loaded.model) if on_module and self.engine_dtype != self.loaded.dtype else None
         rollouts = PolicyRollouts(cfg, self.loaded, tools, self.variants, log=self._log)
         meter.mark("engines started")
         main = rollouts.backend(rollouts.main)
         self.backend = main.name
-        self.exact = {name: rollouts.backend(name).capabilities.exact_sampling for name in rollouts.drafters}
+        sampler = SamplerNumerics(self.engine_dtype, main.capabilities.batch_invariant)
+        self.correction = RolloutCorrection(train, self.engine_dtype)
+        self.comparison.exact = {n: rollouts.backend(n).capabilities.exact_sampling for n in rollouts.drafters}
         trackers: list[Tracker] = []
         try:
             others = rollouts.drafters[1:]
@@ -217,15 +224,16 @@ class Trainer:
             )
             if tree_engines:
                 self._log(run_tree_budget(cfg).line())
+            self._announce_correction()
             state, saved_caches = load_checkpoint(self.resume) if self.resume is not None else (None, {})
             evaluate = self._evaluator(rollouts) if cfg.cold_start.eval_tasks else None
             if state is None:
-                self._cold_start(rollouts, tools, evaluate)
+                masters = self._cold_start(rollouts, tools, evaluate, sampler, masters)
             meter.mark("cold start done")
             own = not rollouts.serves_module  # vLLM serves the rollouts: the policy trains the loaded module itself
-            parts = RunParts(
-                *build_policy(cfg, self.loaded.model, copy=not own), PromptSampler(tasks, seed=train.seed), rollouts
-            )
+            policy = build_policy(cfg, self.loaded.model, copy=not own, sampler=sampler, masters=masters)
+            masters = None  # the policy holds them now
+            parts = RunParts(*policy, PromptSampler(tasks, seed=train.seed), rollouts)
             first = self._restore(state, saved_caches, parts) if state is not None else 0
             trackers = make_trackers(train.loggers, self.out_dir, cfg.model_dump(mode="json"), cfg.name)
             if evaluate is not None and "before RL" not in self.held_out:
@@ -270,6 +278,7 @@ class Trainer:
                         raise
                     with deferred_interrupt() as interrupted:
                         self._train_phase(step, parts, metrics, gen)
+                        self.correction.observe(metrics)
                         if self.on_step is not None:
                             self.on_step(step, metrics, self._step_runs)
                         self.history.append(metrics)
@@ -278,6 +287,7 @@ class Trainer:
                             tracker.log({k: v for k, v in metrics.items() if k != "step"}, step)
                         self.console.print(step_table(metrics, self.compared, header=len(self.history) == 1))
                         self._warn(metrics)
+                        self._announce_correction()
                         if step % train.checkpoint_every == 0 or step == train.steps or interrupted:
                             self._save(step, parts, finished=step == train.steps and not interrupted)
                             saved, pending = step, None
@@ -329,7 +339,9 @@ class Trainer:
                 f"[yellow]step {step}: no group carries a learning signal (all rewards equal); update skipped[/yellow]"
             )
         t0 = time.perf_counter()
-        rollouts.update_weights(parts.policy.engine_weights(self.engine_dtype))
+        rollouts.update_weights(
+            parts.policy.engine_weights(self.engine_dtype), parts.policy.base is not self.loaded.model
+        )
         rollouts.end_step()
         metrics["timing_s/update_weights"] = time.perf_counter() - t0
         metrics["timing_s/step"] += time.perf_counter() - t_start
@@ -376,7 +388,8 @@ class Trainer:
             for tasks, seed, upcoming in gen.rounds
         ]
         self._step_runs[name] = runs
-        return compare_metrics(name, gen.runs, runs)
+        step = len(self.history) + 1
+        return self.comparison.step_metrics(step, name, gen.runs, runs, self.loaded.model, self.engine_dtype)
 
     @contextlib.contextmanager
     def _update_bubble(self, rollouts: PolicyRollouts, sampler: PromptSampler) -> Iterator[dict[str, float]]:
@@ -410,28 +423,33 @@ class Trainer:
                 self.config.train,
                 seed,
                 on_tokens=lambda n: update(advance=n),
+                correction=self.correction.mode,
             )
 
+    def _announce_correction(self) -> None:
+        line = self.correction.announcement()
+        if line is not None:
+            self._log(f"[yellow]{line}[/yellow]")
+
     def _warn(self, metrics: dict[str, float]) -> None:
-        why = {}
-        for variant in self.variants[1:]:
-            if is_lenient(variant.drafter):
-                why[variant.name] = "it accepts drafts leniently: not exactly on-policy"
-            elif not self.exact.get(variant.name, True):
-                why[variant.name] = VLLM_IDENTICAL_NOTE
-            else:
-                why[variant.name] = "float32 near-ties can flip between batch shapes"
+        why = self.comparison.reasons()
         for line in step_warnings(metrics, self.config.train.logprob_mismatch_warn, self.config.engine.drafter, why):
             self._log(line)
 
     # ----- set-up, checkpoints, report --------------------------------------------------------------
 
     def _cold_start(
-        self, rollouts: PolicyRollouts, tools: dict, evaluate: Callable[[str], ToolUseReport] | None
-    ) -> None:
+        self,
+        rollouts: PolicyRollouts,
+        tools: dict,
+        evaluate: Callable[[str], ToolUseReport] | None,
+        sampler: SamplerNumerics,
+        masters: dict[str, torch.Tensor] | None,
+    ) -> dict[str, torch.Tensor] | None:
+        """Cold-start the policy (SFT from `masters` where given); returns the masters RL starts from."""
         cfg = self.config
         if not cfg.cold_start.enabled:
-            return
+            return masters
         controller = rollouts.controllers[rollouts.main]
         args = dict(
             tokenizer=controller.tokenizer,
@@ -441,12 +459,14 @@ class Trainer:
             eos_token_ids=controller.eos_token_ids,
         )
         self.cold = run_cold_start(
-            cfg, self.loaded, args, evaluate, self._phase, log=self._log, copy=rollouts.serves_module
+            cfg, self.loaded, args, evaluate, self._phase, self._log, rollouts.serves_module, sampler, masters
         )
         rollouts.update_weights(self.cold.weights)
-        self.cold.weights = {}  # the engines (and the module) hold them: the run keeps no other copy
+        # The engines (and the module) hold them; a float32 copy only where the engines cast them.
+        masters, self.cold.weights = (self.cold.weights if masters is not None else None), {}
         finish_report(self.cold, evaluate)
         self._log(cold_start_line(self.cold))
+        return masters
 
     def _held_out(
         self, label: str, evaluate: Callable[[str], ToolUseReport], trackers: list[Tracker], step: int
@@ -521,14 +541,16 @@ class Trainer:
         for name, path in caches.items():
             if name in parts.rollouts.controllers:
                 parts.rollouts.restore_cache(name, RolloutCache.load(path))
-        parts.rollouts.update_weights(parts.policy.engine_weights(self.engine_dtype))
+        parts.rollouts.update_weights(
+            parts.policy.engine_weights(self.engine_dtype), parts.policy.base is not self.loaded.model
+        )
         self._log(f"resumed from step {state['step']} ({self.resume})")
         return int(state["step"])
 
     def report(self) -> dict:
         cfg, train = self.config, self.config.train
         totals = speed_totals(self.history, self.compared)
-        if not self.exact.get(self.variants[0].name, True):
+        if not self.comparison.exact.get(self.variants[0].name, True):
             totals.update({f"identical_vs_{name}_note": VLLM_IDENTICAL_NOTE for name in self.compared})
         return {
             "name": cfg.name,
@@ -542,6 +564,7 @@ class Trainer:
             "cold_start": self.cold.report() if self.cold else None,
             "held_out": {label: r.as_dict() for label, r in self.held_out.items()},
             "steps": self.history,
+            "identity": self.comparison.differences,
             "totals": totals,
             "config": cfg.model_dump(mode="json"),
             "memory": self.memory,

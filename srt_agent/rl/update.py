@@ -17,6 +17,7 @@ from ..config import TrainConfig
 from ..config.algorithm_registry import AdvantageEstimator
 from .algorithms import AdvantageInputs, agg_loss, get_policy_loss_fn, kl_penalty, value_loss
 from .batch import Sample, count_rollouts, mini_batches, pack, share_advantages
+from .correction import configured_mode, correction_metrics, correction_weights
 from .metrics import sample_metrics
 from .policy import Policy
 
@@ -93,15 +94,18 @@ def update_policy(
     generator: torch.Generator | None = None,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     on_tokens: Callable[[int], None] | None = None,
+    correction: str | None = None,
 ) -> dict[str, float]:
     """Run the configured epochs and mini-batches of PPO-style updates over `samples` (`on_tokens(n)` after
-    each micro-batch, with the tokens it trained).
+    each micro-batch, with the tokens it trained; `correction`: the rollout correction's mode, None: the
+    config's unless it says ``auto``, which only the trainer resolves, so off).
 
     Samples must carry ``advantages`` (and ``returns``/``values`` with a value head, ``ref_logprobs``
     with a KL loss, ``old_logprobs`` when :func:`needs_old_pass`). Without a separate old pass, the first
     pass's log-probs are the old policy's and are written to ``old_logprobs``. Returns verl-named metrics.
     """
     metrics = MetricSums()
+    correction = correction or configured_mode(cfg)
     trainable = [i for i, s in enumerate(samples) if s.trained_tokens > 0]
     if not trainable:
         return {"training/skipped_updates": 1.0}
@@ -121,7 +125,7 @@ def update_policy(
             finite = True
             for batch in pack(samples, cfg.micro_batch_tokens, chosen):
                 loss, parts, weight, logprobs = _micro_loss(
-                    policy, samples, batch, cfg, num_tokens, num_seqs, first_pass
+                    policy, samples, batch, cfg, num_tokens, num_seqs, first_pass, correction
                 )
                 if first_pass:
                     for i, lp in batch.split(samples, logprobs):
@@ -165,8 +169,10 @@ def _micro_loss(
     num_tokens: int,
     num_seqs: int,
     first_pass: bool,
+    correction: str,
 ) -> tuple[torch.Tensor, dict[str, float], float, torch.Tensor]:
-    """The loss of one micro-batch (normalized to its mini-batch), its metrics, weight and log-probs."""
+    """The loss of one micro-batch (normalized to its mini-batch), its metrics, weight and log-probs;
+    `correction`: the rollout correction's mode (`correction.py`)."""
     scores = policy.score(batch, entropy=cfg.entropy_coef != 0)
     lp = scores.logprobs
     device = lp.device
@@ -178,9 +184,7 @@ def _micro_loss(
         old = lp.detach()
     else:
         old = batch.per_target(samples, "old_logprobs").to(device)
-    weights = None
-    if cfg.tis_cap is not None and cfg.old_logprobs == "trainer":
-        weights = torch.clamp(torch.exp(old - engine_lp), max=cfg.tis_cap)
+    weights = correction_weights(old, engine_lp, correction, cfg.tis_cap) if cfg.old_logprobs == "trainer" else None
     adv = batch.per_target(samples, "advantages").to(device)
     agg = dict(mode=cfg.loss_agg_mode, seq_index=batch.seq_index.to(device), num_tokens=num_tokens, num_seqs=num_seqs)
     pg, pg_metrics = get_policy_loss_fn(cfg.loss_mode)(old, lp, adv, mask, cfg, weights)
@@ -223,9 +227,11 @@ def update_step(
     cfg: TrainConfig,
     seed: int,
     on_tokens: Callable[[int], None] | None = None,
+    correction: str | None = None,
 ) -> dict[str, float]:
     """One RL step's policy update: the old policy's (and the reference's) log-probs where the config needs
-    them, advantages, then :func:`update_policy`; verl-named metrics and timings."""
+    them, advantages, then :func:`update_policy` (with rollout correction `correction`); verl-named metrics
+    and timings, ``rollout_corr/…`` among them."""
     out: dict[str, float] = {}
     t0 = time.perf_counter()
     estimator = cfg.estimator
@@ -246,9 +252,11 @@ def update_step(
     compute_advantages(samples, cfg)
     t0 = time.perf_counter()
     generator = torch.Generator().manual_seed(seed)
-    out.update(update_policy(policy, optimizer, samples, cfg, generator, scheduler, on_tokens=on_tokens))
+    correction = correction or configured_mode(cfg)
+    out.update(update_policy(policy, optimizer, samples, cfg, generator, scheduler, on_tokens, correction))
     out["timing_s/update_actor"] = time.perf_counter() - t0
     out.update(logprob_mismatch(samples, [s.old_logprobs or [] for s in samples]))
+    out.update(correction_metrics(samples, correction if cfg.old_logprobs == "trainer" else "off", cfg.tis_cap))
     out.update(sample_metrics(samples))
     out["perf/trained_tokens"] = float(sum(s.trained_tokens for s in samples))
     out["perf/update_tokens"] = float(sum(len(s) for s in samples))

@@ -48,11 +48,12 @@ class _HostBuffer:
         return dict(zip(self.parts, on_device.split([len(p) for p in self.parts.values()])))
 
 
-def forward_inputs(chunks: list, cache: KVCache, device: torch.device) -> ForwardInputs:
+def forward_inputs(chunks: list, cache: KVCache, device: torch.device, exact: bool = False) -> ForwardInputs:
     """Lay out `chunks` (:class:`~srt_agent.runner.model_runner.Chunk`) for one pass over `cache`.
 
     Per packed entry: token, rotary position (sequence order for pending tokens, last pending position
     plus depth for draft nodes), slot, cache position ``start + i`` and preorder interval (enter, exit).
+    `exact`: the pass's attention runs in float64 (`numerics.exact_sdpa`).
     """
     scalars = torch.tensor([[c.slot, c.start, len(c), c.num_pending] for c in chunks])
     slot, start, length, pending = scalars.unbind(1)
@@ -90,6 +91,7 @@ def forward_inputs(chunks: list, cache: KVCache, device: torch.device) -> Forwar
         groups=[layout.group(views, in_order=one_run) for layout in layouts],
         total=total,
         span=(chunks[0].slot, chunks[0].start) if len(chunks) == 1 else None,
+        exact=exact,
     )
     return ForwardInputs(token_ids=views["tokens"], positions=views["positions"], batch=batch)
 

@@ -37,10 +37,11 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
     def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store rows: ``k[i]``, ``v[i]`` (``[kv_heads, head_dim]``) at (``slots[i]``, ``positions[i]``)."""
+        """Store rows: ``k[i]``, ``v[i]`` (``[kv_heads, head_dim]``) at (``slots[i]``, ``positions[i]``), in
+        the cache's dtype (float32 keys of a narrow model's float32 stream are rounded to it)."""
         keys, values = self._layer(layer, k)
-        keys[slots, :, positions] = k
-        values[slots, :, positions] = v
+        keys[slots, :, positions] = k.to(keys.dtype)
+        values[slots, :, positions] = v.to(values.dtype)
 
     def write_span(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store ``len(k)`` consecutive rows of one slot from position `start` (a slice, not a scatter)."""

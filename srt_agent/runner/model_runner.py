@@ -6,7 +6,9 @@ soft-capping or scaling) and supplies only the attention: tree attention over th
 :class:`~srt_agent.runner.kv_cache.KVCache`, plugged in through transformers' attention registry
 (`tree_attention.py`). Tokens of all chunks are packed into one row block, so every linear layer
 runs once per pass; new prompts are prefilled in the same pass as the others' decode steps. Same code
-on CPU and CUDA.
+on CPU and CUDA. Narrow weights (bfloat16, float16) compute with a float32 residual stream and a float32
+LM head, as the trainer scores tokens (`numerics.py`); with `exact_attention` the attention runs in
+float64, so a position's logits do not depend on the batch where the linears do not either.
 
 Public interface (what the engine and other callers use): :class:`Chunk`, ``forward(chunks) ->
 hidden``, ``logits(hidden)``, ``move_kv``, ``load_weights`` and the ``kv`` storage.
@@ -17,11 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from ..models.architectures import check_model
 from .device_info import detect_device
 from .forward_inputs import forward_inputs
 from .kv_cache import KVCache
+from .numerics import choose_exact_attention, compute, embeddings, is_narrow, plain_linears, wide
 from .packed_linear import pack_model_linears, should_pack
 from .tree_attention import use_tree_attention
 
@@ -62,9 +66,11 @@ class ModelRunner:
         tree_margin: int,
         device: torch.device,
         pack_linears: bool | None = None,
+        exact_attention: bool | str = False,
     ):
         """`pack_linears`: use oneDNN-prepacked copies of the linear weights (CPU); None decides by
-        device, dtype and free memory (`packed_linear.should_pack`)."""
+        device, dtype and free memory (`packed_linear.should_pack`). `exact_attention`: True, False or
+        ``auto`` (`numerics.choose_exact_attention`)."""
         check_model(model)
         self.model = model.to(device).eval()
         use_tree_attention(self.model)
@@ -74,6 +80,8 @@ class ModelRunner:
         if pack_linears is None:
             pack_linears = should_pack(model, device, dtype, self.device_info.fast_bf16)
         self.packed_linears = pack_linears and pack_model_linears(model) > 0
+        self.dtype = dtype if plain_linears(model) else None  # a quantized copy runs as it is
+        self.exact_attention = choose_exact_attention(exact_attention, model, device)
         self.decoder = model.get_decoder()
         self.head = LogitHead.of(model)
         self.vocab_size = model.get_output_embeddings().out_features
@@ -90,19 +98,20 @@ class ModelRunner:
         for chunk in chunks:
             if chunk.start + len(chunk) > self.capacity:
                 raise ValueError(f"chunk ends at {chunk.start + len(chunk)}, beyond the cache of {self.capacity}")
-        inputs = forward_inputs(chunks, self.kv, self.device)
-        out = self.decoder(
-            input_ids=inputs.token_ids.unsqueeze(0),
-            position_ids=inputs.positions.unsqueeze(0),
-            attention_mask=self._no_mask,
-            use_cache=False,
-            tree_batch=inputs.batch,
-        )
+        inputs = forward_inputs(chunks, self.kv, self.device, self.exact_attention)
+        with compute(self.dtype, self.device.type):
+            out = self.decoder(
+                inputs_embeds=embeddings(self.decoder, inputs.token_ids.unsqueeze(0), self.dtype),
+                position_ids=inputs.positions.unsqueeze(0),
+                attention_mask=self._no_mask,
+                use_cache=False,
+                tree_batch=inputs.batch,
+            )
         return out.last_hidden_state[0]
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """LM-head logits of some hidden-state rows, in float32 or wider."""
+        """LM-head logits of some hidden-state rows, in float32 or wider (computed so, not upcast)."""
         return self.head(hidden)
 
     def move_kv(self, slots: list[int], src: list[int], dst: list[int]) -> None:
@@ -132,12 +141,15 @@ class ModelRunner:
 
 @dataclass
 class LogitHead:
-    """The LM head and the post-processing causal-LM classes apply to its output."""
+    """The LM head and the post-processing causal-LM classes apply to its output, in float32 or wider: a
+    narrow (bfloat16, float16) head multiplies the float32 hidden state by a float32 copy of its weight,
+    made again whenever the weight changes (`numerics.py`)."""
 
     lm_head: torch.nn.Module
     multiply: float | None = None  # Cohere's logit_scale
     divide: float | None = None  # Granite's logits_scaling
     softcap: float | None = None  # Gemma 2/3's final_logit_softcapping
+    _wide: tuple[tuple, torch.Tensor, torch.Tensor | None] | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> LogitHead:
@@ -150,7 +162,11 @@ class LogitHead:
         )
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        out = self.lm_head(hidden)
+        weight = getattr(self.lm_head, "weight", None)
+        if isinstance(weight, torch.Tensor) and type(weight.data) is torch.Tensor and is_narrow(weight.dtype):
+            out = F.linear(wide(hidden), *self._wide_weights(weight))
+        else:
+            out = self.lm_head(hidden)
         if self.multiply is not None:
             out = out * self.multiply
         if self.divide is not None:
@@ -158,6 +174,14 @@ class LogitHead:
         if self.softcap is not None:
             out = torch.tanh(out / self.softcap) * self.softcap
         return out if out.dtype in (torch.float32, torch.float64) else out.float()
+
+    def _wide_weights(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The head's weight and bias in float32, copied once per version of the weight."""
+        key = (weight.data_ptr(), weight._version)
+        if self._wide is None or self._wide[0] != key:
+            bias = getattr(self.lm_head, "bias", None)
+            self._wide = (key, weight.detach().float(), bias.detach().float() if bias is not None else None)
+        return self._wide[1], self._wide[2]
 
 
 def attention_shapes(model: torch.nn.Module) -> list[tuple[int, int]]:

@@ -43,6 +43,12 @@ class PackedLinear(torch.nn.Linear):
         self._packed_version = self.weight._version
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (
+            x.device.type == "cpu"
+            and torch.is_autocast_enabled("cpu")
+            and torch.get_autocast_dtype("cpu") == self.weight.dtype
+        ):
+            x = x.to(self.weight.dtype)  # what autocast would hand the plain kernel (a narrow model's float32 stream)
         if not self.packing or torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(-1, x.shape[-1])

@@ -3,7 +3,8 @@
 `quantized_copy(model, scheme)` quantizes a deep copy's ``nn.Linear`` layers, LM head included, except each
 MLP's output projection (`keeps_float`: its input's outlier channels cost acceptance); the original is
 untouched. Schemes (`SCHEMES`; `default_scheme` picks by device): ``int8`` on CPU (torch's dynamic
-quantization), ``int4`` / ``fp8`` on CUDA (torchao). Measurements behind these choices: docs/engine.md,
+quantization, from float32), ``int4`` / ``fp8`` on CUDA (torchao, from a bfloat16 copy whatever the
+engine's dtype). Measurements behind these choices: docs/engine.md,
 "Drafting with the policy itself".
 """
 
@@ -37,6 +38,12 @@ def default_scheme(info: DeviceInfo) -> str:
     return "fp8" if torch.cuda.get_device_capability() >= (8, 9) else "int4"
 
 
+def quantized_dtype(scheme: str) -> torch.dtype:
+    """What a scheme quantizes from: float32 for torch's int8 kernels; bfloat16 for torchao's int4 and fp8
+    ones (its PerRow fp8 takes bfloat16 input only, so a float32 or float16 policy's copy is cast first)."""
+    return torch.float32 if scheme == "int8" else torch.bfloat16
+
+
 def check_scheme(scheme: str, device: torch.device) -> None:
     """Raise ValueError when `scheme` cannot run on `device`."""
     if scheme not in SCHEMES:
@@ -63,7 +70,9 @@ def quantized_copy(model: torch.nn.Module, scheme: str) -> torch.nn.Module:
             warnings.catch_warnings()
         ):  # torch.ao.quantization is deprecated; its CPU kernels are still the fastest here
             warnings.simplefilter("ignore")
-            quantize_dynamic(clone.float(), {n: per_channel_dynamic_qconfig for n in names}, inplace=True)
+            quantize_dynamic(
+                clone.to(quantized_dtype(scheme)), {n: per_channel_dynamic_qconfig for n in names}, inplace=True
+            )
         return clone
     try:
         from torchao.quantization import (
@@ -76,8 +85,8 @@ def quantized_copy(model: torch.nn.Module, scheme: str) -> torch.nn.Module:
         raise ValueError(
             f"the {scheme} drafter needs torchao's quantization API (pip install -U torchao): {exc}"
         ) from None
+    clone.to(quantized_dtype(scheme))
     if scheme == "int4":
-        clone.to(torch.bfloat16)
         config = Int4WeightOnlyConfig(group_size=128)
     else:
         config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())

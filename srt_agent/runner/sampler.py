@@ -1,9 +1,12 @@
 """Lossless sampling keyed by (seed, position, token).
 
 The token at position ``p`` of a request with seed ``s`` is ``argmax(filtered_logits / T + G)``, with Gumbel
-noise ``G`` made from uniforms that are a stateless function of (s, p, token id), bit for bit the same on
-every device. A position therefore gets the same token whether plain decoding or the verification of a draft
-node reaches it, whatever the batch or row order, so speculation emits exactly plain decoding's tokens.
+noise ``G`` made from uniforms that are a stateless function of (s, p, token id): the uniforms are the same
+bits on every device and in every batch (``-log(-log u)`` may differ in its last bit between CPU and CUDA).
+A position therefore gets the token its logits give whether plain decoding or the verification of a draft
+node reaches it, so speculation emits plain decoding's tokens bit for bit where the logits are
+batch-invariant (float64, or ``engine.batch_invariant``: `numerics.py`), and elsewhere the same tokens
+except at near-ties the logits' float error can flip (`rl/identity.py` judges each).
 Sampling reads nothing back to the host (`draw`); `sample_rows` reads its result in one transfer. The
 generator, bit by bit, and its cost: docs/engine.md, "Lossless sampling".
 """

@@ -11,13 +11,13 @@ on CUDA and CPU alike; why, and what it measured: docs/engine.md, "Forward pass"
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from .kv_cache import KVCache
+from .numerics import base_attention_function, exact_sdpa
 
 TREE_ATTENTION_PREFIX = "srt_tree_over_"
 
@@ -52,9 +52,10 @@ class TreeBatch:
     groups: list[AttentionGroup]
     total: int
     span: tuple[int, int] | None = None  # (slot, start) when all entries are one slot's consecutive positions
+    exact: bool = False  # attention in float64 (`numerics.exact_sdpa`): the same bits in every batch
 
     def bias(self, g: AttentionGroup, group: int, window: int | None, dtype: torch.dtype) -> torch.Tensor:
-        """Additive mask ``[B, 1, L * group, key_len]`` (0 or -inf) of a group, query rows folded as in
+        """Additive mask ``[B, 1, L * group, key_len]`` (0 or -inf; boolean for `dtype` bool) of a group, query rows folded as in
         :func:`fold_heads`: cached context and ancestors; with a `window`, only keys with
         ``query_pos - key_pos < window``. Built on the first layer that asks, then reused."""
         key = (group, window, dtype)
@@ -76,6 +77,10 @@ class TreeBatch:
             key_pos = torch.where(inside, self.positions[entry], keys)
             visible &= key_pos[:, None, :] > self.positions[g.rows][:, :, None] - window
         batch, length, key_len = visible.shape
+        if dtype == torch.bool:  # SDPA's boolean form: True takes part
+            return (
+                visible[:, :, None, :].expand(batch, length, group, key_len).reshape(batch, 1, length * group, key_len)
+            )
         bias = torch.zeros(batch, length, group, key_len, dtype=dtype, device=visible.device)
         return bias.masked_fill_(~visible[:, :, None, :], float("-inf")).view(batch, 1, length * group, key_len)
 
@@ -115,7 +120,7 @@ def tree_attention(
     (``s_aux``, gpt-oss). Without a `tree_batch` it is the model's previous implementation.
     """
     if tree_batch is None:
-        fallback = _fallback(module)
+        fallback = base_attention_function(module)
         extra = dict(sliding_window=sliding_window, softcap=softcap, s_aux=s_aux)
         extra = {k: v for k, v in extra.items() if v is not None}
         return fallback(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **extra, **kwargs)
@@ -129,21 +134,26 @@ def tree_attention(
         cache.write(layer, tree_batch.slot_of, tree_batch.cache_pos, k, v)
     heads, head_dim, kv_heads = q.shape[1], q.shape[2], k.shape[1]
     scale = scaling if scaling is not None else head_dim**-0.5
+    store = cache.keys[layer].dtype  # queries are rounded as keys and values are (autocast would, too)
     out = None
     for g in tree_batch.groups:
         width = g.rows.shape[1]
         qg = fold_heads(q.view(*g.rows.shape, heads, head_dim) if g.in_order else q[g.rows], kv_heads)
         kg, vg = cache.read(layer, g.slots, g.slot_range, g.key_len)
-        bias = tree_batch.bias(g, heads // kv_heads, sliding_window, q.dtype)
-        if softcap is None and s_aux is None:
-            og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=bias, scale=scale)
+        plain = softcap is None and s_aux is None
+        mask_dtype = (torch.bool if plain else torch.float64) if tree_batch.exact else store
+        bias = tree_batch.bias(g, heads // kv_heads, sliding_window, mask_dtype)
+        if plain and tree_batch.exact:
+            og = exact_sdpa(qg, kg, vg, bias, scale, store)
+        elif plain:
+            og = F.scaled_dot_product_attention(qg.to(store), kg, vg, attn_mask=bias, scale=scale)
         else:
-            og = _attention_math(qg, kg, vg, bias, scale, softcap, s_aux)
+            og = _attention_math(qg, kg, vg, bias, scale, softcap, s_aux, store, tree_batch.exact)
         og = unfold_heads(og, width)
         if g.in_order:
             return og.unsqueeze(0), None
         if out is None:
-            out = torch.empty(tree_batch.total, heads, head_dim, dtype=query.dtype, device=query.device)
+            out = torch.empty(tree_batch.total, heads, head_dim, dtype=og.dtype, device=query.device)
         out[g.packed] = og if g.entries is None else og[g.entries]
     return out.unsqueeze(0), None
 
@@ -156,9 +166,18 @@ def _attention_math(
     scale: float,
     softcap: float | None,
     sinks: torch.Tensor | None,
+    store: torch.dtype,
+    exact: bool = False,
 ) -> torch.Tensor:
     """Attention written out, for what SDPA lacks: logit soft-capping and attention sinks. Query heads
-    folded as in :func:`fold_heads` (`q` ``[B, kv_heads, L * group, D]``, `sinks` one per query head)."""
+    folded as in :func:`fold_heads` (`q` ``[B, kv_heads, L * group, D]``, `sinks` one per query head);
+    `q`, `k`, `v` rounded to `store`; in float64 where `exact` (the output rounded back to `store`)."""
+    q, k, v = (t.to(store) for t in (q, k, v))
+    if exact:
+        with torch.autocast(q.device.type, enabled=False):
+            q, k, v, bias = q.double(), k.double(), v.double(), bias.double()
+            sinks = sinks.double() if sinks is not None else None
+            return _attention_math(q, k, v, bias, scale, softcap, sinks, torch.float64).to(store)
     scores = (q @ k.transpose(-1, -2)) * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
@@ -171,16 +190,6 @@ def _attention_math(
         scores = scores - scores.max(dim=-1, keepdim=True).values
     probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
     return (probs[..., :-1] if sinks is not None else probs) @ v
-
-
-def _fallback(module: torch.nn.Module):
-    """The attention function the model used before :func:`use_tree_attention`."""
-    from transformers import AttentionInterface
-
-    name = module.config._attn_implementation.removeprefix(TREE_ATTENTION_PREFIX)
-    if name == "eager":  # each modeling file has its own eager function
-        return sys.modules[type(module).__module__].eager_attention_forward
-    return AttentionInterface._global_mapping[name]
 
 
 def use_tree_attention(model: torch.nn.Module) -> None:

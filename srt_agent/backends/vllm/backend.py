@@ -204,6 +204,7 @@ def vllm_backend(config, loaded, drafter: str | None = None, run_ahead=None) -> 
         run_ahead=run_ahead,
         dtype=getattr(e, "dtype", "auto"),
         gpu_memory_utilization=e.vllm.gpu_memory_utilization,
+        batch_invariant=e.vllm.batch_invariant,
     )
     return VLLMBackend(engine)
 

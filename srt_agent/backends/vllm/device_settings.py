@@ -28,6 +28,7 @@ from typing import Any, Literal
 from .settings import V2_RUNNER_ENV
 
 GiB = 2**30
+BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"  # vLLM's batch-invariant kernels (0.31 and later, CUDA)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 #: what the trainer allocates per parameter after vLLM has started (the policy's own weights are already
 #: resident, so out of the free memory vLLM sees): float32 gradients (4), AdamW's two float32 moments (8),
@@ -80,6 +81,12 @@ def model_dtype(name: str, facts: DeviceFacts) -> str:
     return str(auto_dtype(facts.device == "cuda" and facts.bf16)).removeprefix("torch.")
 
 
+def head_args(dtype: str) -> dict[str, Any]:
+    """Engine arguments that run a narrow (bfloat16, float16) model's LM head in float32, as the trainer's:
+    vLLM's ``head_dtype`` (0.31 and later; an older vLLM keeps the head in the model's dtype)."""
+    return {"hf_overrides": {"head_dtype": "float32"}} if dtype in ("bfloat16", "float16") else {}
+
+
 def trainer_reserve_bytes(facts: DeviceFacts) -> int:
     """GPU memory kept free for the trainer of this process: its state still to come, 16 bytes a parameter,
     and a fifth of the card for its activations and the allocator (a rollout-only run keeps it too: the
@@ -110,14 +117,23 @@ def vllm_settings(
     threads: int | None = None,
     enforce_eager: bool | None = None,
     memory_utilization: float | None = None,
+    batch_invariant: bool = False,
 ) -> VLLMSettings:
     """The settings of one engine on the device `facts` describe (pure: nothing is read or set).
 
     `kv_cache_gib`: the KV cache (CPU) or the least KV vLLM's share must hold (GPU); `threads`: CPUs
     vLLM's OpenMP threads bind to (CPU; default: all but one); `enforce_eager` (None: on a CPU, off on
-    a GPU); `memory_utilization`: vLLM's share of the GPU (None: from the free memory)."""
+    a GPU); `memory_utilization`: vLLM's share of the GPU (None: from the free memory); `batch_invariant`:
+    vLLM's batch-invariant mode (CUDA only: ValueError on a CPU)."""
     resolved = model_dtype(dtype, facts)
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", V2_RUNNER_ENV: "0"}
+    if batch_invariant and facts.device != "cuda":
+        raise ValueError(
+            "engine.vllm.batch_invariant: vLLM's batch-invariant mode runs its Triton kernels on CUDA only; "
+            "on a CPU leave it off (our engine's engine.batch_invariant is the CPU's)"
+        )
+    if batch_invariant:
+        env[BATCH_INVARIANT_ENV] = "1"
     defaults = dict(QUIET)
     if facts.device == "cpu":
         from .cpu import cpu_env
@@ -126,11 +142,12 @@ def vllm_settings(
             threads = max(1, facts.cpus - 1)
         # The KV size goes in bytes (EngineArgs below), not as VLLM_CPU_KVCACHE_SPACE (whole GiB only).
         defaults.update({k: v for k, v in cpu_env(threads).items() if k in CPU_THREAD_ENV})
-        args = {"dtype": resolved, "enforce_eager": enforce_eager is not False}
+        args = {"dtype": resolved, "enforce_eager": enforce_eager is not False, **head_args(resolved)}
         args["kv_cache_memory_bytes"] = int(kv_cache_gib * GiB)  # VLLM_CPU_KVCACHE_SPACE, where set, overrides it
         return VLLMSettings(env, defaults, args, f"{resolved}, cpu")
     share = memory_utilization or free_memory_share(facts, resolved, kv_cache_gib)
     args = {"dtype": resolved, "enforce_eager": bool(enforce_eager), "gpu_memory_utilization": share}
+    args.update(head_args(resolved))
     summary = f"{resolved}, cuda, {share:.0%} of {facts.total_bytes / GiB:.0f} GiB"
     return VLLMSettings(env, defaults, args, summary)
 

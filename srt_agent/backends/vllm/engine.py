@@ -5,7 +5,8 @@ Requests go in as token ids; each delta of sampled ids goes through our engine's
 :class:`~srt_agent.engine.stops.StopChecker`, so a turn ends at exactly the token where our engine's would
 (vLLM's own EOS rule is off; what a speculative step overshoots is dropped). A later turn is a new vLLM
 request over the whole token list, its KV reused by vLLM's prefix cache. Sampling is exact by default
-(``exact_sampling.py``): a seeded request's tokens do not depend on the drafts and equal our engine's. New
+(``exact_sampling.py``): a seeded request's tokens do not depend on the drafts, and equal our engine's up to
+near-ties of the two engines' float errors. A narrow model's LM head runs in float32. New
 weights go in place (``reload_weights``); the SRT proposer's trees stay. The device decides the settings
 (``device_settings.py``). The whole contract: docs/vllm.md.
 """
@@ -86,6 +87,7 @@ class VLLMEngine:
         run_ahead: RunAheadOptions | None = None,
         dtype: str = "auto",
         gpu_memory_utilization: float | None = None,
+        batch_invariant: bool = False,
     ):
         self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # for `restarted`
         check_drafter(drafter)
@@ -97,7 +99,13 @@ class VLLMEngine:
         from .device_settings import device_facts, vllm_settings
 
         self.settings = vllm_settings(
-            device_facts(model_dir), dtype, kv_cache_gib, threads, enforce_eager, gpu_memory_utilization
+            device_facts(model_dir),
+            dtype,
+            kv_cache_gib,
+            threads,
+            enforce_eager,
+            gpu_memory_utilization,
+            batch_invariant,
         )
         self.drafter_name = drafter
         self.exact_sampling = exact_sampling
@@ -328,9 +336,11 @@ class VLLMEngine:
     # ----- policy and drafter ---------------------------------------------------------------------
 
     def update_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """New weights in place (float32). Cached prefixes were computed by the old ones, so they go first; with
-        turns running (or vLLM refusing to empty its prefix cache because blocks are in use) the update is
-        refused: KV of the old policy would be reused, an off-policy rollout with no sign."""
+        """New weights in place, handed to vLLM as given (the trainer sends them in the engine's dtype: no
+        float32 copy of the model is made; vLLM's loader copies each into its parameter). Cached prefixes were
+        computed by the old ones, so they go first; with turns running (or vLLM refusing to empty its prefix
+        cache because blocks are in use) the update is refused: KV of the old policy would be reused, an
+        off-policy rollout with no sign."""
         from .workers import reload_weights
 
         if self.run_ahead is not None:
@@ -346,7 +356,7 @@ class VLLMEngine:
                 "reuse KV of the old ones; update between steps, when no request runs"
             )
         start = time.perf_counter()
-        reload_weights(self.llm, ((name, tensor.detach().to(torch.float32)) for name, tensor in weights.items()))
+        reload_weights(self.llm, ((name, tensor.detach()) for name, tensor in weights.items()))
         self.totals.weight_updates += 1
         self.totals.weight_update_s += time.perf_counter() - start
 

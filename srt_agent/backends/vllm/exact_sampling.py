@@ -8,8 +8,9 @@ our engine does (:mod:`srt_agent.runner.sampler`): the token at absolute positio
 seed ``s`` is ``argmax(filtered logits / T + Gumbel noise keyed by (s, p))``. A verified draft token is
 kept exactly when it equals the token sampled at its position, and the first token that differs (or the
 bonus token after a fully accepted draft) is emitted in its place. So a seeded request's tokens do not
-depend on what was drafted, nor on the batch it ran in, and they equal our engine's on the same weights
-(up to float32 near-ties between the two engines' logits). The returned log-probability is
+depend on what was drafted; they depend on the batch it ran in, and differ from our engine's on the same
+weights, only where vLLM's logits do: at near-ties that float error flips (`rl/identity.py` proves them
+near-ties, or names a fault). The returned log-probability is
 ``log_softmax(logits / T)`` of the sampled token, before top-k/top-p filtering, as in our engine and the
 trainer.
 
