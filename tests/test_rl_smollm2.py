@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from srt_agent.config import load_env_config
 from srt_agent.models import cache_root, load_model
 from srt_agent.rl.trainer import Trainer
+from srt_agent.runner.device_info import detect_device
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,6 +62,11 @@ def test_cold_start_teaches_the_tool_and_a_grpo_step_runs(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    not detect_device(torch.device("cpu")).native_bf16,
+    reason="bfloat16 is emulated on this CPU (no AVX-512 BF16 or AMX): SmolLM2's cold start takes over 10 minutes; "
+    "tests/test_rl_mixed_precision.py and tests/test_numerics.py check the float32 masters on a tiny model",
+)
 @pytest.mark.usefixtures("fresh_cold_start_cache")
 def test_a_bfloat16_cold_start_teaches_the_tool_as_the_float32_one_does(tmp_path, monkeypatch):
     """``train.dtype: bfloat16`` computes in bfloat16 over float32 weights and AdamW state. With bfloat16

@@ -175,7 +175,5 @@ def run_train(
         for s in result["steps"]
     }
     if "gap" in result:
-        result["headline"]["bf16_gap"] = {
-            k: result["gap"][k]["logprob_diff_mean"] for k in ("train_auto", "train_float32")
-        }
+        result["headline"]["bf16_gap"] = {k: row["logprob_diff_mean"] for k, row in result["gap"]["rows"].items()}
     return result

@@ -23,6 +23,12 @@ class DeviceInfo:
         """bf16 matmuls beat fp32 here: AMX on CPU, any CUDA device."""
         return self.device == "cuda" or "amx_bf16" in self.flags
 
+    @property
+    def native_bf16(self) -> bool:
+        """bf16 matmuls run on bf16 instructions (AVX-512 BF16, AMX, CUDA); with AVX2 alone torch emulates them,
+        ~5x slower than fp32 (a SmolLM2 linear's forward and backward, 2-core AMD EPYC)."""
+        return self.fast_bf16 or "avx512_bf16" in self.flags
+
 
 def detect_device(device: torch.device) -> DeviceInfo:
     if device.type == "cuda":
