@@ -64,7 +64,7 @@ def test_cold_start_teaches_the_tool_and_a_grpo_step_runs(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(
     not detect_device(torch.device("cpu")).native_bf16,
-    reason="bfloat16 is emulated on this CPU (no AVX-512 BF16 or AMX): SmolLM2's cold start takes over 10 minutes; "
+    reason="hardware: bfloat16 is emulated on this CPU (no AVX-512 BF16 or AMX): SmolLM2's cold start takes over 10 minutes; "
     "tests/test_rl_mixed_precision.py and tests/test_numerics.py check the float32 masters on a tiny model",
 )
 @pytest.mark.usefixtures("fresh_cold_start_cache")
