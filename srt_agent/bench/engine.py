@@ -63,6 +63,11 @@ class EngineBenchConfig:
     batch_invariant: bool | str = "auto"  # the engine's float64 attention (runner/numerics.py)
     notes: list[str] = field(default_factory=list)
 
+    def runs(self) -> int:
+        """Epochs the benchmark runs in all (transformers' generate times two per epoch at batch 1)."""
+        hf = 2 * self.epochs if self.hf_baseline and 1 in self.batches else 0
+        return len(self.batches) * len(self.methods) * self.epochs + hf
+
     @classmethod
     def quick(cls) -> EngineBenchConfig:
         return cls(

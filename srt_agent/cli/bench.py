@@ -18,6 +18,16 @@ MODEL = typer.Option("smollm2", help="Model: 'smollm2', 'tiny-llama', an HF dire
 JSON = typer.Option(None, "--json", help="Write the result as JSON here.")
 PLOT_PNG = typer.Option(None, "--plot", help="Also draw the result as a PNG here.")
 IN_OUT = verbose_option(f"OUT/{LOG_NAME}")  # --verbose of a benchmark with a run folder
+BATCH_INVARIANT = typer.Option(
+    "auto", help="The engine's float64 attention: on, off or auto (on a CPU whose linears are batch-invariant)."
+)
+
+
+def batch_invariant_choice(value: str) -> bool | str:
+    """``--batch-invariant``'s on / off / auto as the engine takes it."""
+    if value not in ("auto", "on", "off"):
+        raise typer.BadParameter("choose on, off or auto", param_hint="--batch-invariant")
+    return value if value == "auto" else value == "on"
 
 
 @bench_app.command("engine")
@@ -41,18 +51,14 @@ def bench_engine(
         "float32", help="Policy dtype: float32 or bfloat16 (bf16 matmuls use AMX where the CPU has it)."
     ),
     seed: int = typer.Option(0),
-    batch_invariant: str = typer.Option(
-        "auto", help="The engine's float64 attention: on, off or auto (on a CPU whose linears are batch-invariant)."
-    ),
+    batch_invariant: str = BATCH_INVARIANT,
     quick: bool = typer.Option(False, "--quick", help="Tiny random model, tiny workload: seconds."),
     json_path: Path | None = JSON,
     plot: Path | None = PLOT_PNG,
     verbose: bool = verbose_option(command_log("bench-engine")),
 ):
     """The speculative engine per drafter and batch size (tokens/s, tokens per forward, speedup)."""
-    if batch_invariant not in ("auto", "on", "off"):
-        raise typer.BadParameter("choose on, off or auto", param_hint="--batch-invariant")
-    invariant = batch_invariant if batch_invariant == "auto" else batch_invariant == "on"
+    invariant = batch_invariant_choice(batch_invariant)
     from rich.progress import Progress
 
     from ..bench.engine import METHODS, EngineBenchConfig, result_lines, run_engine_bench, summary_table
@@ -78,14 +84,11 @@ def bench_engine(
             dtype=dtype,
             batch_invariant=invariant,
         )
-    total = len(config.batches) * len(config.methods) * config.epochs + (
-        2 * config.epochs if config.hf_baseline and 1 in config.batches else 0
-    )
     with (
         third_party_output_to(command_log("bench-engine"), console, verbose),
         Progress(console=console, transient=True) as progress,
     ):
-        task = progress.add_task("engine bench", total=total)
+        task = progress.add_task("engine bench", total=config.runs())
 
         def report(run: dict) -> None:
             progress.update(
@@ -104,27 +107,6 @@ def bench_engine(
         from ..bench.engine_plot import plot_engine_bench
 
         console.print(f"wrote {plot_engine_bench(result, plot)}")
-
-
-@bench_app.command("gap")
-def bench_gap(
-    model: str = MODEL,
-    backend: str = typer.Option("engine", help="engine (ours) or vllm."),
-    dtype: str = typer.Option("bfloat16", help="What the backend samples in: bfloat16, float16 or float32."),
-    batch_invariant: str = typer.Option("auto", help="Our engine's float64 attention: on, off or auto."),
-    prompts: int = typer.Option(8, min=1, help="Chat prompts, each sampled once."),
-    max_tokens: int = typer.Option(64, min=1, help="Tokens per sample."),
-    json_path: Path | None = JSON,
-):
-    """The gap between a sampled token's log-prob and the trainer's, with one source changed at a time."""
-    from ..bench.gap import GapConfig, run_gap
-
-    invariant = batch_invariant if batch_invariant == "auto" else batch_invariant == "on"
-    result = run_gap(GapConfig(model, backend, dtype, invariant, prompts, max_tokens))
-    console.print(f"{backend} in {dtype} (exact attention: {result['exact_attention']}), {result['tokens']} tokens")
-    for name, row in result["rows"].items():
-        console.print(f"  {name}: mean {row['logprob_diff_mean']:.2e}, max {row['logprob_diff_max']:.2e}")
-    write_json(result, json_path)
 
 
 @bench_app.command("prefix")
@@ -488,34 +470,3 @@ def bench_replay(
         )
     console.print(sweep_table(result))
     write_json(result, json_path)
-
-
-@bench_app.command("gpu")
-def bench_gpu(
-    out: Path = typer.Option(..., "--out", help="Folder for one JSON per stage and summary.json."),
-    device: str = typer.Option("auto", help="auto (CUDA when present), cuda or cpu."),
-    quick: bool = typer.Option(False, "--quick", help="Tiny models and workloads: the dry run (seconds on a CPU)."),
-    stage: list[str] = typer.Option([], "--stage", help="Stages to run (default: exactness, speed, train, profile)."),
-    budget: float | None = typer.Option(None, min=10, help="Seconds for all stages (default 450; --quick: 120)."),
-    verbose: bool = IN_OUT,
-):
-    """The GPU check: exactness on the device, the engine in bf16 on Qwen2.5-shaped random models (SRT vs none,
-    verification cost), one GRPO step and a profiled batch-64 step; exits 1 if a stage failed."""
-    from ..bench.gpu import run_gpu_check
-    from ..bench.gpu_setup import GpuCheckConfig
-
-    config = GpuCheckConfig.dry_run(device) if quick else GpuCheckConfig(device=device)
-    config.stages = tuple(stage) or config.stages
-    config.budget_s = budget or config.budget_s
-    with (
-        reported(ValueError, code=1, message=PLAIN),
-        third_party_output_to(command_log("bench-gpu", out), console, verbose),
-    ):
-        summary = run_gpu_check(config, out, log=lambda line: console.print(line, highlight=False))
-    for name, row in summary["stages"].items():
-        console.print(
-            f"{name}: {row['status']} in {row['wall_s']:.0f} s {json.dumps(row['headline'])}", highlight=False
-        )
-    console.print(f"[green]wrote {out}[/green]")
-    if any(row["status"] == "error" for row in summary["stages"].values()):
-        raise typer.Exit(1)

@@ -1,7 +1,8 @@
 """The env config and every name an env YAML can use.
 
-- :mod:`.schema`: the YAML schema (pydantic models) and its loader; ``from srt_agent.config import X``
-  reads from it.
+- :mod:`.schema`: the YAML schema (pydantic models), its ``engine:`` section in :mod:`.engine_config`, what
+  every section shares in :mod:`.base`, and the loader in :mod:`.loading`; ``from srt_agent.config import X``
+  reads from them.
 - :mod:`.algorithm_registry`: the advantage estimators and policy losses ``train:`` names.
 - :mod:`.source_registry`: the environment sources ``env:``, ``agent:`` and ``dataset.source`` select.
 - :mod:`.tasks`: the ``Task`` every source hands over, in verl's row layout.
@@ -10,29 +11,23 @@ The registries hold their implementations (in ``rl/``, ``sources/``) as ``"modul
 decorator, so the config checks a name without importing them, or torch.
 """
 
+from .base import ConfigError, import_dotted
+from .engine_config import EngineConfig, RunAheadConfig, VLLMOptions
+from .loading import apply_overrides, load_env_config, read_yaml, validate_config
 from .schema import (
     ALGORITHMS,
     KL_PENALTIES,
     LOSS_AGG_MODES,
     PRESETS,
     ColdStartConfig,
-    ConfigError,
     DatasetConfig,
-    EngineConfig,
     EnvConfig,
     InterpreterConfig,
     LoraConfig,
     ReasoningGymFamily,
     RewardConfig,
-    RunAheadConfig,
     SamplingConfig,
     TrainConfig,
-    VLLMOptions,
-    apply_overrides,
-    import_dotted,
-    load_env_config,
-    read_yaml,
-    validate_config,
 )
 
 __all__ = [

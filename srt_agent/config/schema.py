@@ -1,8 +1,9 @@
 """The env config (``envs/*.yaml``), the root of every run: pydantic models and a loader whose errors
 name the file and the bad key.
 
-The whole schema in one place, in the order of an env YAML: the rollout environment (model, tasks, tools,
-limits, sampling, rewards), the engine, and the ``train:`` and ``cold_start:`` sections.
+The schema in the order of an env YAML: the rollout environment (model, tasks, tools, limits, sampling,
+rewards), the engine (:mod:`.engine_config`), and the ``train:`` and ``cold_start:`` sections; the loader is
+:mod:`.loading`.
 It imports nothing heavy (no torch), so reading and checking a config costs milliseconds: the engine's
 defaults come from :mod:`srt_agent.engine.options`, and the names a YAML gives (drafter, backend, estimator,
 loss, source) are checked against registries that load what they name only when it is used.
@@ -11,19 +12,16 @@ Relative paths inside a config (dataset, tools, cold-start traces) are resolved 
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from ..engine.options import EngineDefaults, RunAheadOptions
 from .algorithm_registry import AdvantageEstimator, get_adv_estimator, get_policy_loss
+from .base import Strict, import_dotted
+from .engine_config import EngineConfig
 from .source_registry import EnvSource, episode_source, names_source, task_source
 from .tasks import Task
-
-M = TypeVar("M", bound=BaseModel)
 
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean")
 KL_PENALTIES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
@@ -41,18 +39,10 @@ PRESETS: dict[str, dict] = {
 ALGORITHMS = tuple(PRESETS)
 
 
-class ConfigError(ValueError):
-    """A config file that cannot be read or does not validate; the message names the file and the key."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 # ----- the rollout environment -----------------------------------------------------------------------
 
 
-class ReasoningGymFamily(_Strict):
+class ReasoningGymFamily(Strict):
     """One task family of a reasoning-gym mix: its registered name, its share of the mix, its config."""
 
     name: str = Field(..., description="a reasoning-gym task family, e.g. basic_arithmetic, leg_counting")
@@ -60,7 +50,7 @@ class ReasoningGymFamily(_Strict):
     config: dict[str, Any] = Field(default_factory=dict, description="the family's config (min_terms, ...)")
 
 
-class DatasetConfig(_Strict):
+class DatasetConfig(Strict):
     """Where tasks come from: ``source: arithmetic`` (procedural, seeded), ``source: reasoning_gym`` (a weighted
     mix of reasoning-gym task families, seeded) or a ``.jsonl``/``.parquet`` path in verl's layout; a source
     named by ``env:`` that brings its own tasks (``verifiers:<id>``) sets it. Sources: :mod:`srt_agent.sources`."""
@@ -100,19 +90,19 @@ class DatasetConfig(_Strict):
         return self.task_source().load_tasks(self, min(caps) if caps else None)
 
 
-class SamplingConfig(_Strict):
+class SamplingConfig(Strict):
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
     seed: int | None = 0
 
 
-class InterpreterConfig(_Strict):
+class InterpreterConfig(Strict):
     max_output_chars: int = Field(1024, ge=16, description="interpreter output cap (characters)")
     timeout_s: float | None = Field(None, gt=0, description="overrides the tool config's timeout")
 
 
-class RewardConfig(_Strict):
+class RewardConfig(Strict):
     """How a final answer becomes a reward (the `reward:` section of an env config).
 
     ``turn_penalty`` is subtracted per tool turn (ReTool-style pressure towards fewer, better calls);
@@ -135,176 +125,10 @@ class RewardConfig(_Strict):
     use_math_verify: bool = True
 
 
-# ----- the engine ------------------------------------------------------------------------------------
-
-_ENGINE = EngineDefaults()  # the engine's own defaults, which engine: takes
-_RUN_AHEAD = RunAheadOptions()
-
-
-class RunAheadConfig(_Strict):
-    """Run-ahead generation in the training drafter's engine (``srt-agent train``): idle capacity fills
-    the trees of prompts that come soon with continuations under the current policy, never trained on.
-    Defaults: the engine's (:class:`RunAheadOptions`)."""
-
-    enabled: bool = False
-    bubbles: list[Literal["tail", "tools", "update"]] = Field(
-        default_factory=lambda: list(_RUN_AHEAD.bubbles),
-        description="tail: beside the last running sequences; tools: while all wait on tools; update: during the policy update",
-    )
-    window: int = Field(0, ge=0, description="look-ahead prompts of the coming steps (0: the next step's batch)")
-    tokens_per_sequence: int = Field(
-        _RUN_AHEAD.tokens_per_sequence, ge=1, description="tokens per run-ahead sequence, at most"
-    )
-    budget_tokens: int = Field(_RUN_AHEAD.budget_tokens, ge=0, description="run-ahead tokens per step, at most")
-    slack: float = Field(
-        _RUN_AHEAD.slack, ge=0, description="how much a step may grow, as a share of its predicted cost"
-    )
-    start: Literal["prompt", "branch"] = Field(
-        _RUN_AHEAD.start, description="start from the prompt or from where rollouts disagreed"
-    )
-    max_sequences: int = Field(
-        _RUN_AHEAD.max_sequences, ge=0, description="run-ahead sequences at once (0: every free slot)"
-    )
-
-    def options(self, seed: int = 0) -> RunAheadOptions | None:
-        """The engine's `RunAheadOptions`, or None when run-ahead is off."""
-        if not self.enabled:
-            return None
-        return RunAheadOptions(
-            bubbles=tuple(self.bubbles),
-            slack=self.slack,
-            tokens_per_sequence=self.tokens_per_sequence,
-            budget_tokens=self.budget_tokens,
-            start=self.start,
-            max_sequences=self.max_sequences,
-            seed=seed,
-        )
-
-
-class VLLMOptions(_Strict):
-    """How the vLLM backend runs (``engine.backend: vllm``)."""
-
-    speculative_tokens: int = Field(8, ge=1, description="draft tokens per step (srt, ngram, suffix)")
-    enforce_eager: bool | None = Field(
-        None,
-        description="skip torch.compile and CUDA graphs; null: on a CPU (start-up in seconds instead of minutes, and "
-        "compiled was no faster at batch 1), off on a GPU (CUDA graphs make its decode steps fast)",
-    )
-    kv_cache_gib: float | None = Field(
-        None,
-        gt=0,
-        description="KV cache per engine in GiB; null: sized from the job (max_batch sequences of max_context "
-        "tokens); VLLM_CPU_KVCACHE_SPACE in the environment (whole GiB) overrides both. On a GPU the KV is what "
-        "gpu_memory_utilization leaves after the weights, and this is the least it must hold (checked at start)",
-    )
-    batch_invariant: bool = Field(
-        False,
-        description="vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT: its Triton kernels, CUDA only; refused on a "
-        "CPU): a request's logits do not depend on its batch, so its methods' tokens agree bit for bit",
-    )
-    gpu_memory_utilization: float | None = Field(
-        None,
-        gt=0,
-        le=1,
-        description="vLLM's share of the GPU's total memory (weights, activations, KV); null: the free memory less "
-        "the trainer's reserve (16 bytes a parameter for its gradients, AdamW's moments and a reference or master "
-        "copy, and a fifth of the card for its activations); set it to share a GPU among several engines",
-    )
-    threads: int | None = Field(
-        None,
-        ge=1,
-        description="CPUs vLLM's OpenMP threads bind to, on a CPU (default: all this process may use but one, which "
-        "the agent side needs: the controller, the tokenizer and the sandboxed tool runs)",
-    )
-    block_size: int | None = Field(
-        32,
-        ge=1,
-        description="KV-cache block size in tokens (the prefix cache's granularity: GRPO siblings and later "
-        "turns reuse whole blocks only; vLLM's CPU attention needs a multiple of 32); null: vLLM's default (128 on CPU)",
-    )
-    exact_sampling: bool = Field(
-        True,
-        description="sample as our engine does (position-keyed noise): a seeded request's tokens do not depend on "
-        "the drafts, and equal our engine's on the same weights except where the engines' float errors flip a "
-        "near-tie (rl/identity.py proves each); off: vLLM's own sampler (equal in distribution only)",
-    )
-    proposer: dict[str, Any] = Field(
-        default_factory=dict,
-        description="options of SRT's proposer inside vLLM (drafter srt): max_bytes, max_held, held_ttl_s, min_prob, "
-        "whole_prompt, global_fallback, policy, step_fixed_ms, step_row_ms, draft_token_ms, calibrate, save_path, save_interval_s, ... "
-        "(srt_agent.backends.vllm.proposer_options.ProposerOptions)",
-    )
-
-    @field_validator("proposer")
-    @classmethod
-    def _known_proposer_options(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from ..backends.vllm.proposer_options import ProposerOptions
-
-        return ProposerOptions.checked(value)
-
-
-class EngineConfig(_Strict):
-    backend: str = Field(
-        "engine",
-        description="engine: ours; vllm: vLLM in this process; auto: vLLM where installed and the drafter has a vLLM counterpart",
-    )
-    vllm: VLLMOptions = Field(default_factory=VLLMOptions)
-    drafter: str = _ENGINE.drafter
-    device: str = _ENGINE.device
-    dtype: Literal["auto", "float32", "bfloat16", "float16", "float64"] = Field(
-        "auto",
-        description="what the rollout engine computes in; auto: bfloat16 on a CUDA GPU that supports it, "
-        "else the dtype the model was loaded in (float32)",
-    )
-    max_batch: int = Field(_ENGINE.max_batch, ge=1)
-    max_context: int = Field(_ENGINE.max_context, ge=16)
-    calibrate: bool = Field(
-        _ENGINE.calibrate, description="measure step costs at start-up (sizes drafts from the first step)"
-    )
-    run_ahead: RunAheadConfig = Field(default_factory=RunAheadConfig)
-    prefix_sharing: bool = Field(
-        _ENGINE.prefix_sharing, description="reuse the KV of cached prompt prefixes (GRPO siblings, system prompts)"
-    )
-    prefix_cache_tokens: int = Field(
-        _ENGINE.prefix_cache_tokens, ge=0, description="tokens of KV kept in the prefix cache's block pool"
-    )
-    tree_bytes: int | None = Field(
-        None,
-        gt=0,
-        description="bytes SRT's trees may hold per engine (prompt trees, held turns, the global tree of responses); "
-        "null: sized from the run (4 steps of prompts_per_step × n_samples rollouts of max_context tokens at 100 "
-        "bytes a token, at least 64 MiB, at most an eighth of the host memory available); printed at start",
-    )
-    batch_invariant: bool | Literal["auto"] = Field(
-        _ENGINE.batch_invariant,
-        description="our engine: attention in float64, so a position's logits do not depend on the batch, the drafts or "
-        "decoding vs scoring where the device's linears do not either (the trainer scores so too); auto: on a CPU "
-        "whose linears pass the probe at start-up",
-    )
-
-    @field_validator("backend")
-    @classmethod
-    def _known_backend(cls, value: str) -> str:
-        from ..backends import unknown_backend
-
-        if (unknown := unknown_backend(value)) is not None:
-            raise ValueError(unknown)
-        return value
-
-    @field_validator("drafter")
-    @classmethod
-    def _known_drafter(cls, value: str) -> str:
-        from ..drafting import DRAFTERS
-
-        if value not in DRAFTERS:
-            raise ValueError(f"unknown drafter {value!r}; choose one of {sorted(DRAFTERS)}")
-        return value
-
-
 # ----- training --------------------------------------------------------------------------------------
 
 
-class LoraConfig(_Strict):
+class LoraConfig(Strict):
     """LoRA adapters through peft (``rank: 0`` trains every weight)."""
 
     rank: int = Field(0, ge=0, description="0 = full fine-tuning")
@@ -314,7 +138,7 @@ class LoraConfig(_Strict):
     )
 
 
-class TrainConfig(_Strict):
+class TrainConfig(Strict):
     """One RL run (the ``train:`` section): algorithm, batch shape, optimizer, losses, what to compare and log.
 
     ``algorithm`` picks a preset (GRPO, DAPO or PPO); every field left out takes the preset's value, so
@@ -443,7 +267,7 @@ class TrainConfig(_Strict):
         return self
 
 
-class ColdStartConfig(_Strict):
+class ColdStartConfig(Strict):
     """ReTool's cold start: SFT on code-integrated traces before RL, and the held-out tool-use report."""
 
     enabled: bool = True
@@ -467,7 +291,7 @@ class ColdStartConfig(_Strict):
 # ----- the whole file --------------------------------------------------------------------------------
 
 
-class EnvConfig(_Strict):
+class EnvConfig(Strict):
     """One rollout environment: model, tasks, tools, turn and token limits, sampling, rewards."""
 
     name: str = "env"
@@ -548,80 +372,3 @@ class EnvConfig(_Strict):
     def env_class(self) -> type:
         """Import the Env class named by ``env`` (an ``env:`` naming a source names no Env: the default one)."""
         return import_dotted(EnvConfig.model_fields["env"].default if names_source(self.env) else self.env)
-
-
-def import_dotted(path: str) -> Any:
-    """Import ``package.module.Name``."""
-    module_name, _, attr = path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot import {path!r}: {exc}") from None
-
-
-def read_yaml(path: str | Path) -> dict:
-    """Parse a YAML mapping; malformed YAML raises :class:`ConfigError` naming the file and line."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{where}: malformed YAML: {problem}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return data
-
-
-def validate_config(model: type[M], data: dict, path: str | Path) -> M:
-    """Validate `data` against `model`; every error names the file and the dotted key."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            key = ".".join(str(part) for part in err["loc"]) or "(top level)"
-            lines.append(f"{path}: {key}: {err['msg']}")
-        raise ConfigError("\n".join(lines)) from None
-
-
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Set dotted keys from ``KEY=VALUE`` strings (values parsed as YAML), e.g. ``train.lr=1e-5``."""
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. train.steps=8")
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError:
-            raise ConfigError(f"override {item!r}: the value is not valid YAML") from None
-        node = data
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: {part!r} is not a section")
-            node = child
-        node[parts[-1]] = value
-    return data
-
-
-def load_env_config(path: str | Path, overrides: list[str] | None = None) -> EnvConfig:
-    """Read and validate an env YAML (with ``KEY=VALUE`` overrides); relative paths become absolute."""
-    path = Path(path)
-    config = validate_config(EnvConfig, apply_overrides(read_yaml(path), overrides or []), path)
-    base = path.resolve().parent
-    if config.tools is not None and not config.tools.is_absolute():
-        config.tools = (base / config.tools).resolve()
-    if config.dataset.task_source().path:
-        source = Path(config.dataset.source)
-        config.dataset.source = str(source if source.is_absolute() else (base / source).resolve())
-    traces = config.cold_start.source_path(base)
-    if traces is not None:
-        config.cold_start.source = str(traces)
-    return config

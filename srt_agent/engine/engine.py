@@ -31,8 +31,10 @@ from ..drafting.request_kind import RequestKind
 from ..drafting.trees import keys
 from ..models import LoadedModel, cast_weights, resolve_device
 from ..runner.device_info import resolve_engine_dtype
-from ..runner.model_runner import Chunk, ModelRunner
+from ..runner.model_runner import ModelRunner
+from .calibration import CALIBRATION_SIZES, measure_step_costs
 from .drafting import Drafting, resolve_drafter
+from .generate import generate_all
 from .options import EngineDefaults, RunAheadOptions
 from .params import RequestOutput, SamplingParams, check_prompt
 from .prefix_cache import PrefixCache
@@ -322,27 +324,11 @@ class Engine:
             out.update(self.prefix.as_dict())
         return out
 
-    def calibrate(self, sizes: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 12, 16, 32)) -> None:
-        """Seed the cost model: forward + LM-head time of one sequence feeding each of `sizes` tokens,
-        and of every free slot feeding one and two tokens (a full batch verifying a little)."""
+    def calibrate(self, sizes: tuple[int, ...] = CALIBRATION_SIZES) -> None:
+        """Seed the cost model from measured step times (`calibration.py`)."""
         slots = list(self.scheduler.free_slots)
-        if not slots:
-            return
-        shapes = [(1, min(n, self.runner.capacity)) for n in sizes]
-        if len(slots) > 1:
-            shapes += [(len(slots), 1), (len(slots), 2)]
-        self.runner.forward([Chunk(slots[0], 0, [0], 1)])  # warm-up
-        samples = []
-        for sequences, n in shapes:
-            chunks = [Chunk(slot, 0, [0] * n, n) for slot in slots[:sequences]]
-            best = float("inf")
-            for _ in range(2):
-                t0 = time.perf_counter()
-                self.runner.logits(self.runner.forward(chunks))
-                self.runner.synchronize()
-                best = min(best, time.perf_counter() - t0)
-            samples.append((sequences * n, best, sequences))
-        self.cost_model.calibrate(samples)
+        if slots:
+            self.cost_model.calibrate(measure_step_costs(self.runner, slots, sizes))
 
     # ----- the step -------------------------------------------------------------------------------
 
@@ -499,48 +485,4 @@ class Engine:
         progress: bool = False,
     ) -> list[RequestOutput]:
         """Generate for every prompt; a bad prompt yields an "error" output, the others still run."""
-        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
-        if len(params_list) != len(prompts) or (prompt_keys is not None and len(prompt_keys) != len(prompts)):
-            raise ValueError("params and prompt_keys must have one entry per prompt")
-        outputs: dict[str, RequestOutput] = {}
-        ids = []
-        for i, (prompt, p) in enumerate(zip(prompts, params_list)):
-            request_id = f"gen-{uuid.uuid4().hex[:12]}-{i}"
-            ids.append(request_id)
-            try:
-                self.add_request(prompt, p, request_id, prompt_keys[i] if prompt_keys else None)
-            except ValueError as exc:
-                outputs[request_id] = RequestOutput(request_id, [], [], "error", error=str(exc))
-        bar = _progress(progress, len(prompts))
-        try:
-            while any(r not in outputs for r in ids):
-                for out in self.step():
-                    if out.request_id in ids:
-                        outputs[out.request_id] = out
-                        bar.advance()
-        finally:
-            bar.close()
-            for request_id in ids:
-                self.release(request_id)
-        return [outputs[r] for r in ids]
-
-
-class _progress:
-    """A rich progress bar, or nothing."""
-
-    def __init__(self, enabled: bool, total: int):
-        self._bar = None
-        if enabled:
-            from rich.progress import Progress
-
-            self._bar = Progress(transient=True)
-            self._bar.start()
-            self._task = self._bar.add_task("generating", total=total)
-
-    def advance(self) -> None:
-        if self._bar is not None:
-            self._bar.advance(self._task)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
+        return generate_all(self, prompts, params, prompt_keys, progress)

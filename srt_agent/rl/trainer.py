@@ -6,8 +6,9 @@ rewards (DAPO: overlong shaping, dynamic sampling that refills the batch) → ad
 ``end_step``. The per-prompt trees persist across steps. ``compare`` drafters regenerate every step from
 the same weights and seeds (their tokens must be identical; only their time differs).
 
-The Trainer is one run's lifecycle (cold start, steps, Ctrl-C, resume, report); what a step computes
-lives in samples.py, update.py, metrics.py, checkpoint.py, evaluate.py and report.py.
+The Trainer is one run's lifecycle (cold start, steps, Ctrl-C, resume, report; its checkpoints, resume and
+report in record.py); what a step computes lives in samples.py, update.py, metrics.py, checkpoint.py,
+evaluate.py and report.py.
 """
 
 from __future__ import annotations
@@ -26,10 +27,9 @@ from rich.console import Console
 from ..agent.rollout import write_jsonl
 from ..agent.toolconfig import load_tools, require_sandbox_runtime
 from ..agent.trajectory import Trajectory
-from ..backends import VLLM_IDENTICAL_NOTE
 from ..backends.base import run_tree_budget
 from ..config import ConfigError, EnvConfig, load_env_config
-from ..drafting import DRAFTERS, RolloutCache, drafter_capabilities
+from ..drafting import DRAFTERS, drafter_capabilities
 from ..models import LoadedModel, load_model
 from ..runner.device_info import resolve_engine_dtype
 from .batch import Sample
@@ -39,8 +39,6 @@ from .checkpoint import (
     find_checkpoint,
     folder_bytes,
     load_checkpoint,
-    save_checkpoint,
-    set_rng_state,
 )
 from .coldstart import ColdStartResult, cold_start_line, finish_report, run_cold_start
 from .comparison import Comparison
@@ -49,26 +47,15 @@ from .data import PromptSampler
 from .evaluate import HELD_OUT_FIGURES, ToolUseReport, evaluate_policy, held_out_tasks
 from .interrupt import cooperative_interrupt, deferred_interrupt
 from .memory import MemoryMeter, check_plan, memory_line, plan_memory, planned_engines
-from .metrics import merged_summary, rollout_metrics, run_ahead_metrics, speed_totals
-from .policy import Policy, SamplerNumerics, build_policy, master_copy, require_peft
+from .metrics import merged_summary, rollout_metrics, run_ahead_metrics
+from .policy import SamplerNumerics, build_policy, master_copy, require_peft
 from .progress import phase_bar
+from .record import RunParts, RunRecord
 from .report import step_table, step_warnings, story_lines, write_report
 from .rollouts import PolicyRollouts, RolloutRun, RolloutVariant, stats_delta
 from .samples import informative_groups, step_samples
 from .trackers import Tracker, make_trackers
 from .update import trained_tokens, update_step
-
-
-@dataclass
-class RunParts:
-    """What an RL run holds while it runs."""
-
-    policy: Policy
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    reference: Policy | None
-    sampler: PromptSampler
-    rollouts: PolicyRollouts
 
 
 @dataclass
@@ -87,7 +74,7 @@ class StepRollouts:
         return sum(run.wall_s for run in self.runs)
 
 
-class Trainer:
+class Trainer(RunRecord):
     """An RL run of one env config (see the ``train:`` and ``cold_start:`` sections).
 
     ``Trainer(config, out_dir).run()`` runs the cold start (or takes it from the cache) and the RL
@@ -488,87 +475,6 @@ class Trainer:
             return evaluate_policy(rollouts, tasks, seed, phase=self._phase, label=f"held-out tasks, {label}")[0]
 
         return evaluate
-
-    def _save(
-        self,
-        step: int,
-        parts: RunParts,
-        caches: dict[str, RolloutCache] | None = None,
-        rng: dict | None = None,
-        finished: bool = False,
-    ) -> None:
-        """Step `step`'s checkpoint; a `finished` run's leaves AdamW's moments out unless ``train.keep_optimizer``."""
-        keep_optimizer = not finished or self.config.train.keep_optimizer
-        state = {
-            "reference": parts.reference.state_dict() if parts.reference is not None else None,
-            "policy": parts.policy.state_dict(),
-            "optimizer": parts.optimizer.state_dict() if keep_optimizer else None,
-            "scheduler": parts.scheduler.state_dict(),
-            "sampler": parts.sampler.state_dict(),
-            "history": self.history,
-            "cold_start": self.cold.report() if self.cold else None,
-            "held_out": {label: r.as_dict() for label, r in self.held_out.items()},
-            "config": self.config.model_dump(mode="json"),
-        }
-        caches = parts.rollouts.caches() if caches is None else caches
-        save_checkpoint(self.out_dir, step, state, caches, keep=self.config.train.keep_checkpoints, rng=rng)
-
-    def _restore(self, state: dict, caches: dict[str, Path], parts: RunParts) -> int:
-        saved = state.get("config", {}).get("train", {})
-        if saved.get("algorithm") not in (None, self.config.train.algorithm):
-            raise ConfigError(
-                f"checkpoint was trained with {saved['algorithm']!r}, this config says {self.config.train.algorithm!r}"
-            )
-        parts.policy.load_state_dict(state["policy"])
-        if parts.reference is not None:
-            if state.get("reference") is None:
-                raise ConfigError(
-                    "the checkpoint has no reference policy; it was saved by a run that used none (no KL loss, train.kl_coef, "
-                    "nor an estimator that reads reference log-probs)"
-                )
-            parts.reference.load_state_dict(state["reference"])
-        if state["optimizer"] is not None:
-            parts.optimizer.load_state_dict(state["optimizer"])
-        else:
-            self._log("the checkpoint is a finished run's, without AdamW's moments: they start afresh")
-        parts.scheduler.load_state_dict(state["scheduler"])
-        parts.sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
-        self.history = list(state["history"])
-        if state.get("cold_start"):
-            self.cold = ColdStartResult.from_report(state["cold_start"])
-        self.held_out = {label: ToolUseReport(**r) for label, r in state.get("held_out", {}).items()}
-        for name, path in caches.items():
-            if name in parts.rollouts.controllers:
-                parts.rollouts.restore_cache(name, RolloutCache.load(path))
-        parts.rollouts.update_weights(
-            parts.policy.engine_weights(self.engine_dtype), parts.policy.base is not self.loaded.model
-        )
-        self._log(f"resumed from step {state['step']} ({self.resume})")
-        return int(state["step"])
-
-    def report(self) -> dict:
-        cfg, train = self.config, self.config.train
-        totals = speed_totals(self.history, self.compared)
-        if not self.comparison.exact.get(self.variants[0].name, True):
-            totals.update({f"identical_vs_{name}_note": VLLM_IDENTICAL_NOTE for name in self.compared})
-        return {
-            "name": cfg.name,
-            "algorithm": train.algorithm,
-            "drafter": self.variants[0].name,
-            "backend": self.backend,
-            "compare": self.compared,
-            "model": self.loaded.name if self.loaded else cfg.model,
-            "interrupted": self.interrupted,
-            "checkpoint": str(self.checkpoint) if self.checkpoint else None,
-            "cold_start": self.cold.report() if self.cold else None,
-            "held_out": {label: r.as_dict() for label, r in self.held_out.items()},
-            "steps": self.history,
-            "identity": self.comparison.differences,
-            "totals": totals,
-            "config": cfg.model_dump(mode="json"),
-            "memory": self.memory,
-        }
 
     def _log(self, message: str) -> None:
         self.console.print(message, highlight=False)

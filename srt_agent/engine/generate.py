@@ -1,0 +1,73 @@
+"""Batch generation on the engine: every prompt added, the engine stepped until all finish, a progress bar
+if asked (:meth:`Engine.generate <srt_agent.engine.engine.Engine.generate>`)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Hashable
+from typing import Protocol
+
+from .params import RequestOutput, SamplingParams
+
+
+class Stepped(Protocol):
+    """What batch generation drives: the engine's requests and steps."""
+
+    def add_request(self, prompt_ids, params, request_id, prompt_key=None) -> str: ...
+    def step(self) -> list[RequestOutput]: ...
+    def release(self, request_id: str) -> None: ...
+
+
+def generate_all(
+    engine: Stepped,
+    prompts: list[list[int]],
+    params: SamplingParams | list[SamplingParams] | None = None,
+    prompt_keys: list[Hashable] | None = None,
+    progress: bool = False,
+) -> list[RequestOutput]:
+    """Generate for every prompt on `engine`; a bad prompt yields an "error" output, the others still run."""
+    params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+    if len(params_list) != len(prompts) or (prompt_keys is not None and len(prompt_keys) != len(prompts)):
+        raise ValueError("params and prompt_keys must have one entry per prompt")
+    outputs: dict[str, RequestOutput] = {}
+    ids = []
+    for i, (prompt, p) in enumerate(zip(prompts, params_list)):
+        request_id = f"gen-{uuid.uuid4().hex[:12]}-{i}"
+        ids.append(request_id)
+        try:
+            engine.add_request(prompt, p, request_id, prompt_keys[i] if prompt_keys else None)
+        except ValueError as exc:
+            outputs[request_id] = RequestOutput(request_id, [], [], "error", error=str(exc))
+    bar = _progress(progress, len(prompts))
+    try:
+        while any(r not in outputs for r in ids):
+            for out in engine.step():
+                if out.request_id in ids:
+                    outputs[out.request_id] = out
+                    bar.advance()
+    finally:
+        bar.close()
+        for request_id in ids:
+            engine.release(request_id)
+    return [outputs[r] for r in ids]
+
+
+class _progress:
+    """A rich progress bar, or nothing."""
+
+    def __init__(self, enabled: bool, total: int):
+        self._bar = None
+        if enabled:
+            from rich.progress import Progress
+
+            self._bar = Progress(transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("generating", total=total)
+
+    def advance(self) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._task)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
