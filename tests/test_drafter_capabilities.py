@@ -70,3 +70,13 @@ def test_vllm_features_follow_what_the_drafter_declares(registered):
     lite = refusal("mytrees-lite", run_ahead=True)
     assert lite is not None and "run-ahead" in str(lite.error)
     assert refusal("ngram", run_ahead=True) is not None
+
+
+def test_the_benchmarks_take_a_new_drafter_from_the_registry(registered):
+    from srt_agent.bench.cache import available_drafters
+    from srt_agent.bench.engine import EngineBenchConfig
+    from srt_agent.drafting import exact_drafters
+
+    assert "mytrees" in EngineBenchConfig().methods and "mytrees" in available_drafters()
+    assert "spec-rl" not in exact_drafters()  # lenient: not exactly on-policy
+    assert "none" not in available_drafters() and "self" not in available_drafters()  # nothing to draft; a model

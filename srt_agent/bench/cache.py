@@ -24,10 +24,9 @@ from dataclasses import asdict, dataclass, field
 from ..drafting.draft import Draft
 from ..drafting.drafter import Drafter
 from ..drafting.drafters.arctic import ArcticDrafter
-from ..drafting.registry import drafter_unavailable, make_drafter
+from ..drafting.registry import drafter_unavailable, exact_drafters, make_drafter
 
 MODES = ("sequential", "lockstep")
-DRAFTERS = ("srt", "ngram", "suffix", "history", "arctic")
 METRICS = ("accepted_per_draft", "draft_us_mean", "draft_us_p99", "insert_us_per_token", "bytes_per_token")
 
 
@@ -245,9 +244,19 @@ def run_drafter(
     )
 
 
+def cache_drafters() -> tuple[str, ...]:
+    """The benchmark's drafters: the registry's exact ones that draft without a model."""
+    return exact_drafters(model=False, baseline=False)
+
+
 def available_drafters() -> list[str]:
     """The benchmark's drafters that can run here (arctic only when arctic-inference imports)."""
-    return [name for name in DRAFTERS if drafter_unavailable(name) is None]
+    return [name for name in cache_drafters() if drafter_unavailable(name) is None]
+
+
+def skipped_drafters() -> list[str]:
+    """Why each of the benchmark's drafters that cannot run here is left out."""
+    return [f"skipped {name}: {why}" for name in cache_drafters() if (why := drafter_unavailable(name)) is not None]
 
 
 def cache_benchmark(
@@ -269,7 +278,14 @@ def cache_benchmark(
     names = drafters if drafters is not None else available_drafters()
     workload = make_workload(spec)
     total = sum(len(r.response) for step in workload for r in step)
-    result: dict = {"workload": asdict(spec), "budget": budget, "tokens_per_run": total, "modes": {}}
+    skipped = skipped_drafters() if drafters is None else []
+    result: dict = {
+        "workload": asdict(spec),
+        "budget": budget,
+        "tokens_per_run": total,
+        "skipped": skipped,
+        "modes": {},
+    }
     columns = (TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, disable=not progress, transient=True) as bar:
         for mode in modes:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ..drafting import exact_drafters
 from ..engine import Engine
 from ..engine.params import SamplingParams
 from ..models import LoadedModel, load_model
@@ -35,7 +36,6 @@ QUESTIONS = [
     "Write a Python function that counts the vowels in a string.",
     "Find the greatest common divisor of 84 and 126 using Python.",
 ]
-METHODS = ("none", "ngram", "suffix", "history", "srt", "arctic", "self", "srt+self")
 # head to head, per batch size: the first method's time over the second's, paired by epoch (same seeds)
 PAIRS = (("srt", "arctic"), ("srt", "suffix"), ("srt", "none"), ("arctic", "none"))
 DTYPES = ("float32", "bfloat16")
@@ -51,7 +51,7 @@ class EngineBenchConfig:
     epochs: int = 3
     max_tokens: int = 96
     batches: tuple[int, ...] = (1, 8, 32)
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = field(default_factory=exact_drafters)  # the registry's, the lenient left out
     hf_baseline: bool = True
     max_draft_tokens: int = 16
     adaptive_drafts: bool = True  # False: verify every drafted node (the drafters' acceptance ceiling)

@@ -30,7 +30,6 @@ from ..engine.sequence import Sequence
 from ..engine.stats import EngineStats
 from .rollout_trace import RolloutTrace, TracedRunAhead, TracedStep, TracedTrajectory, cost_model_of
 
-TREE_DRAFTERS = ("srt", "history")
 ANY_TOKEN = sys.maxsize  # the vocabulary bound drafts are checked against: a trace's trees hold only its tokens
 
 
@@ -139,7 +138,9 @@ class Replay:
                 if v is not None
             }
         )
-        self.drafter = make_drafter(self.drafter_name, **(cache if self.drafter_name in TREE_DRAFTERS else {}))
+        self.drafter = make_drafter(
+            self.drafter_name, **(cache if drafter_capabilities(self.drafter_name).trees else {})
+        )
         self.drafting = Drafting(
             self.drafter,
             ForwardCostModel(),

@@ -39,7 +39,7 @@ def bench_engine(
     max_tokens: int = typer.Option(96, min=1, help="Tokens per sample."),
     batch: list[int] = typer.Option([1, 8, 32], "--batch", help="Batch sizes (engine max_batch)."),
     method: list[str] = typer.Option(
-        [], "--method", help="Drafters (default: none ngram suffix history srt arctic self srt+self)."
+        [], "--method", help="Drafters (default: every exactly on-policy drafter in the registry)."
     ),
     hf: bool = typer.Option(True, "--hf/--no-hf", help="Also time transformers' generate at batch 1."),
     max_draft_tokens: int = typer.Option(16, min=0, help="Draft nodes per sequence and step, at most."),
@@ -61,7 +61,8 @@ def bench_engine(
     invariant = batch_invariant_choice(batch_invariant)
     from rich.progress import Progress
 
-    from ..bench.engine import METHODS, EngineBenchConfig, result_lines, run_engine_bench, summary_table
+    from ..bench.engine import EngineBenchConfig, result_lines, run_engine_bench, summary_table
+    from ..drafting import exact_drafters
 
     if quick:
         config = dataclasses.replace(
@@ -75,7 +76,7 @@ def bench_engine(
             epochs=epochs,
             max_tokens=max_tokens,
             batches=tuple(batch),
-            methods=tuple(method) or METHODS,
+            methods=tuple(method) or exact_drafters(),
             hf_baseline=hf,
             max_draft_tokens=max_draft_tokens,
             adaptive_drafts=adaptive,

@@ -49,6 +49,8 @@ def bench_cache(
     with reported(ValueError, code=1, message=PLAIN):
         result = cache_benchmark(spec, budget=budget, modes=tuple(mode), drafters=drafter or None)
     console.print(result_table(result))
+    for note in result["skipped"]:
+        console.print(f"[dim]{note}[/dim]")
     write_json(result, json_path)
 
 

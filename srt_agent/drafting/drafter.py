@@ -22,7 +22,8 @@ class DrafterCapabilities:
     - ``lenient``: its drafts carry an old policy's log-probabilities and are accepted by the lenient
       rule with its ``lenience`` (not exactly on-policy);
     - ``model``: it runs a model bound to the engine's policy (`drafting.drafters.model_drafting.ModelDrafter`);
-    - ``global_tree``: beside its prompt trees it keeps a global tree of responses across prompts.
+    - ``global_tree``: beside its prompt trees it keeps a global tree of responses across prompts;
+    - ``drafts``: it proposes tokens at all (the plain-decoding baseline does not).
 
     A drafter with ``trees`` takes a ``max_bytes`` option (the budget of all it keeps), one with ``global_tree``
     also ``global_bytes`` (that tree's part of it): how a run's `TreeBudget` reaches it.
@@ -34,6 +35,7 @@ class DrafterCapabilities:
     lenient: bool = False
     model: bool = False
     global_tree: bool = False
+    drafts: bool = True
 
 
 NO_CAPABILITIES = DrafterCapabilities()

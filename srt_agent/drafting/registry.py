@@ -44,6 +44,18 @@ def drafter_capabilities(name: str) -> DrafterCapabilities:
     return _entry(name).load().capabilities
 
 
+def exact_drafters(*, model: bool = True, baseline: bool = True) -> tuple[str, ...]:
+    """The registered drafters whose rollouts are plain decoding's (every one but the lenient), in the registry's
+    order (read at each call: a drafter registered later counts); `model` False leaves out those that run a
+    model, `baseline` False the one that never drafts. What the benchmarks run by default."""
+    names = []
+    for name in DRAFTERS:
+        caps = drafter_capabilities(name)
+        if not caps.lenient and (model or not caps.model) and (baseline or caps.drafts):
+            names.append(name)
+    return tuple(names)
+
+
 def runs_as_proposer(name: str) -> bool:
     """Whether vLLM runs drafter `name` through srt-agent's own proposer (``custom_class``), where what the drafter
     declares (trees, run-ahead) is what SRT's proposer offers inside vLLM; vLLM's own drafters offer none of it."""

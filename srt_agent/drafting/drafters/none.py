@@ -13,7 +13,7 @@ _CHECKED_TAIL = 32  # like the tree drafters, look at (and so validate) only the
 
 class NoDrafter:
     name = "none"
-    capabilities = DrafterCapabilities()
+    capabilities = DrafterCapabilities(drafts=False)
 
     def __init__(self) -> None:
         self._running: set[Hashable] = set()
