@@ -23,6 +23,7 @@ import torch
 from ..backends.base import run_tree_budget
 from ..backends.vllm.kv_cache import kv_bytes_per_token, kv_cache_gib
 from ..config import ConfigError
+from ..models.training_bytes import trainer_state_bytes
 from ..runner.device_info import resolve_engine_dtype
 from ..runner.numerics import is_narrow
 from ..runner.packed_linear import available_memory_bytes
@@ -124,7 +125,6 @@ def plan_memory(
     model_dtype = engine_dtype if our_engines else loaded_dtype
     params = sum(p.numel() for p in model.parameters())
     weights = params * engine_dtype.itemsize
-    trained = params * MASTER_DTYPE.itemsize
     host: dict[str, int] = {}
     on_device = device.type != "cpu"
     parts: dict[str, int] = {}  # where the weights, KV and trainer state live
@@ -144,13 +144,9 @@ def plan_memory(
             parts[f"LM head in float32 ({our_engines} ×)"] = (
                 model.get_output_embeddings().weight.numel() * 4 * our_engines
             )
-    if policy_copies_model or train.lora.rank > 0 or model_dtype != MASTER_DTYPE:
-        parts["policy (a copy of the model)"] = trained
-    if train.needs_reference and train.lora.rank == 0:
-        parts["reference policy"] = trained
-    if train.lora.rank == 0:  # LoRA's adapters are small: their gradients and moments are left out
-        parts["gradients"] = trained
-        parts["AdamW moments"] = 2 * trained
+    full = train.lora.rank == 0
+    copy = policy_copies_model or not full or model_dtype != MASTER_DTYPE
+    parts.update(trainer_state_bytes(params, copy, train.needs_reference and full, full))
     parts["activations (one micro-batch)"] = activation_bytes(model.config, train.micro_batch_tokens)
     if tree_engines:
         trees = run_tree_budget(config).max_bytes

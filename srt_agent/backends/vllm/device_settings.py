@@ -25,15 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ...models.training_bytes import trainer_state_bytes
 from .settings import V2_RUNNER_ENV
 
 GiB = 2**30
 BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"  # vLLM's batch-invariant kernels (0.31 and later, CUDA)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 #: what the trainer allocates per parameter after vLLM has started (the policy's own weights are already
-#: resident, so out of the free memory vLLM sees): float32 gradients (4), AdamW's two float32 moments (8),
-#: and a reference policy or the float32 master copy of a bf16 policy (4)
-TRAINER_BYTES_PER_PARAM = 16
+#: resident, so out of the free memory vLLM sees): gradients, AdamW's moments, and one float32 copy (a
+#: reference policy or the master copy of a bf16 policy): 16 bytes
+TRAINER_BYTES_PER_PARAM = sum(trainer_state_bytes(1, policy_copy=False, reference=True).values())
 #: the share of the card kept for the trainer's activations (one micro-batch with its backward pass; a
 #: 1.5B model at a few thousand tokens needs several GiB) and the CUDA allocator's fragmentation
 TRAINER_HEADROOM = 0.2
