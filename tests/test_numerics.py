@@ -25,8 +25,8 @@ def _model():
     return tiny_random_model("llama", vocab_size=512, hidden_size=128, num_layers=4, seed=3, dtype=torch.float32)
 
 
-def _rollouts(loaded, batch_invariant: bool, drafter: str = "none") -> list[Sample]:
-    engine = Engine(
+def _engine(loaded, drafter, batch_invariant: bool, **options) -> Engine:
+    return Engine(
         loaded,
         drafter=drafter,
         device="cpu",
@@ -35,7 +35,12 @@ def _rollouts(loaded, batch_invariant: bool, drafter: str = "none") -> list[Samp
         calibrate=False,
         dtype="bfloat16",
         batch_invariant=batch_invariant,
+        **options,
     )
+
+
+def _rollouts(loaded, batch_invariant: bool, drafter: str = "none") -> list[Sample]:
+    engine = _engine(loaded, drafter, batch_invariant)
     outs = engine.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=24, seed=11, ignore_eos=True))
     return [Sample(p, o.token_ids, [1] * len(o.token_ids), o.logprobs) for p, o in zip(PROMPTS, outs)]
 
@@ -87,18 +92,7 @@ def test_speculation_emits_plain_decodings_tokens_in_bfloat16_with_exact_attenti
     drafts (accepted and rejected nodes of one tree) give plain decoding's tokens and log-probabilities."""
     plain = _rollouts(_model(), batch_invariant=True)
     drafter = ScriptedDrafter([s.prompt_ids + s.response_ids for s in plain], mode, 512)
-    loaded = _model()
-    engine = Engine(
-        loaded,
-        drafter=drafter,
-        device="cpu",
-        max_batch=3,
-        max_context=128,
-        calibrate=False,
-        dtype="bfloat16",
-        batch_invariant=True,
-        adaptive_drafts=False,
-    )
+    engine = _engine(_model(), drafter, True, adaptive_drafts=False)
     outs = engine.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=24, seed=11, ignore_eos=True))
     assert engine.stats()["draft_accepted"] > 0
     for sample, out in zip(plain, outs):

@@ -80,16 +80,7 @@ def grpo_step(config: GpuCheckConfig, device: torch.device, dtype: str) -> dict:
     engine_dtype = resolve_engine_dtype(env.engine.dtype, device, loaded.dtype)
     sampler = SamplerNumerics(engine_dtype, choose_exact_attention(env.engine.batch_invariant, loaded.model, device))
     policy, optimizer, scheduler, reference = build_policy(env, loaded.model, sampler=sampler)
-    engine = Engine(
-        loaded,
-        drafter="srt",
-        device=device,
-        max_batch=PROMPTS * config.group,
-        max_context=config.prompt_tokens + config.max_tokens + 8,
-        calibrate=False,
-        dtype=engine_dtype,
-        batch_invariant=sampler.exact_attention,
-    )
+    engine = _engine(config, loaded, device, engine_dtype, sampler.exact_attention)
     samples, rollout_s = timed(lambda: rollouts(engine, config, config.train_shape.vocab_size), device)
     before = {k: v.detach().to("cpu", torch.float32, copy=True) for k, v in policy.base.state_dict().items()}
     reset_peak_memory(device)
@@ -125,20 +116,26 @@ def sampler_gap(config: GpuCheckConfig, device: torch.device) -> dict:
     probe = [[rng.randrange(shape.vocab_size) for _ in range(config.prompt_tokens)] for _ in range(PROMPTS)]
     sharpened = sharpen_head(loaded.model, probe, config.target_entropy)
     masters = master_copy(loaded.model)  # before the engine casts the module, as the trainer takes them
-    engine = Engine(
+    engine = _engine(config, loaded, device, torch.bfloat16)
+    sampler = SamplerNumerics(torch.bfloat16, engine.runner.exact_attention)
+    samples = rollouts(engine, config, shape.vocab_size)
+    rows = sampler_gap_rows(loaded.model, masters, samples, sampler)
+    return dict(
+        model=shape.name, exact_attention=sampler.exact_attention, entropy=sharpened["entropy_after_nats"], rows=rows
+    )
+
+
+def _engine(config: GpuCheckConfig, loaded, device: torch.device, dtype: torch.dtype, batch_invariant="auto") -> Engine:
+    """An SRT engine for one GRPO group per prompt at the check's lengths."""
+    return Engine(
         loaded,
         drafter="srt",
         device=device,
         max_batch=PROMPTS * config.group,
         max_context=config.prompt_tokens + config.max_tokens + 8,
         calibrate=False,
-        dtype=torch.bfloat16,
-    )
-    sampler = SamplerNumerics(torch.bfloat16, engine.runner.exact_attention)
-    samples = rollouts(engine, config, shape.vocab_size)
-    rows = sampler_gap_rows(loaded.model, masters, samples, sampler)
-    return dict(
-        model=shape.name, exact_attention=sampler.exact_attention, entropy=sharpened["entropy_after_nats"], rows=rows
+        dtype=dtype,
+        batch_invariant=batch_invariant,
     )
 
 
