@@ -111,20 +111,26 @@ def exact_attention(
     return out.to(store), None
 
 
-def use_exact_attention(model: torch.nn.Module) -> None:
-    """Route `model`'s attention (outside the engine's passes) through :func:`exact_attention`."""
+def wrap_attention(model: torch.nn.Module, prefix: str, function) -> None:
+    """Route `model`'s attention through `function`, registered with transformers as `prefix` + the current
+    implementation (with that implementation's mask function); nothing when it already runs under `prefix`."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
     current = model.config._attn_implementation or "eager"
-    if current.startswith(EXACT_PREFIX):
+    if current.startswith(prefix):
         return
-    name = EXACT_PREFIX + current
-    AttentionInterface.register(name, exact_attention)
+    name = prefix + current
+    AttentionInterface.register(name, function)
     mask_function = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(base_attention(current))
     if mask_function is not None:
         AttentionMaskInterface.register(name, mask_function)
     model.set_attn_implementation(name)
+
+
+def use_exact_attention(model: torch.nn.Module) -> None:
+    """Route `model`'s attention (outside the engine's passes) through :func:`exact_attention`."""
+    wrap_attention(model, EXACT_PREFIX, exact_attention)
 
 
 @torch.no_grad()

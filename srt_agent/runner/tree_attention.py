@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .kv_cache import KVCache
-from .numerics import base_attention_function, exact_sdpa
+from .numerics import base_attention_function, exact_sdpa, wrap_attention
 
 TREE_ATTENTION_PREFIX = "srt_tree_over_"
 
@@ -194,15 +194,4 @@ def _attention_math(
 
 def use_tree_attention(model: torch.nn.Module) -> None:
     """Route `model`'s attention through :func:`tree_attention` (previous implementation kept as fallback)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-
-    current = model.config._attn_implementation or "eager"
-    if current.startswith(TREE_ATTENTION_PREFIX):
-        return
-    name = TREE_ATTENTION_PREFIX + current
-    AttentionInterface.register(name, tree_attention)
-    mask_function = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(current)
-    if mask_function is not None:
-        AttentionMaskInterface.register(name, mask_function)
-    model.set_attn_implementation(name)
+    wrap_attention(model, TREE_ATTENTION_PREFIX, tree_attention)
