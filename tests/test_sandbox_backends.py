@@ -30,6 +30,13 @@ def finished(stdout: str = "", stderr: str = "", code: int = 0, status: str = "S
     return {"status": status, "message": "", "compile_result": None, "run_result": run, "files": {}}
 
 
+class JoinedHTTPServer(ThreadingHTTPServer):
+    """Closing waits for every handler, so none writes into a later test's captured output."""
+
+    daemon_threads = False
+    block_on_close = True
+
+
 class ScriptedServer:
     """A real HTTP server that answers POST /run_code from a script of (HTTP status, body, delay)."""
 
@@ -48,12 +55,15 @@ class ScriptedServer:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
-                self.wfile.write(payload)
+                try:
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client timed out and hung up: what a timeout test wants
 
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = JoinedHTTPServer(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     @property

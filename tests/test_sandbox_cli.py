@@ -27,7 +27,7 @@ def test_run_prints_the_result_as_json(tmp_path):
     program.write_text("print(3 * 14)\nraise SystemExit(2)\n")
     outcome = runner.invoke(app, ["sandbox", "run", str(program), "--timeout-s", "5"])
     assert outcome.exit_code == 0, outcome.output
-    result = json.loads(outcome.output)
+    result = json.loads(outcome.stdout)
     assert (result["status"], result["stdout"], result["exit_code"]) == ("error", "42\n", 2)
 
 
