@@ -25,9 +25,10 @@ from srt_agent.bench.vllm import (
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _steps(times: dict[str, list[float]], tokens: float = 100.0) -> list[dict]:
+def _steps(times: dict[str, list[float]], tokens: float = 100.0, tail: float = 0.5) -> list[dict]:
     """Synthetic bench steps: each method's generation time per step, every step `tokens` tokens; the
-    first half first visits, the rest revisits."""
+    first half first visits, the rest revisits; a `tail` share of each method's time and tokens in steps
+    with few sequences running."""
     n = len(next(iter(times.values())))
     return [
         {
@@ -44,6 +45,9 @@ def _steps(times: dict[str, list[float]], tokens: float = 100.0) -> list[dict]:
                     "identical": 1.0,
                     "speedup_vs_vllm_none": times["vllm:none"][i] / t[i],
                     "token_speedup_vs_vllm_none": times["vllm:none"][i] / t[i],
+                    "step_s": t[i],
+                    "tail_s": tail * t[i],
+                    "tail_tokens": tail * tokens,
                 }
                 for name, t in times.items()
             },
@@ -76,6 +80,21 @@ def test_a_constant_ratio_has_a_zero_width_interval_and_noise_widens_it():
     for key, (low, high) in row["intervals"].items():
         assert low <= row[key] <= high, key
     assert set(row["intervals"]) >= {"speedup_all", "speedup_first", "speedup_revisit", "token_speedup_all"}
+
+
+def test_the_tail_share_and_speed_come_from_the_engine_steps():
+    steps = _steps({"vllm:none": [10.0, 12.0, 11.0, 13.0], "vllm:srt": [8.0, 9.0, 8.5, 10.0]}, tail=0.25)
+    for step in steps:  # SRT's tail goes twice as fast as vLLM without speculation's
+        step["methods"]["vllm:srt"]["tail_s"] = step["methods"]["vllm:none"]["tail_s"] / 2
+    summary = summarize_steps(steps)
+    assert summary["vllm:none"]["tail_share"] == pytest.approx(0.25)
+    assert summary["vllm:none"]["tail_tok_s"] == pytest.approx(4 * 25 / (0.25 * 46))
+    srt = summary["vllm:srt"]
+    assert srt["tail_share"] == pytest.approx(0.25 * 46 / 2 / 35.5)
+    assert srt["tail_speedup"] == pytest.approx(2.0) and srt["intervals"]["tail_speedup"] == pytest.approx([2, 2])
+    table = vllm_table({"runs": [{"batch": 16, "summary": summary, "pairs": {}}]})
+    assert "≤4 running | tail tok/s | tail vs vllm:none |" in table
+    assert "| 16% | 17 | 2.00x [2.00, 2.00] |" in table  # 5.75 s of 35.5, 100 tokens
 
 
 def test_pairs_compare_srt_with_suffix_from_the_steps_own_times():
@@ -170,6 +189,9 @@ def test_bench_vllm_measures_every_method_in_the_same_rl_steps(tmp_path, monkeyp
         assert set(step["methods"]) == {"vllm:none", "vllm:stock", "vllm:srt", "vllm:srt+ahead", "engine:srt"}
         for name, m in step["methods"].items():
             assert m["gen_s"] > 0 and m["tokens"] > 0 and m["tok_s"] == pytest.approx(m["tokens"] / m["gen_s"])
+            # batch 4: every engine step runs at most 4 sequences, so all of it is the tail, every token counted
+            assert 0 < m["tail_s"] == pytest.approx(m["step_s"]) and m["step_s"] <= m["gen_s"], (name, m)
+            assert m["tail_tokens"] == m["tokens"], (name, m)
             if name != "vllm:stock":  # exact sampling, every engine: identical, or each first difference a
                 # proven near-tie (float32 batch-shape noise on the tiny random model's flat logits; rl/identity.py)
                 assert m["identical"] == 1.0 or m["near_ties"] > 0, (name, m)
@@ -201,6 +223,7 @@ def test_bench_vllm_measures_every_method_in_the_same_rl_steps(tmp_path, monkeyp
     assert stock["identical"] == pytest.approx(sum(s["methods"]["vllm:stock"]["identical"] for s in steps) / 2)
     pair = run["pairs"]["vllm:none / vllm:stock"]  # what exact sampling costs vLLM without speculation
     assert pair["time_ratio_all"] == pytest.approx(gen["vllm:none"] / gen["vllm:stock"])
+    assert summary["vllm:none"]["tail_share"] == pytest.approx(1.0) and summary["vllm:none"]["tail_speedup"] == 1.0
     table = vllm_table(json.loads(json.dumps(result)))
     assert "| vllm:srt |" in table and "| engine:srt |" in table and "| vllm:stock |" in table
     assert "vllm:stock: vLLM's own sampler" in table and "| vllm:none / vllm:stock |" in table

@@ -328,3 +328,21 @@ def test_releasing_a_running_request_answers_its_caller(tiny_llama):
     if released.finish_reason == "error":
         assert "released" in released.error
     assert after.finish_reason == "length" and len(after.token_ids) == 4
+
+
+def test_the_tail_counts_the_steps_with_few_sequences_running(tiny_llama):
+    """Six requests of 2 to 12 tokens: the steps with 5 or 6 running are not the tail, the rest are; every
+    generated token is counted once, in the step that made it."""
+    engine = Engine(tiny_llama, drafter=None, max_context=128, max_batch=8)
+    lengths = [2, 4, 6, 8, 10, 12]
+    for i, n in enumerate(lengths):
+        engine.add_request(PROMPT, SamplingParams(max_tokens=n, seed=i, ignore_eos=True), f"r{i}")
+    while engine.has_work():
+        engine.step()
+    tail = engine.stats()["tail"]
+    assert tail["steps"] == engine.stats()["steps"] == max(lengths)
+    assert tail["step_tokens"] == sum(lengths)
+    # steps 1-2 run six sequences, 3-4 five: the tail is steps 5-12 (4, 3, 2, 1 sequences)
+    assert tail["tail_steps"] == max(lengths) - 4
+    assert tail["tail_tokens"] == sum(lengths) - 6 * 2 - 5 * 2
+    assert 0 < tail["tail_s"] < tail["step_s"]

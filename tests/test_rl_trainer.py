@@ -76,6 +76,8 @@ def test_grpo_run_trains_and_compares(tmp_path, tiny, monkeypatch):
         # Exact drafters reproduce the training drafter's tokens (float64 model: no near-tie flips).
         assert m["compare/none/identical"] == 1.0
         assert m["compare/none/gen_s"] > 0 and m["timing_s/gen"] > 0
+        for prefix in ("srt", "compare/none"):  # the tail: engine steps with at most 4 sequences running
+            assert 0 <= m[f"{prefix}/tail_share"] <= 1 and m[f"{prefix}/tail_tok_s"] > 0
         assert m["env/tool_call_rate"] == 1.0  # every trajectory ran the forced code call
         assert m["srt/forced_tokens"] > 0
         assert m["srt/prefill_reused"] > 0  # siblings copy their group's prompt KV instead of computing it

@@ -19,6 +19,7 @@ import torch
 
 from ..config import EnvConfig
 from ..engine.options import RunAheadOptions
+from ..engine.tail import TAIL_SEQUENCES, tail_figures
 from ..rl.evaluate import bootstrap_statistic, ratio_text
 from ..rl.metrics import StepFigures
 from ..rl.rollouts import RolloutVariant
@@ -56,6 +57,8 @@ class VLLMBenchConfig:
 
 
 IDENTITY_COUNTS = ("near_ties", "faults", "observations")
+TAIL_KEYS = ("step_s", "tail_s", "tail_tokens")  # engine steps' time, and the tail's (engine/tail.py)
+TAIL_TIME = ("tail_s", "tail_tokens")
 
 
 def chosen_methods(names: Sequence[str]) -> list[Method]:
@@ -92,6 +95,7 @@ def method_figures(figures: StepFigures) -> dict[str, float]:
         "draft_accepted": float(figures.draft_accepted),
         "acceptance": figures.acceptance,
         "identical": figures.identical,
+        **{k: float(figures.tail.get(k, 0)) for k in TAIL_KEYS},
     }
 
 
@@ -171,22 +175,29 @@ def inexact_methods(config: EnvConfig, methods: Sequence[Method]) -> list[str]:
     ]
 
 
-def _sums(steps: Sequence[dict], name: str) -> tuple[list[float], list[float]]:
-    return [s["methods"][name]["gen_s"] for s in steps], [s["methods"][name]["tokens"] for s in steps]
+def _sums(steps: Sequence[dict], name: str, keys: tuple[str, str]) -> tuple[list[float], list[float]]:
+    return [s["methods"][name].get(keys[0], 0.0) for s in steps], [s["methods"][name].get(keys[1], 0.0) for s in steps]
 
 
 def ratio_interval(
-    steps: Sequence[dict], num: str, den: str, per_token: bool = False, draws: int = DRAWS, seed: int = 0
+    steps: Sequence[dict],
+    num: str,
+    den: str,
+    per_token: bool = False,
+    draws: int = DRAWS,
+    seed: int = 0,
+    keys: tuple[str, str] = ("gen_s", "tokens"),
 ) -> tuple[float | None, list[float] | None]:
     """Method `num`'s generation time summed over `steps` over method `den`'s (per generated token when
     `per_token`: each one's summed time over its summed tokens), and its 95% paired bootstrap interval:
     each draw resamples the steps with replacement and takes the same ratio over the drawn steps (both
     methods' times from the same steps). Seeded: the same steps give the same interval. (None, None)
-    without steps or time; (ratio, None) when `draws` is 0."""
+    without steps or time; (ratio, None) when `draws` is 0. `keys`: the figures read as time and tokens
+    (``("tail_s", "tail_tokens")``: the tail's)."""
     if not steps:
         return None, None
-    num_s, num_tokens = _sums(steps, num)
-    den_s, den_tokens = _sums(steps, den)
+    num_s, num_tokens = _sums(steps, num, keys)
+    den_s, den_tokens = _sums(steps, den, keys)
 
     def ratio(rows: Sequence[int]) -> float | None:
         top, bottom = sum(num_s[i] for i in rows), sum(den_s[i] for i in rows)
@@ -239,7 +250,10 @@ def summarize_steps(steps: list[dict], inexact: Sequence[str] = (), seed: int = 
     rollouts. With exact sampling (the default) every method emits the same tokens, so the first ratio
     compares speed on the same work; the methods in `inexact` (vLLM's own sampler: ``vllm:stock``, or every
     vLLM method under ``engine.vllm.exact_sampling: false``) sample different (equally likely) trajectories
-    at T > 0 and only the second ratio compares their speed (``exact_sampling`` says which rows)."""
+    at T > 0 and only the second ratio compares their speed (``exact_sampling`` says which rows). The tail:
+    the share of engine step time with at most `TAIL_SEQUENCES` sequences running (``tail_share``), the
+    generated tokens per second there (``tail_tok_s``) and that speed over vLLM without speculation's
+    (``tail_speedup``, with its interval)."""
     out: dict[str, dict] = {}
     names = list(steps[0]["methods"]) if steps else []
     for name in names:
@@ -259,12 +273,16 @@ def summarize_steps(steps: list[dict], inexact: Sequence[str] = (), seed: int = 
         row["tokens_per_forward"] = sum(s["methods"][name]["tokens"] for s in steps) / max(
             sum(s["methods"][name]["forwards"] for s in steps), 1.0
         )
+        row.update(tail_figures({k: sum(s["methods"][name].get(k, 0.0) for s in steps) for k in TAIL_KEYS}))
         ahead = sum(s["methods"][name].get("run_ahead_tokens", 0.0) for s in steps)
         row["run_ahead_share"] = ahead / (ahead + sum(s["methods"][name]["tokens"] for s in steps)) if ahead else None
         row["min_step_speedup"] = min(s["methods"][name]["speedup_vs_vllm_none"] for s in steps) if steps else None
         row["min_step_token_speedup"] = (
             min(s["methods"][name]["token_speedup_vs_vllm_none"] for s in steps) if steps else None
         )
+        row["tail_speedup"], bounds = ratio_interval(steps, BASELINE, name, True, seed=seed, keys=TAIL_TIME)
+        if bounds is not None:
+            row["intervals"]["tail_speedup"] = bounds
         out[name] = row
     return out
 
@@ -335,8 +353,9 @@ def vllm_table(result: dict) -> str:
             f"batch {run['batch']}",
             "",
             "| method | gen s/step | vs vllm:none | first visits | revisits | slowest step | per token "
-            "| acceptance | tok/fwd | identical | run-ahead tokens |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            f"| acceptance | tok/fwd | identical | run-ahead tokens | ≤{TAIL_SEQUENCES} running | tail tok/s "
+            "| tail vs vllm:none |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         inexact = []
         for name, row in run["summary"].items():
@@ -354,7 +373,8 @@ def vllm_table(result: dict) -> str:
                 f"{ratio('speedup_first')} | {ratio('speedup_revisit')} | "
                 f"{cell('min_step_speedup', '{:.2f}x')} | {ratio('token_speedup_all')} | "
                 f"{cell('acceptance', '{:.0%}')} | {cell('tokens_per_forward', '{:.2f}')} | "
-                f"{cell('identical', '{:.0%}')} | {cell('run_ahead_share', '{:.0%}')} |"
+                f"{cell('identical', '{:.0%}')} | {cell('run_ahead_share', '{:.0%}')} | "
+                f"{cell('tail_share', '{:.0%}')} | {cell('tail_tok_s', '{:.0f}')} | {ratio('tail_speedup')} |"
             )
         if inexact:
             lines += [

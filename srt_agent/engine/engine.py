@@ -430,6 +430,7 @@ class Engine:
             t.draft_accepted += min(len(accepted), kept)
             t.tokens += kept
         t.steps += 1
+        t.tail.count(len(seqs), step_s, sum(verified.kept))
         t.draft_s += sum(draft_s)
         t.forward_s += verified.forward_s
         t.bookkeeping_s += book_s

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from ..drafting.choice.cost_model import ForwardCostModel
 from ..drafting.drafter import capabilities
+from .tail import TailStats
 
 DRAFTER_CALLS = ("start_request", "add_tokens", "draft", "stop_request", "end_step")
 
@@ -37,10 +38,12 @@ class EngineStats:
     drafter_update_s: float = 0.0  # rebuilding a model drafter on weight updates
     forward_s: float = 0.0
     bookkeeping_s: float = 0.0
+    tail: TailStats = field(default_factory=TailStats)  # step time by sequences running (engine/tail.py)
 
     def as_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["drafter_faults"] = dict(self.drafter_faults)
+        out["tail"] = self.tail.as_dict()
         out["forwards"] = self.steps
         out["tokens_per_forward"] = self.tokens / self.steps if self.steps else 0.0
         out["accepted_per_step"] = self.draft_accepted / self.steps if self.steps else 0.0

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..agent.rollout import RolloutSummary, summarize
 from ..agent.trajectory import Trajectory
+from ..engine.tail import tail_figures
 from .batch import Sample
 from .evaluate import bootstrap_statistic, tool_use_report
 from .rollouts import RolloutRun
@@ -122,6 +123,7 @@ class StepFigures:
     draft_accepted: int
     run_ahead: dict
     identical: float | None = None
+    tail: dict = field(default_factory=dict)  # TailStats figures summed over the runs ({} if none counted)
 
     @property
     def tokens_per_forward(self) -> float:
@@ -154,14 +156,20 @@ def step_figures(runs: Sequence[RolloutRun], reference: Sequence[RolloutRun] | N
         draft_accepted=sum(t.draft_accepted for t in trajectories),
         run_ahead=_summed([run.run_ahead for run in runs if run.run_ahead]),
         identical=identical,
+        tail=_added([run.tail for run in runs if run.tail]),
     )
+
+
+def _added(stats: Sequence[dict]) -> dict:
+    """Flat dicts of numbers added key by key; {} for none."""
+    return {k: sum(s[k] for s in stats) for k in stats[0]} if stats else {}
 
 
 def _summed(stats: Sequence[dict]) -> dict:
     """Run-ahead figures (`RunAheadStats.as_dict`) of several runs added up; {} for none."""
     if not stats:
         return {}
-    out = {k: sum(s[k] for s in stats) for k in stats[0] if k != "tokens_by_bubble"}
+    out = _added([{k: v for k, v in s.items() if k != "tokens_by_bubble"} for s in stats])
     out["tokens_by_bubble"] = {b: sum(s["tokens_by_bubble"][b] for s in stats) for b in stats[0]["tokens_by_bubble"]}
     return out
 
@@ -196,6 +204,15 @@ def _run_ahead_metrics(total: dict, gen_s: float) -> dict[str, float]:
     return out
 
 
+def tail_metrics(runs: Sequence[RolloutRun], prefix: str = "srt") -> dict[str, float]:
+    """``<prefix>/tail_share`` and ``<prefix>/tail_tok_s``: the share of the runs' engine step time with at
+    most `TAIL_SEQUENCES` sequences running, and the generated tokens per second there (engine/tail.py)."""
+    tail = step_figures(runs).tail
+    if not tail:
+        return {}
+    return {f"{prefix}/{k}": v for k, v in tail_figures(tail).items() if v is not None}
+
+
 def compare_metrics(name: str, main: Sequence[RolloutRun], runs: Sequence[RolloutRun]) -> dict[str, float]:
     """``compare/<name>/…``: a compared drafter's regeneration of the step (`runs`) against the training
     drafter's (`main`): its time, the speedup (its time / ours), time per generated token, drafting figures
@@ -214,6 +231,7 @@ def compare_metrics(name: str, main: Sequence[RolloutRun], runs: Sequence[Rollou
         f"compare/{name}/identical": theirs.identical,
     }
     out.update({f"compare/{name}/{k}": v for k, v in _run_ahead_metrics(theirs.run_ahead, wall).items()})
+    out.update(tail_metrics(runs, f"compare/{name}"))
     return out
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from ..engine.tail import TAIL_SEQUENCES
 from .evaluate import interval_text, ratio_text
 
 
@@ -25,6 +26,7 @@ STEP_COLUMNS = (
     ("tool", "env/tool_call_rate", "{:.0%}"),
     ("resp len", "response_length/mean", "{:.0f}"),
     ("gen s", "timing_s/gen", "{:.1f}"),
+    (f"≤{TAIL_SEQUENCES} run", "srt/tail_share", "{:.0%}"),  # engine step time with so few sequences running
     ("upd s", "timing_s/update_actor", "{:.1f}"),
     ("tok/fwd", "srt/tokens_per_forward", "{:.2f}"),
     ("acc/draft", "srt/accepted_per_draft", "{:.0%}"),

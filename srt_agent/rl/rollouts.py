@@ -82,6 +82,7 @@ class RolloutRun:
     run_ahead_written: list = field(default_factory=list)  # (prompt key, context, tokens) it put into the trees
     cost: dict = field(default_factory=dict)  # the engine's step-cost table when the run began
     settings: dict = field(default_factory=dict)  # the engine's batch, draft and tree settings
+    tail: dict = field(default_factory=dict)  # its steps' time and tokens by sequences running (TailStats)
 
     @property
     def wall_s(self) -> float:
@@ -164,6 +165,7 @@ class PolicyRollouts:
         if drafter in self.shared:
             self.backend(drafter).forget_prefixes()
         cost, settings = self.backend(drafter).step_costs()
+        tail_before = self.engine_stats(drafter).get("tail")
         if ahead:
             before = self.run_ahead_stats(drafter)
             self.open_run_ahead(drafter, tasks, upcoming)
@@ -178,6 +180,8 @@ class PolicyRollouts:
         )
         if ahead:
             run.run_ahead = stats_delta(before, self.run_ahead_stats(drafter))
+        if tail_before is not None:
+            run.tail = stats_delta(tail_before, self.engine_stats(drafter)["tail"])
         return run
 
     def open_run_ahead(

@@ -47,7 +47,7 @@ from .data import PromptSampler
 from .evaluate import HELD_OUT_FIGURES, ToolUseReport, evaluate_policy, held_out_tasks
 from .interrupt import cooperative_interrupt, deferred_interrupt
 from .memory import MemoryMeter, check_plan, memory_line, plan_memory, planned_engines
-from .metrics import merged_summary, rollout_metrics, run_ahead_metrics
+from .metrics import merged_summary, rollout_metrics, run_ahead_metrics, tail_metrics
 from .policy import SamplerNumerics, build_policy, master_copy, require_peft
 from .progress import phase_bar
 from .record import RunParts, RunRecord
@@ -300,6 +300,7 @@ class Trainer(RunRecord):
         metrics["timing_s/gen"] = gen.wall_s
         metrics["training/sampling_rounds"] = float(len(gen.runs))
         metrics.update(run_ahead_metrics(gen.runs, gen.wall_s))
+        metrics.update(tail_metrics(gen.runs))
         compared = rollouts.drafters[1:]
         turn = step % len(compared) if compared else 0
         for name in (

@@ -18,7 +18,7 @@ import random
 import time
 import warnings
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from ...engine.options import RunAheadOptions
 from ...engine.params import RequestOutput, SamplingParams, check_prompt
 from ...engine.sequence import Sequence
 from ...engine.stops import StopChecker
+from ...engine.tail import TailStats
 from .availability import VLLMUnavailable, VLLMUnsupported, vllm_missing, vllm_version
 from .device_settings import VLLMSettings, apply_env
 from .run_ahead import VLLMRunAhead, check_run_ahead
@@ -57,9 +58,11 @@ class VLLMStats:
     overshoot_tokens: int = 0  # tokens vLLM sampled past our stop rule (dropped)
     weight_updates: int = 0
     weight_update_s: float = 0.0
+    tail: TailStats = field(default_factory=TailStats)  # step time by our requests running (engine/tail.py)
 
     def as_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["tail"] = self.tail.as_dict()
         out["tokens_per_forward"] = self.tokens / self.forwards if self.forwards else 0.0
         out["acceptance"] = self.draft_accepted / self.draft_proposed if self.draft_proposed else 0.0
         return out
@@ -246,19 +249,22 @@ class VLLMEngine:
         if self.run_ahead is not None:
             self.run_ahead.before_step()
         self._count_drafts()
+        running, started = len(self.calls), time.perf_counter()
         try:
             outputs = self.llm.step()
         except Exception:
             self._abort_all()  # the step's requests: whoever waits on ours is told by AsyncEngine
             raise
-        finished = []
+        finished, tokens = [], 0
         for out in outputs:
             seq = self.calls.get(out.request_id)
             if seq is None:
                 if self.run_ahead is not None:
                     self.run_ahead.absorb(out.request_id, out.outputs[0].token_ids, out.finished)
                 continue
+            before = len(seq.tokens)
             done = self._feed(seq, out.outputs[0].token_ids, out.outputs[0].logprobs)
+            tokens += len(seq.tokens) - before
             if out.num_cached_tokens:
                 seq.metrics.prefill_reused = out.num_cached_tokens
             if not done and out.finished:
@@ -273,6 +279,7 @@ class VLLMEngine:
                 if self._proposer is not None:  # tokens sampled past our stop leave the trees
                     self._proposer.end_turn(out.request_id, len(seq.tokens))
                 finished.append(self._finish(seq))
+        self.totals.tail.count(running, time.perf_counter() - started, tokens)
         return finished
 
     def _abort_all(self) -> None:
