@@ -25,7 +25,7 @@ status=0
 # The house: lint, formatting and the documentation site (a broken link fails the build).
 .venv/bin/ruff check . || status=$?
 .venv/bin/ruff format --check . || status=$?
-bash scripts/docs.sh --quiet || status=$?
+bash scripts/docs.sh || status=$?  # not --quiet: it hides the warnings that --strict fails on
 if [ "${SRT_VLLM_MATRIX:-1}" != 0 ]; then
   bash scripts/test_vllm_matrix.sh "$@" || status=$?
 fi
