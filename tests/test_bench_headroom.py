@@ -131,3 +131,17 @@ def test_a_token_tree_collects_what_a_chain_leaves_at_a_branch(tmp_path):
     result = headroom(run, k=8, methods=["srt"], choices=["tree-16"])
     again = result["steps"][1]["methods"]["srt"]
     assert again["tree-16"] < again["frequent"]  # the chain follows 7 (the lower token of a tie), the run took 20
+
+
+def test_a_recent_window_forgets_what_older_steps_sampled(tmp_path):
+    """Step 1 samples `old`, step 2 another prompt's response, step 3 `old` again: all SRT's trees hold it
+    there, and so do the last two steps' (srt-last2); the last step's alone (srt-last1) do not."""
+    old = [7, 3, 9, 1, 4, 4, 8, 2, 6, 5, 11, 12, 13, 14, 15, 16, 17]
+    other = [p + 100 for p in PROMPT]
+    run = write_run(tmp_path, [[row(old)], [row(old[::-1], prompt=other)], [row(old)]])
+    result = headroom(run, k=8, methods=("srt", "srt-last1", "srt-last2"))
+    third = result["steps"][2]["methods"]
+    assert third["srt"]["oracle"] == third["srt-last2"]["oracle"] == 2
+    assert third["srt-last1"]["oracle"] == third["srt-last1"]["frequent"] == len(old)  # step 1 is forgotten
+    with pytest.raises(ValueError, match="-lastN"):
+        headroom(run, methods=("srt-last0",))

@@ -115,17 +115,39 @@ REQUEST = "headroom"
 
 
 class History:
-    """What a method's trees hold as a step begins (earlier steps' trajectories), copied for each trajectory."""
+    """What a method's trees hold as a step begins (earlier steps' trajectories), copied for each trajectory.
+    A method named ``…-lastN`` (``srt+global-last2``) holds only the last N steps' (recency: the latest
+    policy versions' samples instead of counts over every version)."""
 
     def __init__(self, method: str, folder: Path, max_match: int = 32):
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-        self.method, self.folder, self.max_match = method, folder, max_match
+        base, _, last = method.partition("-last")
+        if base not in METHODS or (last and not (last.isdigit() and int(last) > 0)):
+            raise ValueError(
+                f"unknown method {method!r}; choose one of {', '.join(METHODS)}, "
+                "each with -lastN to hold only the last N steps' rollouts"
+            )
+        self.method, self.name, self.folder, self.max_match = base, method, folder, max_match
+        self.last = int(last) if last else None
+        self.steps: list[list[Traced]] = [[]]  # with `last`: the kept steps' trajectories, the current one last
         self.trees = RolloutCache(max_match=max_match)  # per prompt (srt…), the global response tree (suffix…)
         self.saved = False
 
     def add(self, traj: Traced) -> None:
         """A finished trajectory of the step, into the trees (as the live drafter stores it)."""
+        if self.last is not None:
+            self.steps[-1].append(traj)
+        self._store(traj)
+
+    def end_step(self) -> None:
+        """The step is over; with `last`, the trees start again from the last N steps' trajectories."""
+        if self.last is None:
+            return
+        self.steps = self.steps[-self.last :] + [[]]
+        self.trees = RolloutCache(max_match=self.max_match)
+        for traj in (t for step in self.steps for t in step):
+            self._store(traj)
+
+    def _store(self, traj: Traced) -> None:
         if self.method != "suffix":
             self._start(self.trees, traj)
             self.trees.add_tokens(traj.key, traj.response)
@@ -146,7 +168,7 @@ class History:
 
     def structure(self, traj: Traced) -> Structure:
         """The trees as the step began, `traj`'s request started in them (its prompt streamed)."""
-        path = self.folder / f"{self.method}.bin"
+        path = self.folder / f"{self.name}.bin"
         if not self.saved:
             self.trees.save(path)
             self.saved = True
@@ -225,6 +247,7 @@ def headroom(run_dir: str | Path, k: int = 8, methods: Sequence[str] = METHODS, 
             for history in histories.values():
                 for traj in trajectories:
                     history.add(traj)
+                history.end_step()
             rows.append(row)
     return {"run": str(run_dir), "k": k, "choices": choices, "steps": rows, "totals": totals(rows, methods, choices)}
 

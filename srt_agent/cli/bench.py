@@ -420,7 +420,10 @@ def bench_headroom(
     run: Path = typer.Argument(..., help="A run folder of srt-agent train (its rollouts/step-N.jsonl)."),
     k: int = typer.Option(8, min=1, help="Draft length (vLLM's num_speculative_tokens; 8 by default)."),
     method: list[str] = typer.Option(
-        [], "--method", help="Structures to ask (default: srt, suffix, srt+prompt, srt+global)."
+        [],
+        "--method",
+        help="Structures to ask (default: srt, suffix, srt+prompt, srt+global); add -lastN to one to hold only "
+        "the last N steps' rollouts (srt+global-last2).",
     ),
     choice: list[str] = typer.Option(
         [], "--choice", help="More ways to choose the chain: expected, context-N, backoff-N (bench/chain_choice.py)."
