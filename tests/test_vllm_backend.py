@@ -87,6 +87,14 @@ def plain(model_dir, tiny):
     made.close()
 
 
+@pytest.fixture(scope="module")
+def narrow(model_dir, tiny):
+    """vLLM without speculation running at most 2 sequences at once (the others queue inside vLLM)."""
+    made = make_backend(config(model_dir, drafter="none", max_batch=2), tiny)
+    yield made
+    made.close()
+
+
 def generate(backend, prompts, params, prefix="r"):
     """One turn per prompt, all at once; `params` one for all or one per prompt."""
     each = params if isinstance(params, list) else [params] * len(prompts)
@@ -246,6 +254,17 @@ def test_run_ahead_is_refused_without_trees_and_in_the_update_bubble(model_dir, 
         choose_backend("vllm", "suffix", run_ahead=True)
     with pytest.raises(ValueError, match="update bubble runs in our engine only"):
         make_backend(config(model_dir), tiny, run_ahead=RunAheadOptions(bubbles=("tail", "update")))
+
+
+def test_the_tail_counts_the_sequences_vllm_ran_not_those_it_queued(narrow):
+    """Five requests on a vLLM running two at a time: every step ran at most 2, so all of it is the tail,
+    and every generated token is counted once."""
+    params = SamplingParams(temperature=1.0, max_tokens=6, seed=3, ignore_eos=True)
+    before = narrow.stats()["tail"]
+    outs = generate(narrow, [PROMPTS[0]] * 5, params, prefix="tail-")
+    tail = {k: v - before[k] for k, v in narrow.stats()["tail"].items()}
+    assert tail["step_tokens"] == tail["tail_tokens"] == sum(len(o.token_ids) for o in outs) == 30
+    assert tail["tail_steps"] == tail["steps"] >= 15 and tail["tail_s"] == pytest.approx(tail["step_s"])
 
 
 def test_forced_tokens_of_a_second_turn_are_context(backend, tiny):

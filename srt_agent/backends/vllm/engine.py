@@ -249,13 +249,13 @@ class VLLMEngine:
         if self.run_ahead is not None:
             self.run_ahead.before_step()
         self._count_drafts()
-        running, started = len(self.calls), time.perf_counter()
+        started = time.perf_counter()
         try:
             outputs = self.llm.step()
         except Exception:
             self._abort_all()  # the step's requests: whoever waits on ours is told by AsyncEngine
             raise
-        finished, tokens = [], 0
+        finished, running, tokens = [], 0, 0  # ours that ran in the step (got tokens; vLLM may queue others)
         for out in outputs:
             seq = self.calls.get(out.request_id)
             if seq is None:
@@ -264,6 +264,7 @@ class VLLMEngine:
                 continue
             before = len(seq.tokens)
             done = self._feed(seq, out.outputs[0].token_ids, out.outputs[0].logprobs)
+            running += bool(out.outputs[0].token_ids)
             tokens += len(seq.tokens) - before
             if out.num_cached_tokens:
                 seq.metrics.prefill_reused = out.num_cached_tokens
