@@ -48,6 +48,9 @@ def test_a_run_config_sets_the_budget_of_both_backends():
     assert "max_bytes" not in proposer_options(config, "ngram")
     mine = load_env_config(ENVS / "retool_train.yaml", ["engine.vllm.proposer={max_bytes: 50000000}"])
     assert proposer_options(mine, "srt") == {"max_bytes": 50_000_000}  # the proposer's own setting wins
+    always = load_env_config(ENVS / "retool_train.yaml", ["engine.vllm.proposer.policy=always"])
+    assert proposer_options(always, "srt")["policy"] == "always"
+    assert proposer_options(always, "suffix") == {}  # SRT's options never reach vLLM's own methods
     default = load_env_config(ENVS / "retool_train.yaml")
     rollouts = default.train.prompts_per_step * default.n_samples
     assert run_tree_budget(default).source.startswith(f"for {HISTORY_STEPS} steps of {rollouts} rollouts")

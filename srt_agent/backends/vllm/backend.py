@@ -171,7 +171,10 @@ class UndraftedView:
 
 def proposer_options(config, drafter: str) -> dict:
     """``engine.vllm.proposer`` with the run's tree budget where a tree drafter runs and those options do not
-    set ``max_bytes`` themselves."""
+    set ``max_bytes`` themselves; nothing for a drafter vLLM runs itself (``suffix``, ``ngram``: SRT's
+    proposer options are not theirs)."""
+    if not runs_as_proposer(drafter):
+        return {}
     options = dict(config.engine.vllm.proposer)
     if "max_bytes" not in options:
         options.update(run_tree_budget(config).drafter_options(drafter_capabilities(drafter)))
