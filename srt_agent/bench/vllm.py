@@ -176,7 +176,7 @@ def inexact_methods(config: EnvConfig, methods: Sequence[Method]) -> list[str]:
 
 
 def _sums(steps: Sequence[dict], name: str, keys: tuple[str, str]) -> tuple[list[float], list[float]]:
-    return [s["methods"][name].get(keys[0], 0.0) for s in steps], [s["methods"][name].get(keys[1], 0.0) for s in steps]
+    return [s["methods"][name][keys[0]] for s in steps], [s["methods"][name][keys[1]] for s in steps]
 
 
 def ratio_interval(
@@ -273,7 +273,7 @@ def summarize_steps(steps: list[dict], inexact: Sequence[str] = (), seed: int = 
         row["tokens_per_forward"] = sum(s["methods"][name]["tokens"] for s in steps) / max(
             sum(s["methods"][name]["forwards"] for s in steps), 1.0
         )
-        row.update(tail_figures({k: sum(s["methods"][name].get(k, 0.0) for s in steps) for k in TAIL_KEYS}))
+        row.update(tail_figures({k: sum(s["methods"][name][k] for s in steps) for k in TAIL_KEYS}))
         ahead = sum(s["methods"][name].get("run_ahead_tokens", 0.0) for s in steps)
         row["run_ahead_share"] = ahead / (ahead + sum(s["methods"][name]["tokens"] for s in steps)) if ahead else None
         row["min_step_speedup"] = min(s["methods"][name]["speedup_vs_vllm_none"] for s in steps) if steps else None

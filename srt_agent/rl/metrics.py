@@ -207,7 +207,10 @@ def _run_ahead_metrics(total: dict, gen_s: float) -> dict[str, float]:
 def tail_metrics(runs: Sequence[RolloutRun], prefix: str = "srt") -> dict[str, float]:
     """``<prefix>/tail_share`` and ``<prefix>/tail_tok_s``: the share of the runs' engine step time with at
     most `TAIL_SEQUENCES` sequences running, and the generated tokens per second there (engine/tail.py)."""
-    tail = step_figures(runs).tail
+    return _tail_metrics(step_figures(runs).tail, prefix)
+
+
+def _tail_metrics(tail: dict, prefix: str) -> dict[str, float]:
     if not tail:
         return {}
     return {f"{prefix}/{k}": v for k, v in tail_figures(tail).items() if v is not None}
@@ -231,7 +234,7 @@ def compare_metrics(name: str, main: Sequence[RolloutRun], runs: Sequence[Rollou
         f"compare/{name}/identical": theirs.identical,
     }
     out.update({f"compare/{name}/{k}": v for k, v in _run_ahead_metrics(theirs.run_ahead, wall).items()})
-    out.update(tail_metrics(runs, f"compare/{name}"))
+    out.update(_tail_metrics(theirs.tail, f"compare/{name}"))
     return out
 
 
