@@ -430,6 +430,10 @@ class Engine:
             t.draft_accepted += min(len(accepted), kept)
             t.tokens += kept
         t.steps += 1
+        drafted = sum(len(d) for d in verified.drafts)
+        if drafted:
+            fed = sum(len(c) for c in verified.chunks)
+            t.verify_s += self.cost_model.predict(fed, len(seqs)) - self.cost_model.predict(fed - drafted, len(seqs))
         t.tail.count(len(seqs), step_s, sum(verified.kept))
         t.draft_s += sum(draft_s)
         t.forward_s += verified.forward_s

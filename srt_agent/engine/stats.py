@@ -38,6 +38,7 @@ class EngineStats:
     drafter_update_s: float = 0.0  # rebuilding a model drafter on weight updates
     forward_s: float = 0.0
     bookkeeping_s: float = 0.0
+    verify_s: float = 0.0  # the cost model's seconds for verifying the drafted tokens (beyond plain decoding)
     tail: TailStats = field(default_factory=TailStats)  # step time by sequences running (engine/tail.py)
 
     def as_dict(self) -> dict:
@@ -47,7 +48,16 @@ class EngineStats:
         out["forwards"] = self.steps
         out["tokens_per_forward"] = self.tokens / self.steps if self.steps else 0.0
         out["accepted_per_step"] = self.draft_accepted / self.steps if self.steps else 0.0
+        out["speculation"] = speculation_totals(
+            self.draft_s + self.model_draft_s, self.draft_verified, self.draft_accepted, self.verify_s
+        )
         return out
+
+
+def speculation_totals(host_s: float, drafted: int, accepted: int, verify_s: float) -> dict:
+    """What speculation cost an engine beyond plain decoding, as every backend reports it (``stats()["speculation"]``):
+    host seconds spent drafting, draft tokens verified and accepted, and the predicted seconds of verifying them."""
+    return dict(host_s=host_s, drafted=drafted, accepted=accepted, verify_s=verify_s)
 
 
 def engine_settings(engine) -> dict:

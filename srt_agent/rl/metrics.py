@@ -216,6 +216,22 @@ def _tail_metrics(tail: dict, prefix: str) -> dict[str, float]:
     return {f"{prefix}/{k}": v for k, v in tail_figures(tail).items() if v is not None}
 
 
+def speculation_metrics(runs: Sequence[RolloutRun], prefix: str = "srt") -> dict[str, float]:
+    """What drafting cost the runs beyond plain decoding: ``<prefix>/draft_host_s`` (host time drafting),
+    ``<prefix>/rejected_tokens`` (drafted, verified, not accepted) and ``<prefix>/rejected_s`` (the cost
+    model's seconds for verifying them); {} where the backend reports none."""
+    total = _added([run.speculation for run in runs if run.speculation])
+    if not total:
+        return {}
+    rejected = max(total["drafted"] - total["accepted"], 0)
+    share = rejected / total["drafted"] if total["drafted"] else 0.0
+    return {
+        f"{prefix}/draft_host_s": float(total["host_s"]),
+        f"{prefix}/rejected_tokens": float(rejected),
+        f"{prefix}/rejected_s": float(total["verify_s"] * share),
+    }
+
+
 def compare_metrics(name: str, main: Sequence[RolloutRun], runs: Sequence[RolloutRun]) -> dict[str, float]:
     """``compare/<name>/…``: a compared drafter's regeneration of the step (`runs`) against the training
     drafter's (`main`): its time, the speedup (its time / ours), time per generated token, drafting figures

@@ -294,6 +294,21 @@ def write_report(out_dir: Path, report: dict) -> dict[str, Path]:
     return paths
 
 
+def slower_line(metrics: dict[str, float], drafter: str, name: str) -> str | None:
+    """Where `drafter`'s extra generation time over compared variant `name` went in a step it was slower: host
+    time drafting, verifying drafts that were rejected, and the rest (None when it was not slower)."""
+    theirs, ours = metrics.get(f"compare/{name}/gen_s"), metrics.get("timing_s/gen")
+    if theirs is None or ours is None or ours <= theirs:
+        return None
+    extra = ours - theirs
+    host, rejected = metrics.get("srt/draft_host_s", 0.0), metrics.get("srt/rejected_s", 0.0)
+    return (
+        f"[yellow]step {metrics['step']:.0f}: {drafter} generated {extra:.1f} s longer than {name} "
+        f"({ours:.1f} s vs {theirs:.1f} s): drafting on the host {host:.2f} s, verifying rejected drafts "
+        f"{rejected:.2f} s ({metrics.get('srt/rejected_tokens', 0):.0f} tokens), the rest {extra - host - rejected:.2f} s[/yellow]"
+    )
+
+
 def step_warnings(
     metrics: dict[str, float], warn_above: float, drafter: str, compared_why: dict[str, str]
 ) -> list[str]:
@@ -313,6 +328,7 @@ def step_warnings(
             f"[red]step {step:.0f}: non-finite loss or gradient; "
             f"{metrics['training/nonfinite_updates']:.0f} optimizer step(s) skipped[/red]"
         )
+    lines += [line for name in compared_why if (line := slower_line(metrics, drafter, name)) is not None]
     for name, why in compared_why.items():
         share = metrics.get(f"compare/{name}/identical", 1.0)
         if share >= 1.0:

@@ -83,6 +83,7 @@ class RolloutRun:
     cost: dict = field(default_factory=dict)  # the engine's step-cost table when the run began
     settings: dict = field(default_factory=dict)  # the engine's batch, draft and tree settings
     tail: dict = field(default_factory=dict)  # its steps' time and tokens by sequences running (TailStats)
+    speculation: dict = field(default_factory=dict)  # what drafting cost meanwhile (the backend's "speculation")
 
     @property
     def wall_s(self) -> float:
@@ -165,7 +166,7 @@ class PolicyRollouts:
         if drafter in self.shared:
             self.backend(drafter).forget_prefixes()
         cost, settings = self.backend(drafter).step_costs()
-        tail_before = self.engine_stats(drafter).get("tail")
+        before_stats = self.engine_stats(drafter)
         if ahead:
             before = self.run_ahead_stats(drafter)
             self.open_run_ahead(drafter, tasks, upcoming)
@@ -180,8 +181,10 @@ class PolicyRollouts:
         )
         if ahead:
             run.run_ahead = stats_delta(before, self.run_ahead_stats(drafter))
-        if tail_before is not None:
-            run.tail = stats_delta(tail_before, self.engine_stats(drafter)["tail"])
+        after_stats = self.engine_stats(drafter)
+        for key in ("tail", "speculation"):
+            if key in before_stats and key in after_stats:
+                setattr(run, key, stats_delta(before_stats[key], after_stats[key]))
         return run
 
     def open_run_ahead(

@@ -47,7 +47,7 @@ from .data import PromptSampler
 from .evaluate import HELD_OUT_FIGURES, ToolUseReport, evaluate_policy, held_out_tasks
 from .interrupt import cooperative_interrupt, deferred_interrupt
 from .memory import MemoryMeter, check_plan, memory_line, plan_memory, planned_engines
-from .metrics import merged_summary, rollout_metrics, run_ahead_metrics, tail_metrics
+from .metrics import merged_summary, rollout_metrics, run_ahead_metrics, speculation_metrics, tail_metrics
 from .policy import SamplerNumerics, build_policy, master_copy, require_peft
 from .progress import phase_bar
 from .record import RunParts, RunRecord
@@ -225,6 +225,7 @@ class Trainer(RunRecord):
             trackers = make_trackers(train.loggers, self.out_dir, cfg.model_dump(mode="json"), cfg.name)
             if evaluate is not None and "before RL" not in self.held_out:
                 self._held_out("before RL", evaluate, trackers, first)
+            self._warm_up(rollouts)
             self._loop(first, parts, trackers)
             if evaluate is not None and not self.interrupted and self.history:
                 try:
@@ -301,6 +302,7 @@ class Trainer(RunRecord):
         metrics["training/sampling_rounds"] = float(len(gen.runs))
         metrics.update(run_ahead_metrics(gen.runs, gen.wall_s))
         metrics.update(tail_metrics(gen.runs))
+        metrics.update(speculation_metrics(gen.runs))
         compared = rollouts.drafters[1:]
         turn = step % len(compared) if compared else 0
         for name in (
@@ -467,6 +469,18 @@ class Trainer(RunRecord):
         self._log(
             f"held-out {label}: " + ", ".join(f"{k.replace('_', ' ')} {report.interval(k)}" for k in HELD_OUT_FIGURES)
         )
+
+    def _warm_up(self, rollouts: PolicyRollouts) -> None:
+        """Before the first compared step, an untimed rollout of one held-out task on every engine that has not
+        generated yet, by a variant that drafts nothing where there is one: what is cold in an engine (kernels,
+        allocations) is paid before either method is timed, not by whichever runs first."""
+        if not self.compared:
+            return
+        tasks = held_out_tasks(self.config, 1) or self.config.dataset.tasks()[:1]
+        plain = [n for n in rollouts.drafters if not drafter_capabilities(rollouts.variants[n].drafter).drafts]
+        for name in plain + [n for n in rollouts.drafters if n not in plain]:
+            if rollouts.engine_stats(name).get("tokens", 0) == 0:
+                self._run_with_progress(rollouts, name, tasks, self.config.train.seed, "warm-up", n=1)
 
     def _evaluator(self, rollouts: PolicyRollouts) -> Callable[[str], ToolUseReport]:
         tasks, seed = held_out_tasks(self.config), self.config.cold_start.eval_seed

@@ -388,7 +388,10 @@ class VLLMEngine:
             out["run_ahead"] = self.run_ahead.stats.as_dict()
         proposer = self.proposer()
         if proposer is not None:
-            out["proposer"] = proposer.stats()
+            out["proposer"] = p = proposer.stats()
+            out["speculation"] = dict(
+                host_s=p["host_ns"] / 1e9, drafted=p["drafted"], accepted=p["accepted"], verify_s=p["verify_s"]
+            )
         return out
 
     def close(self) -> None:

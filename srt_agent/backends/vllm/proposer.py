@@ -23,6 +23,7 @@ import numpy as np
 from ...drafting import RequestKind, RolloutCache, SRTDrafter, make_drafter
 from ...drafting.choice.acceptance import AcceptanceModel
 from ...drafting.choice.cost_model import choose_drafts, joint_rate_bound
+from ...drafting.choice.guard import PaidDrafting
 from ...drafting.choice.step_cost import StepClock, vllm_step_cost
 from ...drafting.draft import EMPTY_DRAFT, Draft
 from ...drafting.drafters.srt import prompt_tree_bytes
@@ -85,10 +86,12 @@ class SRTProposer:
             0,
         )
         self._stats["expected"] = 0.0
+        self._stats["verify_s"] = 0.0  # the cost model's seconds for verifying the drafts proposed
         self._first_fault: str | None = None
         self._saved_at = time.monotonic()
         self.acceptance = AcceptanceModel()
         self.clock = StepClock(vllm_step_cost(o.step_fixed_ms, o.step_row_ms, o.draft_token_ms, o.calibrate))
+        self.paid = PaidDrafting()  # drafting only at batch sizes where it has been measured to pay
         self._verified: list[tuple[Draft, int]] = []  # this step's settled drafts and their accepted counts
 
     @property
@@ -155,6 +158,9 @@ class SRTProposer:
         ]
         prefilled = len(live) < rows or any(req_ids[i] not in self._rows for i in live)
         started = self.clock.tick(rows, prefilled, timed=not undrafted and self.options.calibrate)
+        if self.clock.ended is not None:  # every row decoded in the step that ended: what it emitted is known
+            sequences, fed, seconds = self.clock.ended
+            self.paid.observe(sequences, fed - sequences, sum(map(len, sampled_token_ids)), seconds)
         for i in live:
             if req_ids[i] not in self._broken:
                 try:
@@ -166,13 +172,18 @@ class SRTProposer:
         offered = [i for i in decoding if req_ids[i] in self._rows and req_ids[i] not in self._broken]
         self._stats["rows"] += len(offered)
         drafts: list[list[int]] = [[] for _ in range(rows)]
-        raw = self._draft_rows([req_ids[i] for i in offered], [lengths[i] for i in offered], offered, token_ids_cpu)
+        raw = None
+        if offered and (self.options.policy == "always" or not self.options.calibrate or self.paid.allows(rows)):
+            raw = self._draft_rows([req_ids[i] for i in offered], [lengths[i] for i in offered], offered, token_ids_cpu)
         if raw is not None:  # some choice can pay: propose what the cost policy picks
             for i, draft in zip(offered, self.choose(raw)):
                 self._rows[req_ids[i]].draft = draft
                 drafts[i] = list(draft.token_ids)
                 self._stats["rows_drafted"] += len(draft) > 0
-        self.clock.started(rows, rows + sum(map(len, drafts)), started)
+        fed = rows + sum(map(len, drafts))
+        if fed > rows:
+            self._stats["verify_s"] += self.cost.predict(fed, rows) - self.cost.predict(rows, rows)
+        self.clock.started(rows, fed, started)
         return drafts
 
     def choose(self, drafts: list[Draft]) -> list[Draft]:
@@ -334,6 +345,8 @@ class SRTProposer:
         out["acceptance"] = out["accepted"] / out["drafted"] if out["drafted"] else 0.0
         out["host_us_per_row"] = out["host_ns"] / 1e3 / max(1, out["rows_seen"])  # propose's time per batch row
         out["host_cpu_us_per_row"] = out["host_cpu_ns"] / 1e3 / max(1, out["rows_seen"])  # … its thread's CPU time
+        out["paid_suspensions"] = self.paid.suspensions  # batch sizes where drafting was found not to pay
+        out["paid_plain_probes"] = self.paid.plain_probes  # steps left undrafted to measure plain decoding
         out["nodes_tested"] = self.acceptance.nodes_tested  # drafted tokens whose parent was accepted …
         out["nodes_accepted"] = self.acceptance.nodes_accepted  # … and those of them accepted
         out.update(active=len(self._rows), held=srt.held, cache=asdict(srt.cache))

@@ -116,17 +116,19 @@ class StepClock:
     def __init__(self, cost: ForwardCostModel | MeasuredStepCost):
         self.cost = cost
         self._running: tuple[int, int, float] | None = None  # (sequences, tokens, start) of the running step
+        self.ended: tuple[int, int, float] | None = None  # (sequences, tokens, seconds) of the step `tick` learned
 
     def tick(self, rows: int, prefilled: bool, timed: bool) -> float | None:
         """A step of `rows` ended and the next starts now: learn the one that ended; returns the start (None:
         not `timed`)."""
         now = time.perf_counter()
-        last, self._running = self._running, None
+        last, self._running, self.ended = self._running, None, None
         if not timed:
             return None
         if last is not None and not prefilled and last[0] == rows:
             sequences, tokens, start = last
             self.cost.measured(tokens, now - start, sequences)
+            self.ended = (sequences, tokens, now - start)
         return now
 
     def started(self, sequences: int, tokens: int, start: float | None) -> None:

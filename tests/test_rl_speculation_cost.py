@@ -1,0 +1,55 @@
+"""Where speculation's time goes: every backend reports its drafting totals under ``stats()["speculation"]``, a
+step's metrics carry them, and a step that ran slower than a compared plain variant says where the time went."""
+
+from __future__ import annotations
+
+from srt_agent.agent.rollout import RolloutSummary
+from srt_agent.engine import Engine, SamplingParams
+from srt_agent.rl.metrics import speculation_metrics
+from srt_agent.rl.report import slower_line
+from srt_agent.rl.rollouts import RolloutRun
+
+
+def test_our_engine_reports_what_drafting_cost(tiny_llama):
+    engine = Engine(tiny_llama, drafter="srt", max_context=128)
+    prompt = list(range(5, 25))
+    params = SamplingParams(max_tokens=24, seed=3, temperature=0.0)
+    for _ in range(3):  # greedy repeats: the tree drafts what was generated before
+        engine.generate([prompt], params)
+    stats = engine.totals.as_dict()
+    spec = stats["speculation"]
+    assert spec["drafted"] == stats["draft_verified"] > 0
+    assert spec["accepted"] == stats["draft_accepted"] <= spec["drafted"]
+    assert spec["host_s"] > 0 and spec["verify_s"] > 0
+
+
+SUMMARY = RolloutSummary(0, 1.0, 0.0, 1.0, 0, 0, 0, 0.0, 0, 0, 0.0, 0, 0.0, 0.0, 0.0)
+
+
+def _run(spec: dict) -> RolloutRun:
+    return RolloutRun("srt", [], SUMMARY, speculation=spec)
+
+
+def test_a_steps_speculation_metrics_add_its_runs():
+    runs = [
+        _run(dict(host_s=0.5, drafted=100, accepted=60, verify_s=2.0)),
+        _run(dict(host_s=0.25, drafted=100, accepted=20, verify_s=2.0)),
+    ]
+    m = speculation_metrics(runs)
+    assert m == {"srt/draft_host_s": 0.75, "srt/rejected_tokens": 120.0, "srt/rejected_s": 4.0 * 120 / 200}
+    assert speculation_metrics([RolloutRun("none", [], SUMMARY)]) == {}
+
+
+def test_a_slower_step_says_where_its_extra_time_went():
+    metrics = {
+        "step": 1.0,
+        "timing_s/gen": 30.0,
+        "compare/none/gen_s": 20.0,
+        "srt/draft_host_s": 1.0,
+        "srt/rejected_s": 6.0,
+        "srt/rejected_tokens": 900.0,
+    }
+    line = slower_line(metrics, "srt", "none")
+    assert "10.0 s longer than none" in line and "host 1.00 s" in line
+    assert "rejected drafts 6.00 s (900 tokens)" in line and "the rest 3.00 s" in line
+    assert slower_line({**metrics, "compare/none/gen_s": 31.0}, "srt", "none") is None
