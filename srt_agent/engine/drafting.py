@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 from ..drafting.choice.acceptance import AcceptanceModel
 from ..drafting.choice.cost_model import ForwardCostModel, choose_drafts
+from ..drafting.choice.guard import PaidDrafting
 from ..drafting.draft import Draft, validate_draft
 from ..drafting.drafter import Drafter, capabilities
 from ..drafting.drafters.model_drafting import DraftRequest, plan_model_drafts
@@ -69,6 +70,7 @@ class Drafting:
         self.min_gain = min_gain
         self.acceptance = AcceptanceModel()  # of tree drafts
         self.model_acceptance = AcceptanceModel()  # of model drafts
+        self.paid = PaidDrafting()  # with adaptive drafts: only at batch sizes where drafting was measured to pay
 
     # ----- the fault boundary ---------------------------------------------------------------------
 
@@ -134,6 +136,8 @@ class Drafting:
         """The drafts cut to the nodes worth verifying in this batch (all of them without adaptive drafts)."""
         if not self.adaptive or not any(len(d) for d in drafts):
             return drafts
+        if not self.paid.allows(len(seqs)):
+            return [Draft() for _ in drafts]
         base = sum(len(s.pending()) for s in seqs)
         return choose_drafts(drafts, base, self.cost_model, self.min_gain, makespan, self.calibrated)
 

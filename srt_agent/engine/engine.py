@@ -431,9 +431,9 @@ class Engine:
             t.tokens += kept
         t.steps += 1
         drafted = sum(len(d) for d in verified.drafts)
-        if drafted:
-            fed = sum(len(c) for c in verified.chunks)
-            t.verify_s += self.cost_model.predict(fed, len(seqs)) - self.cost_model.predict(fed - drafted, len(seqs))
+        t.verify_s += self.cost_model.per_token_s * drafted  # the fit's price of a fed token
+        if verified.batched and not verified.faults and all(c.num_pending == 1 for c in verified.chunks):
+            self.drafting.paid.observe(len(seqs), drafted, sum(verified.kept), step_s)
         t.tail.count(len(seqs), step_s, sum(verified.kept))
         t.draft_s += sum(draft_s)
         t.forward_s += verified.forward_s

@@ -182,17 +182,18 @@ class SRTProposer:
                 self._stats["rows_drafted"] += len(draft) > 0
         fed = rows + sum(map(len, drafts))
         if fed > rows:
-            self._stats["verify_s"] += self.cost.predict(fed, rows) - self.cost.predict(rows, rows)
+            self._stats["verify_s"] += max(0.0, self.cost.predict(fed, rows) - self.cost.predict(rows, rows))
         self.clock.started(rows, fed, started)
         return drafts
 
     def choose(self, drafts: list[Draft]) -> list[Draft]:
-        """What of each decoding row's draft to propose: all with policy ``always``; else only what the slowest
-        sequence is expected to gain beyond verifying every drafted token costs at this batch size."""
+        """What of each decoding row's draft to propose: all with policy ``always``; else what the options' objective
+        expects to pay at this batch size (the slowest row's gain, or the batch's tokens per second)."""
         if self.options.policy == "always" or not any(len(d) for d in drafts):
             return drafts
+        makespan = self.options.objective == "makespan"
         return choose_drafts(
-            drafts, len(drafts), self.cost, makespan=True, calibrate=self.acceptance.calibrate, joint=True
+            drafts, len(drafts), self.cost, makespan=makespan, calibrate=self.acceptance.calibrate, joint=makespan
         )
 
     # ---- rows to SRT's requests ------------------------------------------------------------------
@@ -213,7 +214,7 @@ class SRTProposer:
         that no choice could pay at this batch (`joint_rate_bound`): before the first draft, even for sure ones;
         after a row with no draft, which rules out every draft; or once the drafts so far, the rest sure,
         cannot. Drafting stops there."""
-        cost = self.options.policy == "cost"
+        cost = self.options.policy == "cost" and self.options.objective == "makespan"  # the bound is the makespan's
         verify_none = 1.0 / self.cost.predict(len(rids), len(rids))
         reach = [1.0] * self.k  # per depth: the product of the drafted rows' calibrated chance to get that far
         if not rids or (cost and joint_rate_bound(self.cost, len(rids), reach) <= verify_none):

@@ -24,6 +24,9 @@ class ProposerOptions:
     whole_prompt: bool = True  # a prompt's first rollout leads its tree with the whole prompt (drafts copy from it)
     global_fallback: bool = True  # draft from a global tree of recent responses where it expects more
     policy: str = "cost"  # "cost": draft what pays at this batch size; "always": up to num_speculative_tokens
+    # what "pays" means to the cost policy: "makespan", the slowest row's expected gain (a step ends with its last
+    # row); "throughput", the batch's expected tokens per second (what vLLM's own drafters chase)
+    objective: str = "makespan"
     step_fixed_ms: float = 30.0  # cost model of a decode step (2-core AVX-512 CPU, SmolLM2): fixed part,
     step_row_ms: float = 2.8  # per sequence in the batch,
     draft_token_ms: float = 2.4  # per drafted token verified
@@ -36,6 +39,8 @@ class ProposerOptions:
     def __post_init__(self) -> None:
         if self.policy not in ("cost", "always"):
             raise ValueError(f"policy must be 'cost' or 'always', got {self.policy!r}")
+        if self.objective not in ("makespan", "throughput"):
+            raise ValueError(f"objective must be 'makespan' or 'throughput', got {self.objective!r}")
         if min(self.step_fixed_ms, self.step_row_ms, self.draft_token_ms) < 0:
             raise ValueError("the cost model's terms must be >= 0")
         if self.max_held < 0:
