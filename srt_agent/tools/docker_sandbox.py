@@ -50,7 +50,7 @@ _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", **PROGRAM_ENV}  # the local sand
 # The container's first process. Signals sent from inside the container never reach it, so a program that
 # kills its parent or every process it can (kill -1) leaves it standing, as bubblewrap's init does.
 _LAUNCHER = """\
-import json, os, shutil
+import json, os, resource, shutil
 if os.read(0, 1) != b"g":  # the run's word to go: its program and files are in place
     os._exit(125)
 spec = json.load(open("/sandbox/run.json"))
@@ -69,6 +69,7 @@ pid = os.fork()
 if pid == 0:
     try:
         os.dup2(os.open("/sandbox/stdin", os.O_RDONLY), 0)
+        resource.setrlimit(resource.RLIMIT_CPU, (spec["cpu_s"], spec["cpu_s"] + 1))
         os.execv(argv[0], argv)
     finally:
         os._exit(127)
@@ -89,11 +90,13 @@ os._exit(code if code >= 0 else 128 - code)
 """
 
 
-def _program_archive(code: str, stdin: str, language: str, files: Mapping[str, bytes], fetch: dict | None) -> bytes:
-    """A tar of /sandbox (the program, its stdin, the launcher's run.json, the given files under files/), owned
-    by root and read-only to the program, for `put_archive` at `/`."""
+def _program_archive(
+    code: str, stdin: str, language: str, files: Mapping[str, bytes], fetch: dict | None, cpu_s: int = 11
+) -> bytes:
+    """A tar of /sandbox (the program, its stdin, the launcher's run.json with the program's CPU-time limit,
+    the given files under files/), owned by root and read-only to the program, for `put_archive` at `/`."""
     name, runner = _PROGRAMS[language]
-    spec = {"argv": [runner, f"/sandbox/{name}"], "fetch": fetch}
+    spec = {"argv": [runner, f"/sandbox/{name}"], "fetch": fetch, "cpu_s": cpu_s}
     entries = {
         f"sandbox/{name}": code.encode(),
         "sandbox/stdin": stdin.encode(),
@@ -226,7 +229,7 @@ class DockerSandbox:
         self._ensure_image()
         if self.pool is None and self.pool_size > 0:
             self.pool = WarmPool(self.pool_size, hang_up=lambda warm: _hang_up(warm.sock, warm.raw))
-            self.pool.want(*self._pool_entry(self.timeout_s))
+            self.pool.want(*self._pool_entry())
 
     def close(self) -> None:
         """Remove the containers waiting in the pool (and those left to remove)."""
@@ -298,10 +301,10 @@ class DockerSandbox:
                 "names": names,
                 "mark": secrets.token_hex(16),
             }
-        archive = _program_archive(code, stdin, language, files, fetch)
+        archive = _program_archive(code, stdin, language, files, fetch, math.ceil(timeout) + 1)
         warm = None
         try:
-            key, launch = self._pool_entry(timeout)
+            key, launch = self._pool_entry()
             warm = self.pool.take(key, launch, interactive) if self.pool is not None else None
             warm = warm or launch()
             warm.container.put_archive("/", archive)
@@ -323,11 +326,10 @@ class DockerSandbox:
             result.status = "memory"
         return result
 
-    def _pool_entry(self, timeout: float) -> tuple[str, Callable[[], Warm]]:
-        """The pool's key for a run of `timeout` under these limits, and how to start a container for it. The
-        CPU-time limit is the larger of `timeout_s` and the run's (the wall-clock deadline comes first), so
-        runs up to `timeout_s` share one key."""
-        options = self._create_options(max(timeout, self.timeout_s))
+    def _pool_entry(self) -> tuple[str, Callable[[], Warm]]:
+        """The pool's key for runs under these limits (the image and the create options: every run with the
+        same memory shares one), and how to start a container for them."""
+        options = self._create_options()
         key = json.dumps([self.image, options], sort_keys=True, default=repr)
         return key, lambda: self._launch(options)
 
@@ -348,12 +350,13 @@ class DockerSandbox:
             raise
         return Warm(container, sock, raw, int(container.attrs["State"].get("Pid") or 0))
 
-    def _create_options(self, timeout: float) -> dict[str, Any]:
+    def _create_options(self) -> dict[str, Any]:
         """`containers.create`'s arguments: the launcher as user nobody, no network, no capabilities, the
-        limits, and its stdin open for the word to go."""
+        limits (the launcher sets the program's CPU-time limit, from its run), and its stdin open for the word
+        to go."""
         from docker.types import Ulimit
 
-        file_bytes, cpu_s = self.max_file_mb << 20, math.ceil(timeout) + 1
+        file_bytes = self.max_file_mb << 20
         return {
             "command": ["/usr/bin/python3", "-I", "-S", "-c", _LAUNCHER],
             "stdin_open": True,
@@ -369,7 +372,7 @@ class DockerSandbox:
             "nano_cpus": int(self.cpus * 1e9),
             "pids_limit": self.max_processes,
             "ulimits": [Ulimit(name="fsize", soft=file_bytes, hard=file_bytes),
-                        Ulimit(name="cpu", soft=cpu_s, hard=cpu_s + 1), Ulimit(name="core", soft=0, hard=0)],
+                        Ulimit(name="core", soft=0, hard=0)],
             "tmpfs": {WORKDIR: f"size={self.tmp_mb}m,mode=1777,exec"},
             "log_config": {"type": "none"},  # output reaches the caller only, never the engine's disk
         }  # fmt: skip
