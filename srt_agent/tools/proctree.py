@@ -62,17 +62,27 @@ def lower_priority(pid: int) -> None:
     """Put `pid` in SCHED_IDLE: it runs when no normal process wants the CPU. When it runs in a CPU cgroup
     other than this process's (a Docker container's), that group gets the least CPU weight too: the kernel
     shares the CPU between groups before the processes within them."""
+    _set_policy(pid, os.SCHED_IDLE, cgroup_weights=("2", "1"))
+
+
+def restore_priority(pid: int) -> None:
+    """Undo `lower_priority` (a killed process at idle priority would wait for an idle CPU to die)."""
+    _set_policy(pid, os.SCHED_OTHER, cgroup_weights=("1024", "100"))
+
+
+def _set_policy(pid: int, policy: int, cgroup_weights: tuple[str, str]) -> None:
+    """`pid`'s scheduling policy, and the weight (v1 shares, v2 weight) of its CPU cgroup unless it is ours."""
     try:
-        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+        os.sched_setscheduler(pid, policy, os.sched_param(0))
     except OSError:
         pass
     group = cpu_cgroup(pid)
     if group is None or group == cpu_cgroup(os.getpid()):
         return
-    for folder, name, least in ((f"cpu{group}", "cpu.shares", "2"), (group.lstrip("/"), "cpu.weight", "1")):
+    for folder, name, weight in zip((f"cpu{group}", group.lstrip("/")), ("cpu.shares", "cpu.weight"), cgroup_weights):
         try:
             with open(os.path.join(CGROUP_ROOT, folder, name), "w") as f:
-                f.write(least)
+                f.write(weight)
             return
         except OSError:
             continue

@@ -113,6 +113,11 @@ class Job:
     lowered: bool = False  # it has used its CPU quantum: its processes run at idle priority
     sleeper: bool = False  # it used less than its quantum in its first FRESH_S: it keeps its priority
     cancelled: bool = False
+    restored: bool = False  # past its end, its lowered processes were given their priority back to die
+
+    def end(self) -> float:
+        """When its program is to be stopped: its limit after its start, or its deadline if sooner."""
+        return min(self.deadline, (self.program_started or self.started or self.arrival) + self.limit_s)
 
     @property
     def fresh(self) -> bool:
@@ -293,6 +298,8 @@ class RunScheduler:
             job.future.set_result((result, load))
 
     def _kill(self, job: Job) -> None:
+        for pid in job.demoted:  # at idle priority a killed process could wait seconds to die
+            proctree.restore_priority(pid)
         if job.roots:
             proctree.kill(proctree.descendants(job.roots, proctree.children_by_parent()), groups=job.roots)
 
@@ -327,7 +334,7 @@ class RunScheduler:
         """Record the jobs' CPU figures (read outside the lock); the pids to lower, of jobs past their quantum."""
         lower = []
         for job, pids, seen in figures.values():
-            if job not in self._running:
+            if job not in self._running or job.restored:
                 continue
             job.processes = max(job.processes, len(pids))
             for pid, (ran, waited) in seen.items():
@@ -341,6 +348,16 @@ class RunScheduler:
                     lower.append(pid)
                     job.demoted.add(pid)
         return lower
+
+    def _past_their_end(self, now: float) -> list[int]:
+        """The lowered processes of jobs past their end, which their sandbox kills now: at idle priority on
+        a busy machine they would take seconds to die, holding their sandbox (the flood's reaping)."""
+        restore = []
+        for job in self._running:
+            if job.demoted and not job.restored and now >= job.end():
+                job.restored = True
+                restore += job.demoted
+        return restore
 
     def _watch_loop(self) -> None:
         """Every TICK_S: read the running jobs' CPU figures (the lock is held only to note them, so a request
@@ -359,8 +376,11 @@ class RunScheduler:
                 figures[id(job)] = (job, pids, seen)
             with self._lock:
                 lower = self._sample(figures)
+                restore = self._past_their_end(time.monotonic())
             for pid in lower:
                 proctree.lower_priority(pid)
+            for pid in restore:
+                proctree.restore_priority(pid)
             with self._lock:
                 now = time.monotonic()
                 for job in self._running:  # a sandbox that shows no processes: passes its slot on

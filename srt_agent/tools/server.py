@@ -24,6 +24,7 @@ import asyncio
 import dataclasses
 import inspect
 import json
+import resource
 import signal
 import time
 from collections.abc import Iterator
@@ -201,6 +202,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         raise ValueError(
             f"workers and max_request_bytes must be >= 1, got {config.workers}, {config.max_request_bytes}"
         )
+    _raise_open_files()
     scheduler = RunScheduler(
         config.workers, config.fresh_slots, config.quantum_s, interactive_slots=config.interactive_slots
     )
@@ -240,6 +242,17 @@ def create_app(config: ServerConfig) -> FastAPI:
         return await _run_code(config, scheduler, request, http)
 
     return app
+
+
+def _raise_open_files() -> None:
+    """Lift the soft limit on open files to the hard one: hundreds of calls at once hold a connection each and
+    a few pipes per program (many systems start processes with a soft limit of 1024)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
+        except (OSError, ValueError):
+            pass
 
 
 async def _runtime(config: ServerConfig) -> dict:
