@@ -28,6 +28,11 @@ def sandbox_serve(
     quantum_s: float = typer.Option(
         0.2, help="CPU seconds a program runs at normal priority; then at idle priority (SCHED_IDLE)."
     ),
+    interactive_slots: int | None = typer.Option(
+        None,
+        min=0,
+        help="Fresh slots of interactive calls (run_timeout <= 5 s) beyond the others (default: 1 per core).",
+    ),
     timeout_s: float = typer.Option(10.0, help="Default run timeout; requests may ask for up to --max-timeout-s."),
     max_timeout_s: float = typer.Option(60.0, help="Cap on a request's run_timeout."),
     memory_mb: int = typer.Option(512, help="Default memory limit; requests may ask for up to --max-memory-mb."),
@@ -64,6 +69,7 @@ def sandbox_serve(
         workers=workers,
         fresh_slots=fresh_slots,
         quantum_s=quantum_s,
+        interactive_slots=interactive_slots,
         max_timeout_s=max_timeout_s,
         max_memory_mb=max_memory_mb,
         max_request_bytes=max_request_bytes,
