@@ -7,7 +7,9 @@ the CPU it needs to answer), while fewer than `max_running` run and fewer than `
 Once a program has used `quantum_s` of CPU its processes drop to SCHED_IDLE, so a short program started
 later (a `print(1)` behind a hundred busy loops, which needs a few hundredths of a second) gets the CPU
 first; a program seen to use less than that in its first FRESH_S (it sleeps) keeps its priority. Either
-way its fresh slot passes on, and only then: at most `fresh_slots` programs compete at normal priority. A
+way its fresh slot passes on, and only then: at most `fresh_slots` programs compete at normal priority, and
+at most that many sandboxes are being set up at once (a busy Docker engine is asked for a few containers
+at a time, the rest wait in the queue; one that shows no process in SETUP_S passes its slot on). A
 sandbox whose programs run in a CPU cgroup of their own (Docker's containers) has that group's CPU weight
 lowered as well (proctree.lower_priority).
 
@@ -38,6 +40,7 @@ from .base import SandboxResult
 
 TICK_S = 0.2  # how often running programs are looked at (priority, CPU figures, cancellations)
 FRESH_S = 0.5  # a program that used less than its CPU quantum in this long is not CPU-bound
+SETUP_S = 5.0  # a sandbox that shows no process this long after its start passes its fresh slot on
 PROGRAM_NICE = 5  # programs start this much below the server's priority
 MIN_START_S = 0.05  # a request with less time than this left is not started
 STARVED_SHARE = 0.5  # allowed less than this share of its limit, or waiting this share of its time: starved
@@ -383,6 +386,6 @@ class RunScheduler:
                 proctree.restore_priority(pid)
             with self._lock:
                 now = time.monotonic()
-                for job in self._running:  # a sandbox that shows no processes: passes its slot on
-                    job.sleeper = job.sleeper or (not job.roots and now - job.started >= FRESH_S)
+                for job in self._running:  # still being set up (a container starting): it keeps its slot a while
+                    job.sleeper = job.sleeper or (not job.roots and now - job.started >= SETUP_S)
                 self._dispatch(now)
