@@ -345,7 +345,7 @@ class RunScheduler:
                 job.seen[pid] = (max(before[0], ran), max(before[1], waited))
             used = sum(ran for ran, _ in job.seen.values())
             job.lowered = job.lowered or used >= self.quantum_s
-            job.sleeper = not job.lowered and time.monotonic() - job.started >= FRESH_S
+            job.sleeper = not job.lowered and time.monotonic() - (job.program_started or job.started) >= FRESH_S
             for pid in pids if job.lowered else ():
                 if pid not in job.demoted:
                     lower.append(pid)
