@@ -58,6 +58,18 @@ def test_bench_load_mode_reports_a_flood(tmp_path):
     assert result["probe"]["status"] == "Success/Finished (ok)" and result["p99_s"] >= result["p50_s"] > 0
 
 
+def test_bench_load_mode_probes_during_and_after_a_flood(tmp_path):
+    """`--probe-every`: interactive print(1) probes while the flood runs and `--after` it, their figures apart."""
+    out = tmp_path / "load.json"
+    args = ["sandbox", "bench", "--concurrency", "3", "--program", "sleep", "--run-timeout", "6", "--json", str(out)]
+    outcome = runner.invoke(app, [*args, "--probe-after", "0.1", "--probe-every", "0.5", "--after", "1"])
+    assert outcome.exit_code == 0, outcome.output
+    probes = json.loads(out.read_text())["probes"]
+    assert probes["during"]["count"] >= 1 and probes["after"]["count"] >= 1, probes
+    assert set(probes["during"]["statuses"]) == set(probes["after"]["statuses"]) == {"Success/Finished (ok)"}
+    assert probes["during"]["p99_s"] >= probes["during"]["p50_s"] > 0
+
+
 @dataclass
 class PlainSandbox:
     """A sandbox registered by a test: programs run with this interpreter, not isolated."""

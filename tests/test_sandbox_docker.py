@@ -1,9 +1,12 @@
 """DockerSandbox against a real Docker engine (as root, `bash scripts/install_docker.sh` starts one and builds
 the sandbox image; where no engine can answer, these tests skip as a machine skip).
 
-Every case runs real containers, and every test checks that the containers it created are gone afterwards.
-A stand-in replaces one SDK call only where a real engine cannot be made to do what the case needs, and says
-so. The hostile battery runs through Docker in test_sandbox_hostile.py.
+Every case runs real containers, and every test checks that the containers it created are gone afterwards
+(those waiting in the warm pool included). A stand-in replaces one SDK call only where a real engine cannot
+be made to do what the case needs, and says so. The hostile battery runs through Docker in
+test_sandbox_hostile.py. Behind `srt-agent sandbox serve`, Docker gets the local sandbox's scheduler: a
+client that leaves takes its container with it, overload is a SandboxError, an interactive call starts
+ahead of a flood, and a container past its CPU quantum has its CPU weight lowered.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -34,13 +39,37 @@ def client():
     return docker_client_or_skip()
 
 
+@dataclass
+class Created:
+    """A docker client for the test's sandboxes, and the ids of the containers it created."""
+
+    client: object
+    ids: list[str]
+
+
 @pytest.fixture
-def sandbox(client):
-    """A DockerSandbox whose containers must all be gone when the test ends."""
-    box = DockerSandbox(timeout_s=10, memory_mb=256, max_output_bytes=CAP)
-    created = recorded_containers(box)
+def created(client):
+    """The containers the test's sandboxes create: all must be gone when it ends."""
+    recording = docker.from_env()
+    found = Created(recording, recorded_containers(recording))
+    yield found
+    assert found.ids and containers_left(client, found.ids) == []
+
+
+@pytest.fixture
+def sandbox(created):
+    """A DockerSandbox with a warm pool, closed when the test ends."""
+    box = DockerSandbox(timeout_s=10, memory_mb=256, max_output_bytes=CAP, client=created.client)
     yield box
-    assert created and containers_left(client, created) == []
+    box.close()
+
+
+def wait_for(condition, limit_s: float = 60.0) -> None:
+    """Poll until `condition()` holds (a hang guard, not a measurement)."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.1)
 
 
 def timed(sandbox: DockerSandbox, code: str, **options):
@@ -137,13 +166,14 @@ def test_fetched_files_do_not_count_against_the_output_cap(sandbox):
 
 
 @pytest.mark.parametrize("call", ["put_archive", "start", "wait", "reload"])
-def test_an_engine_failing_mid_run_is_a_sandbox_error_and_the_container_is_removed(sandbox, monkeypatch, call):
+def test_an_engine_failing_mid_run_is_a_sandbox_error_and_the_container_is_removed(created, monkeypatch, call):
     """Stand-in: one SDK call fails (a real engine cannot be made to fail one call on demand); the
-    container around it is real and must be removed."""
+    container around it is real and must be removed. Without a pool, every call is on the run's path."""
 
     def fail(*args, **kwargs):
         raise requests.exceptions.ConnectionError(f"engine went away during {call}")
 
+    sandbox = DockerSandbox(timeout_s=10, memory_mb=256, pool_size=0, client=created.client)
     monkeypatch.setattr(docker.models.containers.Container, call, fail)
     result, elapsed = timed(sandbox, "print('hello')")
     assert result.status == "sandbox_error" and f"engine went away during {call}" in result.stderr
@@ -221,3 +251,73 @@ def test_fetched_files_come_off_the_end_of_stdout_only_with_the_mark():
     assert _take_fetched(out, b"MARK") == {"f": b"x"} and out == b"printed"
     out = bytearray(b"printed, then killed")
     assert _take_fetched(out, b"MARK") == {} and out == b"printed, then killed"
+
+
+def test_a_warm_container_runs_one_program_only(sandbox):
+    """Runs take containers started ahead of them; what one program leaves (a file, a process) is never
+    seen by the next, because no container runs a second program."""
+    wait_for(lambda: sandbox.pool.waiting() == sandbox.pool_size)
+    leave = "import subprocess\nopen('left', 'w').write('x')\nsubprocess.Popen(['sleep', '60'])\nprint('left')"
+    look = "import os\nprint(sorted(os.listdir('.')), len([p for p in os.listdir('/proc') if p.isdigit()]))"
+    first, second = sandbox.run(leave), sandbox.run(look)
+    assert (first.status, first.stdout) == ("ok", "left\n")
+    assert (second.status, second.stdout) == ("ok", "[] 2\n")  # the launcher and this program
+    assert sandbox.pool.counts["taken"] == 2
+
+
+def serve_docker(created, **options):
+    """`sandbox serve` on Docker, its sandbox's containers recorded."""
+    box = DockerSandbox(timeout_s=10, memory_mb=256, client=created.client)
+    return running_server(ServerConfig(box, **options))
+
+
+def test_a_client_that_leaves_takes_its_container_with_it(created):
+    with serve_docker(created) as url:
+        body = {"code": "import time\ntime.sleep(60)", "language": "python", "run_timeout": 60}
+        with pytest.raises(requests.exceptions.ReadTimeout):
+            requests.post(f"{url}/run_code", json=body, timeout=3)
+        wait_for(lambda: requests.get(f"{url}/v1/load", timeout=10).json()["running"] == 0)
+        load = requests.get(f"{url}/v1/load", timeout=10).json()
+        running = [
+            cid for cid in created.ids if created.client.containers.list(filters={"id": cid, "status": "running"})
+        ]
+    assert (load["cancelled"], load["started"], load["sandbox"]) == (1, 1, "DockerSandbox")
+    assert len(running) <= 4  # only the pool's waiting ones ran on; the sleeper's container was killed
+
+
+def test_overload_is_a_sandbox_error_and_an_interactive_call_starts_ahead(created, client):
+    """One slot held by a sleeper, a request queued behind it: that one is answered SandboxError (overloaded)
+    at its deadline, while a short call starts in the interactive slot; a busy loop past its CPU quantum has
+    its container's CPU weight lowered."""
+    with serve_docker(created, workers=1, fresh_slots=1, interactive_slots=1) as url:
+        post = lambda code, run, compile_s=0.0: requests.post(  # noqa: E731
+            f"{url}/run_code",
+            json={"code": code, "language": "python", "run_timeout": run, "compile_timeout": compile_s},
+            timeout=run + compile_s + 30,
+        ).json()
+        held, queued = {}, {}
+        holder = threading.Thread(target=lambda: held.update(post("while True:\n    pass", 8)))
+        holder.start()
+        wait_for(lambda: requests.get(f"{url}/v1/load", timeout=10).json()["running"] == 1)
+        waiting = threading.Thread(target=lambda: queued.update(post("print(2)", 6, 1)))
+        waiting.start()
+        probe = post("print(1)", 5)
+        wait_for(lambda: lowered(created.ids) != [])
+        waiting.join()
+        holder.join()
+    assert (probe["status"], probe["run_result"]["stdout"]) == ("Success", "1\n")
+    assert (queued["status"], queued["srt_status"]) == ("SandboxError", "overloaded")
+    assert "overloaded" in queued["message"] and held["srt_status"] in ("timeout", "overloaded")
+
+
+def lowered(ids: list[str]) -> list[str]:
+    """The containers among `ids` whose CPU cgroup has the least weight."""
+    found = []
+    for cid in ids:
+        for path in (
+            Path(f"/sys/fs/cgroup/cpu/docker/{cid}/cpu.shares"),
+            Path(f"/sys/fs/cgroup/docker/{cid}/cpu.weight"),
+        ):
+            if path.exists() and path.read_text().strip() in ("1", "2"):
+                found.append(cid)
+    return found

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sandbox_hostile import (
@@ -49,16 +50,17 @@ def docker_client_or_skip():
     return client
 
 
-def recorded_containers(sandbox: DockerSandbox) -> list[str]:
-    """The ids of the containers `sandbox` creates from now on (filled as it creates them)."""
-    created, create = [], sandbox.client.api.create_container
+def recorded_containers(sandbox: DockerSandbox | Any) -> list[str]:
+    """The ids of the containers `sandbox` (or a docker client) creates from now on (filled as it creates them)."""
+    client = getattr(sandbox, "client", sandbox)
+    created, create = [], client.api.create_container
 
     def recording(*args, **kwargs):
         answer = create(*args, **kwargs)
         created.append(answer["Id"])
         return answer
 
-    sandbox.client.api.create_container = recording
+    client.api.create_container = recording
     return created
 
 
@@ -79,7 +81,11 @@ def backend_sandbox(backend: str) -> Iterator[CodeSandbox]:
     if backend == "local":
         yield LocalSandbox(**limits)
     elif backend == "docker":
-        yield DockerSandbox(**limits)
+        box = DockerSandbox(**limits)
+        try:
+            yield box
+        finally:
+            box.close()  # its waiting containers go too
     else:
         options = ["--workers", str(WORKERS), "--max-output-bytes", str(MAX_OUTPUT), "--memory-mb", str(MEMORY_MB)]
         with cli_server(options + (["--backend", "docker"] if backend == "server-docker" else [])) as url:

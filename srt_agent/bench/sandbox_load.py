@@ -3,7 +3,9 @@
 Sends `concurrency` copies of a program to any `/run_code` URL (ours, a real SandboxFusion) at once, each
 with the client timeout verl's SandboxFusion client uses (compile and run timeouts plus 10 s), then, while
 they run, a `print(1)`. Reports the share answered within the client timeout, latency percentiles, the
-statuses the server gave, and how long the probe took.
+statuses the server gave, and how long the probe took. With `probe_every_s`, `print(1)` probes (run timeout
+`probe_run_timeout`: 5 s makes them interactive on our server) go one after another, that often, from
+`probe_after_s` until `after_s` past the flood's last answer: their latencies during and after the flood.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ async def run_load(
     compile_timeout: float = 10.0,
     client_timeout: float | None = None,
     probe_after_s: float = 1.0,
+    probe_every_s: float | None = None,
+    probe_run_timeout: float = 5.0,
+    after_s: float = 10.0,
 ) -> dict:
     """The figures of one load run against `url` (a server's base URL or its `/run_code`)."""
     endpoint = url.rstrip("/") if url.rstrip("/").endswith("/run_code") else url.rstrip("/") + "/run_code"
@@ -72,6 +77,10 @@ async def run_load(
         calls = [asyncio.create_task(_call(client, endpoint, body, client_timeout)) for _ in range(concurrency)]
         await asyncio.sleep(probe_after_s)
         probe_body = {**body, "code": PROGRAMS["print"]}
+        if probe_every_s is not None:
+            probe_body["run_timeout"] = probe_run_timeout
+            flood = asyncio.gather(*calls)
+            probes = await _probe_series(client, endpoint, probe_body, flood, probe_every_s, after_s)
         probe = await _call(client, endpoint, probe_body, client_timeout)
         answers = await asyncio.gather(*calls)
         wall = time.monotonic() - started
@@ -95,6 +104,28 @@ async def run_load(
         "probe": {"sent_after_s": probe_after_s, "latency_s": probe[0], "status": probe[1],
                   "stdout": ((probe[2] or {}).get("run_result") or {}).get("stdout"),
                   "queued_s": (probe[2] or {}).get("srt_queued_s")},
+        **({"probes": probes} if probe_every_s is not None else {}),
+    }  # fmt: skip
+
+
+async def _probe_series(
+    client: httpx.AsyncClient, endpoint: str, body: dict, flood: asyncio.Future, every_s: float, after_s: float
+) -> dict:
+    """`print(1)` probes one after another, every `every_s`, while `flood` runs and `after_s` past its end;
+    their latency percentiles and statuses, during the flood and after it."""
+    seen: dict[str, list[tuple[float, str]]] = {"during": [], "after": []}
+    ended_at = None
+    while ended_at is None or time.monotonic() - ended_at < after_s:
+        sent = time.monotonic()
+        latency, status, _ = await _call(client, endpoint, body, body["compile_timeout"] + body["run_timeout"] + 10)
+        ended_at = ended_at or (time.monotonic() if flood.done() else None)
+        seen["during" if ended_at is None or ended_at > sent else "after"].append((latency, status))
+        await asyncio.sleep(max(0.0, every_s - (time.monotonic() - sent)))
+    return {
+        phase: {"count": len(found), "p50_s": percentile([a for a, _ in found], 0.5),
+                "p99_s": percentile([a for a, _ in found], 0.99), "max_s": max((a for a, _ in found), default=None),
+                "statuses": dict(Counter(status for _, status in found))}
+        for phase, found in seen.items()
     }  # fmt: skip
 
 

@@ -28,6 +28,11 @@ def sandbox_serve(
     quantum_s: float = typer.Option(
         0.2, help="CPU seconds a program runs at normal priority; then at idle priority (SCHED_IDLE)."
     ),
+    interactive_slots: int | None = typer.Option(
+        None,
+        min=0,
+        help="Fresh slots of interactive calls (run_timeout <= 5 s) beyond the others (default: 1 per core).",
+    ),
     timeout_s: float = typer.Option(10.0, help="Default run timeout; requests may ask for up to --max-timeout-s."),
     max_timeout_s: float = typer.Option(60.0, help="Cap on a request's run_timeout."),
     memory_mb: int = typer.Option(512, help="Default memory limit; requests may ask for up to --max-memory-mb."),
@@ -64,6 +69,7 @@ def sandbox_serve(
         workers=workers,
         fresh_slots=fresh_slots,
         quantum_s=quantum_s,
+        interactive_slots=interactive_slots,
         max_timeout_s=max_timeout_s,
         max_memory_mb=max_memory_mb,
         max_request_bytes=max_request_bytes,
@@ -111,22 +117,34 @@ def sandbox_bench(
         None, help="Load mode: seconds a client waits (default: compile + run timeouts + 10, as verl's client)."
     ),
     probe_after: float = typer.Option(1.0, help="Load mode: seconds after the flood that the probe is sent."),
+    probe_every: float | None = typer.Option(
+        None, help="Load mode: send print(1) probes one after another this often, during the flood and --after it."
+    ),
+    probe_run_timeout: float = typer.Option(5.0, help="Load mode: the probes' run_timeout (<= 5 s: interactive)."),
+    after: float = typer.Option(10.0, help="Load mode, with --probe-every: seconds of probes after the flood."),
+    backend: str = typer.Option(
+        "local", help=f"Load mode: the in-process server's sandbox ({', '.join(served_kinds())})."
+    ),
     json_out: Path | None = typer.Option(None, "--json", help="Write the result here."),
 ):
     """Latency and throughput of the local sandbox (and its server) against a bare Python start; with
     --concurrency, how a server answers a flood: the share answered in time, p50/p99, statuses, a probe."""
     from contextlib import nullcontext
 
-    from ..tools import LocalSandbox, SandboxFusionSandbox
+    from ..tools import LocalSandbox, SandboxFusionSandbox, SandboxUnavailable, make_sandbox
     from ..tools.server import ServerConfig, running_server
 
     if concurrency is not None:
         from ..bench.sandbox_load import load_bench
 
-        context = nullcontext(url) if url else running_server(ServerConfig(LocalSandbox(timeout_s=run_timeout)))
+        with reported(SandboxUnavailable, ValueError, code=1, message=PLAIN):
+            served = None if url else make_sandbox(backend, timeout_s=run_timeout)
+        context = nullcontext(url) if url else running_server(ServerConfig(served))
         with context as endpoint:
-            options = dict(concurrency=concurrency, program=program, run_timeout=run_timeout)
-            result = load_bench(endpoint, **options, client_timeout=client_timeout, probe_after_s=probe_after)
+            options = dict(concurrency=concurrency, program=program, run_timeout=run_timeout, after_s=after)
+            probes = dict(probe_after_s=probe_after, probe_every_s=probe_every, probe_run_timeout=probe_run_timeout)
+            result = load_bench(endpoint, **options, client_timeout=client_timeout, **probes)
+        result["backend"] = url or backend
     else:
         from ..bench.sandbox import bench_sandboxes
 

@@ -279,8 +279,9 @@ def _read_child_pid(fd: int, buffer: bytearray, timeout_s: float) -> int | None:
     """
     deadline = time.monotonic() + timeout_s
     while b"\n" not in buffer:
-        ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0.0))
-        if not ready:
+        poller = select.poll()  # not select(): a busy server has descriptors past FD_SETSIZE (1024)
+        poller.register(fd, select.POLLIN)
+        if not poller.poll(max(deadline - time.monotonic(), 0.0) * 1000):
             raise TimeoutError(f"bubblewrap did not start a sandbox within {timeout_s:.0f} s")
         chunk = os.read(fd, 65536)
         if not chunk:

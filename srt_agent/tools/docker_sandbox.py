@@ -6,14 +6,16 @@ local sandbox's runtime libraries, no folder the program's uid may write to); co
 SandboxUnavailable otherwise.
 
 A run is one container of that image: a launcher as its first process (pid 1, so the program cannot kill
-it, and it reaps orphans) copies the given files into the working directory `/tmp` (a size-capped tmpfs),
-runs the program as its child as user `nobody` and exits as the program did; files to fetch come back
-after the program's output, from the local sandbox's collector (the engine cannot read a tmpfs). The
-container, its files with it, is removed when the run ends, whatever ended it. Output comes over the
+it, and it reaps orphans) waits for the word to go on its stdin, then copies the given files into the
+working directory `/tmp` (a size-capped tmpfs), runs the program as its child as user `nobody` and exits as
+the program did; files to fetch come back after the program's output, from the local sandbox's collector
+(the engine cannot read a tmpfs). Containers are started ahead of their runs in a warm pool (docker_pool.py;
+`pool_size`), each used by one run only and removed after it, whatever ended it. Output comes over the
 container's raw attach socket, read without blocking: past `max_output_bytes` or at the deadline the
 container is killed and the socket closed at once (an engine whose output nobody reads holds the
-container's exit back). As the local sandbox's, the deadline counts from the program's start (once the
-engine says it runs): a call returns within the container's set-up, the timeout, and the kill and removal.
+container's exit back). As the local sandbox's, the deadline counts from the program's start (the word to
+go), cut short by the server's `deadline`; the server's `watch` is told the container's first process,
+so its scheduler sees, lowers and kills the container's processes as it does the local sandbox's.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ import selectors
 import socket
 import tarfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .base import SandboxResult, SandboxUnavailable
+from .docker_pool import Warm, WarmPool, remove_container
 from .files import COLLECTOR, MAX_FILES, WORKDIR, check_names, sandbox_path, workdir_relative
 from .languages import PROGRAM_ENV
 from .process import ProcessOutcome, classify
@@ -47,7 +50,9 @@ _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", **PROGRAM_ENV}  # the local sand
 # The container's first process. Signals sent from inside the container never reach it, so a program that
 # kills its parent or every process it can (kill -1) leaves it standing, as bubblewrap's init does.
 _LAUNCHER = """\
-import json, os, shutil
+import json, os, resource, shutil
+if os.read(0, 1) != b"g":  # the run's word to go: its program and files are in place
+    os._exit(125)
 spec = json.load(open("/sandbox/run.json"))
 argv, fetch = spec["argv"], spec.get("fetch")
 for folder, _, names in os.walk("/sandbox/files"):
@@ -64,6 +69,7 @@ pid = os.fork()
 if pid == 0:
     try:
         os.dup2(os.open("/sandbox/stdin", os.O_RDONLY), 0)
+        resource.setrlimit(resource.RLIMIT_CPU, (spec["cpu_s"], spec["cpu_s"] + 1))
         os.execv(argv[0], argv)
     finally:
         os._exit(127)
@@ -84,11 +90,13 @@ os._exit(code if code >= 0 else 128 - code)
 """
 
 
-def _program_archive(code: str, stdin: str, language: str, files: Mapping[str, bytes], fetch: dict | None) -> bytes:
-    """A tar of /sandbox (the program, its stdin, the launcher's run.json, the given files under files/), owned
-    by root and read-only to the program, for `put_archive` at `/`."""
+def _program_archive(
+    code: str, stdin: str, language: str, files: Mapping[str, bytes], fetch: dict | None, cpu_s: int = 11
+) -> bytes:
+    """A tar of /sandbox (the program, its stdin, the launcher's run.json with the program's CPU-time limit,
+    the given files under files/), owned by root and read-only to the program, for `put_archive` at `/`."""
     name, runner = _PROGRAMS[language]
-    spec = {"argv": [runner, f"/sandbox/{name}"], "fetch": fetch}
+    spec = {"argv": [runner, f"/sandbox/{name}"], "fetch": fetch, "cpu_s": cpu_s}
     entries = {
         f"sandbox/{name}": code.encode(),
         "sandbox/stdin": stdin.encode(),
@@ -183,8 +191,9 @@ class DockerSandbox:
     """Runs each program in a fresh container of `image` (default: the image scripts/install_docker.sh
     builds). Limits as the local sandbox's: `memory_mb` (RAM, plus the `tmp_mb` working directory, both
     counted in the container's memory cgroup), `max_processes`, `max_file_mb` (largest file written),
-    `max_output_bytes` (stdout and stderr together), and `cpus` (CPU share). `client`: a docker SDK client
-    (default: `docker.from_env()`), shared by copies made with `dataclasses.replace`."""
+    `max_output_bytes` (stdout and stderr together), and `cpus` (CPU share). `pool_size` containers per set of
+    limits wait, started, for their runs (0: each run starts its own). `client` (default: `docker.from_env()`)
+    and the pool are shared by copies made with `dataclasses.replace`; `close` removes the waiting ones."""
 
     image: str = DEFAULT_IMAGE
     timeout_s: float = 10.0
@@ -194,7 +203,9 @@ class DockerSandbox:
     max_output_bytes: int = 65536
     tmp_mb: int = 64
     max_file_mb: int = 16
+    pool_size: int = 4
     client: Any = field(default=None, repr=False, compare=False)
+    pool: WarmPool | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "memory_mb", "cpus", "max_processes", "max_output_bytes", "tmp_mb", "max_file_mb"):
@@ -216,6 +227,14 @@ class DockerSandbox:
                     "or set DOCKER_HOST), or use another sandbox: make_sandbox('local') (bubblewrap) or 'sandbox_fusion'."
                 ) from exc
         self._ensure_image()
+        if self.pool is None and self.pool_size > 0:
+            self.pool = WarmPool(self.pool_size, hang_up=lambda warm: _hang_up(warm.sock, warm.raw))
+            self.pool.want(*self._pool_entry())
+
+    def close(self) -> None:
+        """Remove the containers waiting in the pool (and those left to remove)."""
+        if self.pool is not None:
+            self.pool.close()
 
     @property
     def sandboxed(self) -> bool:
@@ -253,11 +272,16 @@ class DockerSandbox:
         files: Mapping[str, bytes] | None = None,
         fetch_files: Sequence[str] = (),
         language: str = "python",
+        deadline: float | None = None,
+        watch: Callable[[int], None] | None = None,
+        interactive: bool = False,
     ) -> SandboxResult:
-        """Run `code` (Python, or `language="bash"`) in a new container; never raises for anything the
+        """Run `code` (Python, or `language="bash"`) in a container of its own; never raises for anything the
         program does. `files` (name -> content) are put in the working directory first; `fetch_files` come
         back in the result's `files` when the program ends by itself (names as the local sandbox takes them,
-        at most `max_file_mb` in all). Bad names, an unknown language or a nonpositive timeout raise ValueError."""
+        at most `max_file_mb` in all). `deadline` (a `time.monotonic()` instant) cuts the run short; `watch(pid)`
+        is told the container's first process before the program starts; `interactive` runs may take the
+        pool's last waiting container. Bad names, an unknown language or a nonpositive timeout raise ValueError."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         if timeout <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout!r}")
@@ -277,30 +301,65 @@ class DockerSandbox:
                 "names": names,
                 "mark": secrets.token_hex(16),
             }
-        archive = _program_archive(code, stdin, language, files, fetch)
-        container = None
+        archive = _program_archive(code, stdin, language, files, fetch, math.ceil(timeout) + 1)
+        warm = None
         try:
-            container = self.client.containers.create(self.image, **self._create_options(timeout))
-            container.put_archive("/", archive)
-            outcome, oom, fetched = self._attach_and_wait(container, start, timeout, fetch)
+            key, launch = self._pool_entry()
+            warm = self.pool.take(key, launch, interactive) if self.pool is not None else None
+            warm = warm or launch()
+            warm.container.put_archive("/", archive)
+            if watch is not None and warm.pid:
+                watch(warm.pid)
+            cut = timeout if deadline is None else min(timeout, deadline - time.monotonic())
+            if cut <= 0:
+                return SandboxResult(status="timeout", stderr="no time was left to run it")
+            outcome, oom, fetched = self._go_and_wait(warm, start, cut, fetch)
         except _engine_errors() as exc:
             return SandboxResult(status="sandbox_error", stderr=f"docker: {exc}", wall_s=time.monotonic() - start)
         finally:
-            if container is not None:
-                _remove(container)
+            if warm is not None:
+                _hang_up(warm.sock, warm.raw)
+                self.pool.discard(warm.container) if self.pool is not None else remove_container(warm.container)
         result = classify(outcome, signal_offset=128)
         result.wall_s, result.files = time.monotonic() - start, fetched
         if oom and result.status in ("error", "killed"):
             result.status = "memory"
         return result
 
-    def _create_options(self, timeout: float) -> dict[str, Any]:
-        """`containers.create`'s arguments: the launcher as user nobody, no network, no capabilities, the limits."""
+    def _pool_entry(self) -> tuple[str, Callable[[], Warm]]:
+        """The pool's key for runs under these limits (the image and the create options: every run with the
+        same memory shares one), and how to start a container for them."""
+        options = self._create_options()
+        key = json.dumps([self.image, options], sort_keys=True, default=repr)
+        return key, lambda: self._launch(options)
+
+    def _launch(self, options: dict[str, Any]) -> Warm:
+        """Create and start a container whose launcher waits for the word to go, attached before it starts."""
+        container = self.client.containers.create(self.image, **options)
+        try:
+            sock = container.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+            raw = getattr(sock, "_sock", sock)  # the connection under the SDK's reader: nothing is buffered yet
+            try:
+                container.start()
+                container.reload()
+            except BaseException:
+                _hang_up(sock, raw)
+                raise
+        except BaseException:
+            remove_container(container)
+            raise
+        return Warm(container, sock, raw, int(container.attrs["State"].get("Pid") or 0))
+
+    def _create_options(self) -> dict[str, Any]:
+        """`containers.create`'s arguments: the launcher as user nobody, no network, no capabilities, the
+        limits (the launcher sets the program's CPU-time limit, from its run), and its stdin open for the word
+        to go."""
         from docker.types import Ulimit
 
-        file_bytes, cpu_s = self.max_file_mb << 20, math.ceil(timeout) + 1
+        file_bytes = self.max_file_mb << 20
         return {
             "command": ["/usr/bin/python3", "-I", "-S", "-c", _LAUNCHER],
+            "stdin_open": True,
             "user": _NOBODY,
             "working_dir": WORKDIR,
             "environment": _ENV,
@@ -313,31 +372,30 @@ class DockerSandbox:
             "nano_cpus": int(self.cpus * 1e9),
             "pids_limit": self.max_processes,
             "ulimits": [Ulimit(name="fsize", soft=file_bytes, hard=file_bytes),
-                        Ulimit(name="cpu", soft=cpu_s, hard=cpu_s + 1), Ulimit(name="core", soft=0, hard=0)],
+                        Ulimit(name="core", soft=0, hard=0)],
             "tmpfs": {WORKDIR: f"size={self.tmp_mb}m,mode=1777,exec"},
             "log_config": {"type": "none"},  # output reaches the caller only, never the engine's disk
         }  # fmt: skip
 
-    def _attach_and_wait(
-        self, container: Any, start: float, timeout: float, fetch: dict | None
+    def _go_and_wait(
+        self, warm: Warm, start: float, timeout: float, fetch: dict | None
     ) -> tuple[ProcessOutcome, bool, dict[str, bytes]]:
-        """Start the container and read its output until it exits, passes the cap or meets the deadline,
-        `timeout` after the start (then it is killed); returns the outcome, whether the kernel killed it for
+        """Tell the launcher to go and read the output until it exits, passes the cap or meets the deadline,
+        `timeout` after the go (then it is killed); returns the outcome, whether the kernel killed it for
         memory, and the files fetched. With files to fetch, the stream may run past the cap by the files'
         room: they come last."""
         import requests
 
+        container, raw = warm.container, warm.raw
         cap = self.max_output_bytes
         room = 0 if fetch is None else fetch["limit"] * 4 // 3 + (MAX_FILES << 12) + 1024
-        sock = container.attach_socket(params={"stdout": 1, "stderr": 1, "stream": 1})
-        raw = getattr(sock, "_sock", sock)  # the connection under the SDK's reader: nothing is buffered yet
         demux = _Demux(cap + room)
         try:
-            container.start()  # returns once the program runs (under load, seconds after the request)
+            raw.sendall(b"g")
             deadline = time.monotonic() + timeout
             ended = _read_until(raw, demux, deadline)
         finally:
-            _hang_up(sock, raw)
+            _hang_up(warm.sock, raw)
         if ended == "ended":  # output closed: the program ended, or closed its output and runs on
             try:
                 container.wait(timeout=max(deadline - time.monotonic(), 0.01))
@@ -384,15 +442,6 @@ def _kill(container: Any) -> None:
     except docker.errors.APIError as exc:
         if exc.status_code != 409:  # 409: not running
             raise
-
-
-def _remove(container: Any) -> None:
-    """Remove a container and its file system, running or not; an engine that fails here leaves it to
-    `docker container prune --filter label=srt-agent.sandbox` (runs never reuse one)."""
-    try:
-        container.remove(force=True)
-    except _engine_errors():
-        pass
 
 
 def _engine_errors() -> tuple[type[Exception], ...]:

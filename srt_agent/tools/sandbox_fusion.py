@@ -31,6 +31,9 @@ def result_from_response(body: dict, wall_s: float) -> SandboxResult:
         raise ValueError(f"run_result must be an object, got {type(run).__name__}")
     if body.get("status") == "SandboxError" or run is None or run.get("status") == "Error":
         message = body.get("message") or (run or {}).get("stderr") or "the SandboxFusion server reported an error"
+        if body.get("srt_status") == "overloaded" and run is not None:  # srt-agent's server: what the program wrote
+            stdout, stderr = str(run.get("stdout") or ""), str(run.get("stderr") or message)
+            return SandboxResult(status="overloaded", stdout=stdout, stderr=stderr, wall_s=wall_s)
         return SandboxResult(status="sandbox_error", stderr=str(message), wall_s=wall_s)
     compiled = body.get("compile_result")
     did_not_compile = body.get("run_result") is None and compiled is not None

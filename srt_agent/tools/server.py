@@ -9,9 +9,12 @@ tools are installed (languages.py), with SandboxFusion's `files` and `fetch_file
 limits, `GET /v1/load` what runs and waits.
 
 Every request is answered within its compile and run timeouts of its arrival, queue included (a RunScheduler
-decides when programs start; see scheduler.py); a program stopped by load rather than by itself is
-SandboxFusion's `TimeLimitExceeded` with `srt_status` "overloaded". A request whose client disconnects has
-its program killed. Responses carry extra fields SandboxFusion clients ignore: `srt_status` and `truncated`
+decides when programs start; see scheduler.py); a program stopped by load rather than by itself (or never
+started) is SandboxFusion's `SandboxError` with a message saying the server was overloaded and `srt_status`
+"overloaded", never `TimeLimitExceeded`, which stays for a program that had its time. A request whose run
+timeout is at most 5 s (or with `srt_interactive`) is interactive: it has slots of its own. Callers (the
+`X-SRT-Caller` header, else the client's address) share the slots fairly. A request whose client
+disconnects has its program killed. Responses carry extra fields SandboxFusion clients ignore: `srt_status` and `truncated`
 (so SandboxFusionSandbox gets our exact status back) and `srt_queued_s`, `srt_cpu_s`, `srt_cpu_wait_s`.
 """
 
@@ -21,6 +24,7 @@ import asyncio
 import dataclasses
 import inspect
 import json
+import resource
 import signal
 import time
 from collections.abc import Iterator
@@ -34,7 +38,7 @@ from . import languages
 from .base import SandboxResult, SandboxStatus, ServedSandbox
 from .files import check_names, decode_files, encode_files
 from .runtime import DESCRIBE_PROGRAM
-from .scheduler import RunLoad, RunScheduler
+from .scheduler import INTERACTIVE_S, RunLoad, RunScheduler
 from .threaded_server import served
 
 # SandboxFusion's languages (its server's and its PyPI client's lists), plus our alias `python3`.
@@ -45,6 +49,7 @@ SANDBOX_FUSION_LANGUAGES = (
 )  # fmt: skip
 ALIASES = {"python3": "python"}  # request language -> the sandbox's
 DISCONNECT_POLL_S = 1.0
+CALLER_HEADER = "x-srt-caller"  # who a request is from, for the fair share (default: the client's address)
 
 
 class RunCodeRequest(BaseModel):
@@ -59,6 +64,7 @@ class RunCodeRequest(BaseModel):
     stdin: str | None = None
     files: dict[str, str | None] = Field(default_factory=dict)
     fetch_files: list[str] = Field(default_factory=list)
+    srt_interactive: bool = False  # srt-agent's own: start it in the interactive slots whatever its timeout
 
     @field_validator("fetch_files")
     @classmethod
@@ -94,13 +100,12 @@ OUTPUT_CUT = "the program's output passed this server's cap and it was stopped: 
 def _command_result(result: SandboxResult) -> CommandRunResult:
     """One phase's outcome as SandboxFusion's CommandRunResult (a run stopped at the output cap reads as a
     program killed by SIGKILL, as SandboxFusion clients expect)."""
-    if result.status == "sandbox_error":
+    if result.status in ("sandbox_error", "overloaded"):
         return CommandRunResult(
             status="Error", execution_time=result.wall_s, stdout=result.stdout, stderr=result.stderr
         )
-    timed_out = result.status in ("timeout", "overloaded")
     return CommandRunResult(
-        status="TimeLimitExceeded" if timed_out else "Finished",
+        status="TimeLimitExceeded" if result.status == "timeout" else "Finished",
         execution_time=result.wall_s,
         return_code=-signal.SIGKILL if result.status == "output_limit" else result.exit_code,
         stdout=result.stdout,
@@ -123,14 +128,17 @@ def response_from_result(
     compiled = _command_result(result.compile) if result.compile is not None else None
     if result.status == "compile_error" or (result.compile is not None and result.compile.status != "ok"):
         message = "the program did not compile" if result.status == "compile_error" else result.stderr
-        status = "SandboxError" if result.status == "sandbox_error" else "Failed"
+        status = "SandboxError" if result.status in ("sandbox_error", "overloaded") else "Failed"
         return RunCodeResponse(
             status=status, message=message, compile_result=compiled, srt_status=result.status, **figures
         )
-    if result.status == "sandbox_error":
+    if result.status in ("sandbox_error", "overloaded"):  # not the program's doing: SandboxError, never a timeout
         run = _command_result(result)
+        message = result.stderr
+        if result.status == "overloaded":  # the scheduler's note, after what the program printed
+            message = (result.stderr.strip().splitlines() or ["the sandbox server was overloaded"])[-1]
         return RunCodeResponse(
-            status="SandboxError", message=result.stderr, run_result=run, srt_status=result.status, **figures
+            status="SandboxError", message=message, run_result=run, srt_status=result.status, **figures
         )
     missing = [name for name in fetch if name not in result.files]
     message = OUTPUT_CUT if result.status == "output_limit" else ""
@@ -162,15 +170,17 @@ def _timed_out_at_once() -> RunCodeResponse:
 
 @dataclasses.dataclass
 class ServerConfig:
-    """What the server runs with: the base sandbox (a ServedSandbox: local or Docker), how many programs run at once (`workers`,
-    default from the machine's cores and memory; `fresh_slots` of them starting, each at normal priority for
-    its first `quantum_s` of CPU, see scheduler.py), caps on what requests may ask, and the seconds in-flight requests get to
-    finish when the server stops (`shutdown_grace_s`)."""
+    """What the server runs with: the base sandbox (a ServedSandbox: local or Docker), how many programs run at
+    once (`workers`, default from the machine's cores and memory; `fresh_slots` of them starting, each at
+    normal priority for its first `quantum_s` of CPU; `interactive_slots` more for interactive requests, see
+    scheduler.py), caps on what requests may ask, and the seconds in-flight requests get to finish when the
+    server stops (`shutdown_grace_s`)."""
 
     sandbox: ServedSandbox
     workers: int | None = None
     fresh_slots: int | None = None
     quantum_s: float = 0.2
+    interactive_slots: int | None = None
     max_timeout_s: float = 60.0
     max_memory_mb: int = 4096
     max_request_bytes: int = 8 << 20
@@ -192,12 +202,18 @@ def create_app(config: ServerConfig) -> FastAPI:
         raise ValueError(
             f"workers and max_request_bytes must be >= 1, got {config.workers}, {config.max_request_bytes}"
         )
-    scheduler = RunScheduler(config.workers, config.fresh_slots, config.quantum_s)
+    _raise_open_files()
+    scheduler = RunScheduler(
+        config.workers, config.fresh_slots, config.quantum_s, interactive_slots=config.interactive_slots
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         yield
         scheduler.shutdown()
+        close = getattr(config.sandbox, "close", None)  # a sandbox holding warm containers gives them back
+        if close is not None:
+            close()
 
     app = FastAPI(title="srt-agent sandbox (SandboxFusion-compatible)", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
@@ -218,14 +234,25 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.get("/v1/load")
     async def load() -> dict:
-        """Programs running and waiting now, and counts since the start."""
-        return scheduler.stats()
+        """Programs running and waiting now, and counts since the start (the same for every sandbox)."""
+        return {**scheduler.stats(), "sandbox": type(config.sandbox).__name__}
 
     @app.post("/run_code", response_model=RunCodeResponse)
     async def run_code(request: RunCodeRequest, http: Request) -> RunCodeResponse:
         return await _run_code(config, scheduler, request, http)
 
     return app
+
+
+def _raise_open_files() -> None:
+    """Lift the soft limit on open files to the hard one: hundreds of calls at once hold a connection each and
+    a few pipes per program (many systems start processes with a soft limit of 1024)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
+        except (OSError, ValueError):
+            pass
 
 
 async def _runtime(config: ServerConfig) -> dict:
@@ -275,8 +302,10 @@ async def _run_code(
     compile_timeout = min(max(request.compile_timeout, 0.0), config.max_timeout_s)
     fetch = tuple(dict.fromkeys(request.fetch_files))
     language = ALIASES.get(request.language, request.language)
-    work = _work(sandbox, request, files, fetch, language, timeout, compile_timeout)
-    job = scheduler.submit(work, arrival + compile_timeout + timeout, timeout, sandbox.memory_mb)
+    caller = http.headers.get(CALLER_HEADER) or (http.client.host if http.client else "")
+    interactive = request.srt_interactive or timeout <= INTERACTIVE_S
+    work = _work(sandbox, request, files, fetch, language, timeout, compile_timeout, interactive)
+    job = scheduler.submit(work, arrival + compile_timeout + timeout, timeout, sandbox.memory_mb, caller, interactive)
     try:
         outcome = await _unless_disconnected(job.future, http)
     except asyncio.CancelledError:  # the server stops: the program goes too
@@ -290,14 +319,18 @@ async def _run_code(
     return response_from_result(*outcome, fetch=fetch)
 
 
-def _work(sandbox, request: RunCodeRequest, files: dict, fetch: tuple, language: str, timeout: float, compile_s: float):
+def _work(sandbox, request: RunCodeRequest, files: dict, fetch: tuple, language: str, timeout: float, compile_s: float,
+          interactive: bool = False):  # fmt: skip
     """The request's run as the scheduler calls it, `(deadline, watch) -> SandboxResult`; a sandbox whose
-    `run` takes no deadline (Docker, a plain CodeSandbox) gets the time left as its timeout."""
+    `run` takes no deadline (a plain CodeSandbox) gets the time left as its timeout."""
     extra = {"files": files, "fetch_files": fetch, "language": language}
     extra = {key: value for key, value in extra.items() if value and value != "python"}  # plain runs: run(code, …)
     takes = inspect.signature(sandbox.run).parameters
     if language in languages.LANGUAGES and languages.LANGUAGES[language].compile is not None:
         extra["compile_timeout_s"] = max(compile_s, 0.1)
+
+    if "interactive" in takes:
+        extra["interactive"] = interactive
 
     def work(deadline: float, watch) -> SandboxResult:
         if "deadline" in takes:

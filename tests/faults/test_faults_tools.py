@@ -174,3 +174,39 @@ def test_a_sandbox_killed_mid_run(ledger):
     ledger.record(FaultRecord("sandbox", "SIGKILL mid-run", 1, len(good), len(hit), len(leaks)))
     assert hit == [] and leaks == []
     assert result.status == "killed" and result.exit_code == -signal.SIGKILL and result.stdout == "started\n"
+
+
+def test_a_docker_container_killed_mid_run(ledger):
+    """Six programs at once in Docker containers; the container of one is killed from outside (through the
+    engine) while it runs. Nothing is left: no container (the warm pool's included), thread or descriptor."""
+    from test_sandbox_hostile import containers_left, docker_client_or_skip, recorded_containers
+
+    from srt_agent.tools import DockerSandbox
+
+    engine = docker_client_or_skip()
+    host = HostState.now()
+    client = type(engine).from_env()
+    created = recorded_containers(client)
+    sandbox = DockerSandbox(timeout_s=20, memory_mb=256, client=client)
+    good = [f"import time\ntime.sleep(0.5)\nprint({i} * 11)\n" for i in range(5)]
+    started: list[int] = []
+    with ThreadPoolExecutor(6) as pool:
+        victim = pool.submit(
+            sandbox.run, "import time\nprint('started', flush=True)\ntime.sleep(30)\n", watch=started.append
+        )
+        runs = [pool.submit(sandbox.run, code) for code in good]
+        deadline = time.monotonic() + 30
+        while not started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the program prints, then sleeps
+        (container,) = [c for c in client.containers.list() if c.attrs["State"]["Pid"] == started[0]]
+        container.kill()
+        result = victim.result(timeout=30)
+        results = [r.result(timeout=30) for r in runs]
+    sandbox.close()
+    client.close()
+    hit = [i for i, r in enumerate(results) if (r.status, r.stdout) != ("ok", f"{i * 11}\n")]
+    leaks = host_leaks(host) + containers_left(engine, created)
+    ledger.record(FaultRecord("sandbox", "Docker container killed mid-run", 1, len(good), len(hit), len(leaks)))
+    assert hit == [] and leaks == []
+    assert result.status == "killed" and result.exit_code == -signal.SIGKILL and result.stdout == "started\n"
