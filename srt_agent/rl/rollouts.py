@@ -70,6 +70,9 @@ def undrafted_owner(config: EnvConfig, variants: Sequence[RolloutVariant], index
     return None
 
 
+HOST_FIGURES = ("draft_s", "bookkeeping_s")  # the engine's host seconds a run records
+
+
 @dataclass
 class RolloutRun:
     """One variant's rollouts of one batch of tasks (and what its run-ahead did meanwhile)."""
@@ -83,6 +86,7 @@ class RolloutRun:
     cost: dict = field(default_factory=dict)  # the engine's step-cost table when the run began
     settings: dict = field(default_factory=dict)  # the engine's batch, draft and tree settings
     tail: dict = field(default_factory=dict)  # its steps' time and tokens by sequences running (TailStats)
+    host: dict = field(default_factory=dict)  # the engine's host seconds: draft_s, bookkeeping_s (where counted)
 
     @property
     def wall_s(self) -> float:
@@ -165,7 +169,8 @@ class PolicyRollouts:
         if drafter in self.shared:
             self.backend(drafter).forget_prefixes()
         cost, settings = self.backend(drafter).step_costs()
-        tail_before = self.engine_stats(drafter).get("tail")
+        stats_before = self.engine_stats(drafter)
+        tail_before = stats_before.get("tail")
         if ahead:
             before = self.run_ahead_stats(drafter)
             self.open_run_ahead(drafter, tasks, upcoming)
@@ -180,8 +185,10 @@ class PolicyRollouts:
         )
         if ahead:
             run.run_ahead = stats_delta(before, self.run_ahead_stats(drafter))
+        stats_after = self.engine_stats(drafter)
         if tail_before is not None:
-            run.tail = stats_delta(tail_before, self.engine_stats(drafter)["tail"])
+            run.tail = stats_delta(tail_before, stats_after["tail"])
+        run.host = {k: stats_after[k] - stats_before[k] for k in HOST_FIGURES if k in stats_before and k in stats_after}
         return run
 
     def open_run_ahead(
