@@ -32,6 +32,7 @@ from ..engine.sequence import Sequence
 from ..engine.stats import EngineStats
 from .rollout_trace import RolloutTrace, TracedRunAhead, TracedStep, TracedTrajectory, cost_model_of
 
+ENGINE_DEFAULTS = dict(max_batch=32, max_context=2048, max_draft_tokens=16, min_draft_gain=0.1, adaptive_drafts=True)
 ANY_TOKEN = sys.maxsize  # the vocabulary bound drafts are checked against: a trace's trees hold only its tokens
 
 
@@ -149,7 +150,7 @@ class Replay:
     ):
         o = options or ReplayOptions()
         self.costs = costs  # a step's clock: its `choice` sizes drafts, its `seconds(rows)` prices a step
-        e = trace.engine
+        e = {**ENGINE_DEFAULTS, **trace.engine}  # a backend records only what it has (vLLM: batch, context)
         self.trace = trace
         self.drafter_name = o.drafter or trace.drafter
         self.max_batch = o.max_batch or e["max_batch"]

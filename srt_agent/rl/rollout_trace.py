@@ -73,6 +73,7 @@ class TracedStep:
     wall_s: float = 0.0
     draft_s: float = 0.0  # the engine's host seconds drafting (0 where the backend does not count them) …
     bookkeeping_s: float = 0.0  # … and on the rest of its steps beside the forward pass
+    cost_after: dict = field(default_factory=dict)  # the cost table when the step ended (its steps measured)
 
     @property
     def forwards(self) -> int:
@@ -116,6 +117,7 @@ class RolloutTrace:
                     s.get("wall_s", 0.0),
                     s.get("draft_s", 0.0),
                     s.get("bookkeeping_s", 0.0),
+                    s.get("cost_after", {}),
                 )
                 for s in data.pop("steps")
             ]
@@ -163,5 +165,5 @@ class TraceBook:
             written = [TracedRunAhead(str(k), list(c), list(g)) for run in rs for k, c, g in run.run_ahead_written]
             host = [sum(run.host.get(k, 0.0) for run in rs) for k in HOST_FIGURES]
             self.traces[name].steps.append(
-                TracedStep(step, trajectories, rs[0].cost, written, sum(run.wall_s for run in rs), *host)
+                TracedStep(step, trajectories, rs[0].cost, written, sum(r.wall_s for r in rs), *host, rs[-1].cost_after)
             )

@@ -84,6 +84,7 @@ class RolloutRun:
     run_ahead: dict | None = None  # what run-ahead did meanwhile (RunAheadStats figures)
     run_ahead_written: list = field(default_factory=list)  # (prompt key, context, tokens) it put into the trees
     cost: dict = field(default_factory=dict)  # the engine's step-cost table when the run began
+    cost_after: dict = field(default_factory=dict)  # … and when it ended (what the run measured, for validation)
     settings: dict = field(default_factory=dict)  # the engine's batch, draft and tree settings
     tail: dict = field(default_factory=dict)  # its steps' time and tokens by sequences running (TailStats)
     host: dict = field(default_factory=dict)  # the engine's host seconds: draft_s, bookkeeping_s (where counted)
@@ -186,6 +187,7 @@ class PolicyRollouts:
         if ahead:
             run.run_ahead = stats_delta(before, self.run_ahead_stats(drafter))
         stats_after = self.engine_stats(drafter)
+        run.cost_after = self.backend(drafter).step_costs()[0]
         if tail_before is not None:
             run.tail = stats_delta(tail_before, stats_after["tail"])
         run.host = {k: stats_after[k] - stats_before[k] for k in HOST_FIGURES if k in stats_before and k in stats_after}
