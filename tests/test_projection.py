@@ -1,5 +1,6 @@
 """The GPU projection of a run's rollouts: known rollouts give known tokens per forward, a device twice as fast
-halves a bandwidth-bound projection, the roofline's bytes and FLOPs, and the projection's lines."""
+halves a bandwidth-bound projection, the roofline's bytes and FLOPs, the projection's lines, and `bench project`
+on verl's dumps."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import random
 
 import pytest
 
+from srt_agent.bench.project import project_run
 from srt_agent.rl.projection import ProjectionSettings, project, projection_lines, run_projection
-from srt_agent.rl.roofline_cost import DEVICES, GPU, RooflineCost, device, load_model_config, model_shape
 from srt_agent.rl.rollout_trace import RolloutTrace, TracedStep, TracedTrajectory
+from srt_agent.rl.roofline_cost import DEVICES, GPU, RooflineCost, device, load_model_config, model_shape
 
 TURN = 40  # tokens of the one recorded turn
 K = 7  # draft tokens per step: a repeated turn is verified 8 tokens per forward
@@ -95,3 +97,26 @@ def test_the_projection_line_and_a_failure_that_never_raises():
     failed = run_projection({"srt": trace}, "srt", ProjectionSettings(device="TPU"))
     assert "unknown device" in failed["error"]
     assert projection_lines(failed) == [f"projection failed: {failed['error']}"]
+
+
+class CharTokenizer:
+    """A tokenizer of one token per character (verl's dumps are text)."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+
+def test_bench_project_reads_verl_dumps(tmp_path):
+    answer = "".join(chr(0x4E00 + i) for i in range(TURN))  # distinct tokens, the same answer every step
+    for step in (1, 2):
+        rows = [{"input": "What is 6 * 7?", "output": answer, "score": 1.0, "step": step}]
+        (tmp_path / f"{step}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(ValueError, match="--tokenizer"):
+        project_run(tmp_path, ProjectionSettings())
+    result = project_run(tmp_path, ProjectionSettings(host_us_per_row=0.0), CharTokenizer())
+    assert result["variant"] == "verl" and result["validation"]["skipped"] == {
+        "verl": "its backend recorded no measured step-cost table"
+    }
+    srt = result["methods"]["srt"]
+    assert result["methods"]["none"]["tokens_per_forward"] == 1.0 and srt["tokens_per_forward"] > 1.5
+    assert [s["step"] for s in srt["steps"]] == [1, 2]
