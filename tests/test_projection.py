@@ -11,7 +11,7 @@ import pytest
 
 from srt_agent.bench.project import project_run
 from srt_agent.rl.projection import ProjectionSettings, project, projection_lines, run_projection
-from srt_agent.rl.rollout_trace import RolloutTrace, TracedStep, TracedTrajectory
+from srt_agent.rl.rollout_trace import RolloutTrace, TracedRunAhead, TracedStep, TracedTrajectory
 from srt_agent.rl.roofline_cost import DEVICES, GPU, RooflineCost, device, load_model_config, model_shape
 
 TURN = 40  # tokens of the one recorded turn
@@ -120,3 +120,12 @@ def test_bench_project_reads_verl_dumps(tmp_path):
     srt = result["methods"]["srt"]
     assert result["methods"]["none"]["tokens_per_forward"] == 1.0 and srt["tokens_per_forward"] > 1.5
     assert [s["step"] for s in srt["steps"]] == [1, 2]
+
+
+def test_run_ahead_is_projected_where_the_run_recorded_it():
+    trace = repeated_trace(steps=2, rows=2)
+    trace.run_ahead = {"slack": 5.0, "tokens_per_sequence": 8}
+    trace.steps[0].run_ahead = [TracedRunAhead("p", [1, 2, 3, 4], trace.steps[1].trajectories[0].turns[0])]
+    methods = project(trace, ProjectionSettings(host_us_per_row=0.0))["methods"]
+    assert set(methods) == {"none", "srt", "srt+run-ahead", "suffix"}
+    assert methods["srt+run-ahead"]["decode_s"] > 0

@@ -51,8 +51,9 @@ def _figures(trace: RolloutTrace, steps: list[ReplayedStep]) -> dict:
     forwards = sum(s.forwards for s in steps)
     return dict(
         gen_s=sum(s.simulated_s for s in steps),
+        decode_s=sum(s.busy_s for s in steps),
         tokens_per_forward=tokens / forwards if forwards else 0.0,
-        steps=[dict(step=s.step, gen_s=s.simulated_s, forwards=s.forwards) for s in steps],
+        steps=[dict(step=s.step, gen_s=s.simulated_s, decode_s=s.busy_s, forwards=s.forwards) for s in steps],
     )
 
 
@@ -118,6 +119,8 @@ def validate(traces: dict[str, RolloutTrace]) -> dict:
                 continue
             error = abs(s.simulated_s - recorded.wall_s) / recorded.wall_s
             rows.append(dict(step=s.step, predicted_s=s.simulated_s, measured_s=recorded.wall_s, error=error))
+            if recorded.engine_s > 0:  # where the error lies: in the steps' time, or outside the steps
+                rows[-1].update(predicted_steps_s=s.busy_s, measured_steps_s=recorded.engine_s)
         out["variants"][name] = dict(steps=rows, max_error=max((r["error"] for r in rows), default=0.0))
     errors = [v["max_error"] for v in out["variants"].values()]
     out["max_error"] = max(errors) if errors else None
@@ -129,14 +132,20 @@ def projection_lines(projection: dict) -> list[str]:
     its validation in another; the reason where the projection failed."""
     if "error" in projection:
         return [f"projection failed: {projection['error']}"]
-    m, none = projection["methods"], projection["methods"]["none"]["gen_s"]
+    m = projection["methods"]
 
-    def part(method: str) -> str:
-        s = m[method]["gen_s"]
-        return f"{method} {s:.1f} s" + (f" ({none / s:.2f}x)" if method.startswith("srt") and s > 0 else "")
+    def parts(key: str, methods: tuple[str, ...]) -> str:
+        none = m["none"][key]
+        return ", ".join(
+            f"{k} {m[k][key]:.1f} s" + (f" ({none / m[k][key]:.2f}x)" if k.startswith("srt") and m[k][key] > 0 else "")
+            for k in methods
+            if k in m
+        )
 
-    parts = [part(k) for k in METHODS if k in m]
-    lines = [f"projected on {projection['device']['name']} ({projection['model']['name']} shape): " + ", ".join(parts)]
+    lines = [
+        f"projected on {projection['device']['name']} ({projection['model']['name']} shape): {parts('decode_s', METHODS)}"
+        f" decoding; with this run's tool waits {parts('gen_s', ('none', 'srt'))}"
+    ]
     v = projection.get("validation") or {}
     if v.get("max_error") is not None:
         per = ", ".join(f"{name} {fig['max_error']:.0%}" for name, fig in v["variants"].items())

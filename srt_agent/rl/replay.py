@@ -82,6 +82,7 @@ class ReplayedStep:
     simulated_s: float
     recorded_s: float
     run_ahead_tokens: int = 0
+    busy_s: float = 0.0  # of simulated_s, the seconds batch steps ran (the rest: every sequence waits on a tool)
 
     @property
     def error(self) -> float:
@@ -128,6 +129,7 @@ class _Clock:
     scheduler: Scheduler
     cost: TableCost
     time: float = 0.0
+    busy: float = 0.0  # seconds in batch steps
     forwards: int = 0
     accepted: int = 0
     run_ahead_tokens: int = 0
@@ -227,6 +229,7 @@ class Replay:
             clock.time,
             step.wall_s,
             clock.run_ahead_tokens,
+            clock.busy,
         )
 
     # ----- the engine's schedule and draft choice on a simulated clock -----------------------------
@@ -287,7 +290,9 @@ class Replay:
             ep.pos += kept
             self.drafter.add_tokens(seq.request_id, truth[:kept])
         self.drafting.observe(drafts, accepted_nodes)
-        clock.time += clock.cost.seconds(rows) + added
+        step_s = clock.cost.seconds(rows) + added
+        clock.time += step_s
+        clock.busy += step_s
         for seq in seqs:
             ep = self.episodes[seq.request_id]
             if ep.pos < len(ep.traj.turns[ep.turn]):
@@ -309,6 +314,7 @@ class Replay:
                 clock.time = until
                 return
             clock.time += added
+            clock.busy += added
 
     def _run_ahead_rows(self, bubble: str, tokens: int, seqs: int, clock: _Clock) -> float:
         """Advance run-ahead as the engine's row-cost rule allows; returns the seconds it adds."""

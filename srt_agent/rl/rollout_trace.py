@@ -74,6 +74,7 @@ class TracedStep:
     draft_s: float = 0.0  # the engine's host seconds drafting (0 where the backend does not count them) …
     bookkeeping_s: float = 0.0  # … and on the rest of its steps beside the forward pass
     cost_after: dict = field(default_factory=dict)  # the cost table when the step ended (its steps measured)
+    engine_s: float = 0.0  # of wall_s, the seconds the engine spent in steps that ran the step's sequences
 
     @property
     def forwards(self) -> int:
@@ -118,6 +119,7 @@ class RolloutTrace:
                     s.get("draft_s", 0.0),
                     s.get("bookkeeping_s", 0.0),
                     s.get("cost_after", {}),
+                    s.get("engine_s", 0.0),
                 )
                 for s in data.pop("steps")
             ]
@@ -164,6 +166,8 @@ class TraceBook:
             trajectories = [TracedTrajectory.of(t, t.prompt_key) for run in rs for t in run.trajectories]
             written = [TracedRunAhead(str(k), list(c), list(g)) for run in rs for k, c, g in run.run_ahead_written]
             host = [sum(run.host.get(k, 0.0) for run in rs) for k in HOST_FIGURES]
+            engine_s = sum(run.tail.get("step_s", 0.0) for run in rs)
+            wall_s = sum(r.wall_s for r in rs)
             self.traces[name].steps.append(
-                TracedStep(step, trajectories, rs[0].cost, written, sum(r.wall_s for r in rs), *host, rs[-1].cost_after)
+                TracedStep(step, trajectories, rs[0].cost, written, wall_s, *host, rs[-1].cost_after, engine_s)
             )

@@ -108,9 +108,10 @@ def load_model_config(path: str | Path | None = None) -> tuple[str, ModelShape]:
 
 @dataclass
 class RooflineCost:
-    """A replay's clock on `gpu`: sizes drafts (``predict``, ``cheapest``, ``per_token_s``, as the engine's cost
-    model) and prices steps (``seconds``). The drafter's host time per row adds to each step, or runs beside the
-    device's work (`overlap_host`: the step takes the longer of the two)."""
+    """A replay's clock on `gpu`: sizes drafts and run-ahead rows (``predict``, ``cheapest``, ``fixed_s``,
+    ``per_token_s``, ``per_sequence_s``, as the engine's cost model) and prices steps (``seconds``). The
+    drafter's host time per row adds to each step, or runs beside the device's work (`overlap_host`: the step
+    takes the longer of the two)."""
 
     gpu: GPU
     shape: ModelShape
@@ -129,13 +130,22 @@ class RooflineCost:
         return 2 * (self.shape.layer_params + self.shape.head_params) / self._flops_per_s
 
     @property
+    def per_sequence_s(self) -> float:
+        """Reading one more row's keys and values at the last step's mean context."""
+        return self.context * self.shape.kv_bytes_per_token / self._bytes_per_s
+
+    @property
+    def _bytes_per_s(self) -> float:
+        return self.gpu.bandwidth_gb_s * 1e9 * MEMORY_EFFICIENCY
+
+    @property
     def _flops_per_s(self) -> float:
         return self.gpu.bf16_tflops * 1e12 * COMPUTE_EFFICIENCY
 
     def kernel_seconds(self, rows: list[tuple[float, float]]) -> float:
         """The roofline's time of the step's kernels: bandwidth or compute, whichever bounds."""
         nbytes, flops = self.shape.rows(rows)
-        return max(nbytes / (self.gpu.bandwidth_gb_s * 1e9 * MEMORY_EFFICIENCY), flops / self._flops_per_s)
+        return max(nbytes / self._bytes_per_s, flops / self._flops_per_s)
 
     def _time(self, rows: list[tuple[float, float]]) -> float:
         device_s = self.fixed_s + self.kernel_seconds(rows)

@@ -259,15 +259,15 @@ class VLLMEngine:
             raise
         seconds = time.perf_counter() - started
         finished, running, tokens = [], 0, 0  # ours that ran in the step (got tokens; vLLM may queue others)
-        decoding = True  # only ours ran, none of them prefilling: a step the cost table learns from
+        ours, fed = True, self._drafted  # only ours ran (a step the cost table learns from), feeding `fed` tokens
         for out in outputs:
             seq = self.calls.get(out.request_id)
             if seq is None:
-                decoding = False
+                ours = False
                 if self.run_ahead is not None:
                     self.run_ahead.absorb(out.request_id, out.outputs[0].token_ids, out.finished)
                 continue
-            decoding = decoding and seq.num_generated > 0
+            fed += len(seq.tokens) - (out.num_cached_tokens or 0) if seq.num_generated == 0 else 1  # prefill: uncached
             before = len(seq.tokens)
             done = self._feed(seq, out.outputs[0].token_ids, out.outputs[0].logprobs)
             running += bool(out.outputs[0].token_ids)
@@ -287,8 +287,8 @@ class VLLMEngine:
                     self._proposer.end_turn(out.request_id, len(seq.tokens))
                 finished.append(self._finish(seq))
         self.totals.tail.count(running, time.perf_counter() - started, tokens)
-        if decoding and running:
-            self.step_cost.observe(running + self._drafted, seconds, running)
+        if ours and running:
+            self.step_cost.observe(fed, seconds, running)
         return finished
 
     def _abort_all(self) -> None:
