@@ -65,7 +65,8 @@ class VLLMBackend(AsyncEngine[VLLMEngine]):
         self.call(restore).result()
 
     def step_costs(self) -> tuple[dict, dict]:
-        """vLLM's decode steps as measured so far (only ours running, none prefilling) and its settings."""
+        """vLLM's steps as measured so far (those that ran only our requests: decoding, verifying, prefilling) and
+        its settings."""
 
         def read(e: VLLMEngine) -> tuple[dict, dict]:
             settings = dict(max_batch=e.max_batch, max_context=e.max_context, max_draft_tokens=e.speculative_tokens)
