@@ -6,11 +6,12 @@ import pytest
 
 from srt_agent.agent.env import ToolCallRecord
 from srt_agent.agent.trajectory import Trajectory
-from srt_agent.bench.replay import ReplayOptions, replay, replay_sweep
-from srt_agent.bench.rollout_trace import RolloutTrace, TracedRunAhead, TracedStep, TracedTrajectory
+from srt_agent.bench.replay import replay_sweep
 from srt_agent.engine import Engine, SamplingParams
 from srt_agent.engine.options import RunAheadOptions
 from srt_agent.engine.stats import cost_table, engine_settings
+from srt_agent.rl.replay import ReplayOptions, replay
+from srt_agent.rl.rollout_trace import RolloutTrace, TracedRunAhead, TracedStep, TracedTrajectory
 
 PROMPTS = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12]]
 MAX_TOKENS = 16

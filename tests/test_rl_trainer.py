@@ -17,12 +17,15 @@ from rl_envs import tiny_env_file
 import srt_agent.rl.trainer as trainer_module
 from srt_agent.agent.controller import MultiTurnController
 from srt_agent.agent.toolconfig import load_tools
+from srt_agent.bench.project import project_run
 from srt_agent.config import ConfigError, LoraConfig, load_env_config
 from srt_agent.models import load_tokenizer, tiny_random_model
 from srt_agent.rl.checkpoint import find_checkpoint, load_checkpoint
 from srt_agent.rl.coldstart import build_samples
 from srt_agent.rl.data import PromptSampler
 from srt_agent.rl.policy import PEFT_MISSING, Policy
+from srt_agent.rl.projection import ProjectionSettings
+from srt_agent.rl.rollout_trace import RolloutTrace
 from srt_agent.rl.trainer import Trainer
 from srt_agent.tools import SandboxUnavailable
 
@@ -95,6 +98,16 @@ def test_grpo_run_trains_and_compares(tmp_path, tiny, monkeypatch):
         assert (out / name).stat().st_size > 0
     assert json.loads((out / "report.json").read_text())["totals"]["identical_vs_none"] == 1.0
     assert "the speed of `none`" in (out / "summary.md").read_text()
+    # Every run projects its rollouts onto a GPU and checks the replay against its own measured times.
+    projection = report["projection"]
+    assert projection["device"]["name"] == "H100" and projection["model"]["name"] == "Qwen2.5-1.5B"
+    assert set(projection["methods"]) == {"none", "srt", "suffix"}
+    assert all(m["gen_s"] > 0 and m["tokens_per_forward"] >= 1 for m in projection["methods"].values())
+    assert set(projection["validation"]["variants"]) == {"srt", "none"}
+    assert "projected on H100 (Qwen2.5-1.5B shape): none " in (out / "summary.md").read_text()
+    assert RolloutTrace.load(out / "traces" / "srt.json").steps[1].cost["shapes"]  # the engine's measured steps
+    again = project_run(out, ProjectionSettings(device="A100"))  # `bench project` on the run folder
+    assert again["device"]["name"] == "A100" and set(again["validation"]["variants"]) == {"srt", "none"}
     rows = rollouts(out, 2)
     assert len(rows) == 6
     for row in rows:

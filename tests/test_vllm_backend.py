@@ -437,6 +437,10 @@ def test_training_with_vllm_reaches_the_engines_and_compares_with_none(tmp_path,
     state, caches = load_checkpoint(tmp_path / "run")
     assert state["step"] == 2 and "srt" in caches and "none" not in caches
     assert json.loads((tmp_path / "run" / "report.json").read_text())["backend"] == "vllm"
+    # The projection replays the run, validated on the decode steps vLLM's backend measured.
+    projection = report["projection"]
+    assert "error" not in projection and set(projection["methods"]) == {"none", "srt", "srt+run-ahead", "suffix"}
+    assert set(projection["validation"]["variants"]) == {"srt", "none"}, projection["validation"]
 
 
 def test_drafters_vllm_lacks_are_refused_by_name(model_dir, tiny):

@@ -16,11 +16,11 @@ from pathlib import Path
 
 from ..config import EnvConfig
 from ..engine.options import RunAheadOptions
+from ..rl.replay import replay
+from ..rl.rollout_trace import RolloutTrace
 from ..rl.rollouts import RolloutVariant, window_prompt
 from .methods import METHODS, bench_env
 from .recorder import StepRecorder
-from .replay import replay
-from .rollout_trace import RolloutTrace
 
 STAGES = ("history", "srt", "srt+run-ahead")
 

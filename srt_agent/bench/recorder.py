@@ -7,14 +7,13 @@ trainer's first), the same figures the trainer's report compares drafters by.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..config import EnvConfig
 from ..rl.metrics import StepFigures, step_figures
+from ..rl.rollout_trace import RolloutTrace, TraceBook
 from ..rl.rollouts import RolloutRun, RolloutVariant
-from .rollout_trace import RolloutTrace, TracedRunAhead, TracedStep, TracedTrajectory
 
 BASELINE = "none"  # the method a row's speed-up is taken against: plain decoding
 BUBBLES = ("tail", "tools")  # the bubbles a row splits run-ahead's tokens by
@@ -93,19 +92,7 @@ class StepRecorder:
 
     def traces(self) -> dict[str, RolloutTrace]:
         """One rollout trace per variant: its runs of every step, with its engine's settings and costs."""
-        limits = dict(
-            max_tokens_per_turn=self.config.max_tokens_per_turn, max_response_tokens=self.config.max_response_tokens
-        )
-        traces: dict[str, RolloutTrace] = {}
+        book = TraceBook(self.config, self.variants)
         for s in self.steps:
-            for name, rs in s.runs.items():
-                if name not in traces:
-                    variant = next(v for v in self.variants if v.name == name)
-                    ahead = dataclasses.asdict(variant.run_ahead) if variant.run_ahead is not None else None
-                    traces[name] = RolloutTrace(
-                        name, variant.drafter, limits=dict(limits), run_ahead=ahead, **rs[0].settings
-                    )
-                trajectories = [TracedTrajectory.of(t, t.prompt_key) for run in rs for t in run.trajectories]
-                written = [TracedRunAhead(str(k), list(c), list(g)) for run in rs for k, c, g in run.run_ahead_written]
-                traces[name].steps.append(TracedStep(s.step, trajectories, rs[0].cost, written, s.figures[name].gen_s))
-        return traces
+            book.add(s.step, s.runs)
+        return book.traces

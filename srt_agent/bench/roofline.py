@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F
 
 from ..models import LoadedModel
+from ..rl.roofline_cost import ModelShape
 from ..runner.device_info import detect_device
 from ..runner.model_runner import Chunk, ModelRunner
 from ..runner.packed_linear import set_packing
@@ -53,16 +54,8 @@ def _best_time(fn: Callable[[], object], sync: Callable[[], None], reps: int, cl
     return best
 
 
-@dataclass
-class ModelCost:
-    """Bytes and FLOPs of the model's step shapes."""
-
-    layer_bytes: int  # decoder-layer weights (read once per step, whatever its rows)
-    head_bytes: int  # LM head weights
-    layer_params: int  # multiply-accumulates per token in decoder-layer linears
-    head_params: int
-    kv_bytes_per_token: int  # keys and values of one cached token, all layers
-    attention_macs_per_key: int  # per query token and cached key: q·k and p·v, all layers and heads
+class ModelCost(ModelShape):
+    """Bytes and FLOPs of the loaded model's step shapes (the formula is the projection's, `rl/roofline_cost.py`)."""
 
     @classmethod
     def of(cls, runner: ModelRunner) -> ModelCost:
@@ -84,15 +77,6 @@ class ModelCost:
             kv_bytes_per_token=kv,
             attention_macs_per_key=2 * heads * head_dim * runner.kv.num_layers,
         )
-
-    def step(self, sequences: int, tokens: int, context: int) -> tuple[int, int]:
-        """(bytes, FLOPs) of a step: every sequence feeds `tokens` after `context` cached ones, and
-        the LM head produces logits for every fed position."""
-        rows = sequences * tokens
-        keys = context + tokens
-        nbytes = self.layer_bytes + self.head_bytes + sequences * keys * self.kv_bytes_per_token
-        flops = 2 * rows * (self.layer_params + self.head_params) + 2 * rows * keys * self.attention_macs_per_key
-        return nbytes, flops
 
 
 def measure_bandwidth(device: torch.device, sync, reps: int, clock: str, nbytes: int = 256 << 20) -> dict:

@@ -458,7 +458,7 @@ def bench_replay(
 ):
     """Replay a recorded run without the model, sweeping draft budgets, tree limits and run-ahead settings."""
     from ..bench.replay import replay_sweep, sweep_table
-    from ..bench.rollout_trace import RolloutTrace
+    from ..rl.rollout_trace import RolloutTrace
 
     with reported():
         loaded = RolloutTrace.load(trace)

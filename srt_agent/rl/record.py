@@ -17,6 +17,7 @@ from .data import PromptSampler
 from .evaluate import ToolUseReport
 from .metrics import speed_totals
 from .policy import Policy
+from .projection import run_projection
 from .rollouts import PolicyRollouts
 
 
@@ -93,6 +94,23 @@ class RunRecord:
         self._log(f"resumed from step {state['step']} ({self.resume})")
         return int(state["step"])
 
+    def _final_report(self) -> dict:
+        """The report of the finished (or interrupted) run, with its projection."""
+        self.projection = self._project()
+        return self.report()
+
+    def _project(self) -> dict:
+        """The run's rollouts projected onto a GPU and validated on this machine (never raises: an ``error`` says
+        why not); the traces it read are written to OUT/traces/ for ``srt-agent bench project``."""
+        with self.console.status("projecting the rollouts onto a GPU"):
+            projection = run_projection(self.traces.traces, self.variants[0].name)
+        try:
+            for name, trace in self.traces.traces.items():
+                trace.save(self.out_dir / "traces" / f"{name.replace('/', '_')}.json")
+        except OSError as exc:
+            projection["traces_error"] = str(exc)
+        return projection
+
     def report(self) -> dict:
         cfg, train = self.config, self.config.train
         totals = speed_totals(self.history, self.compared)
@@ -114,4 +132,5 @@ class RunRecord:
             "totals": totals,
             "config": cfg.model_dump(mode="json"),
             "memory": self.memory,
+            "projection": self.projection,
         }

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from ..engine.tail import TAIL_SEQUENCES
 from .evaluate import interval_text, ratio_text
+from .projection import projection_lines
 
 
 def visit_label(revisit: float) -> str:
@@ -216,6 +217,8 @@ def summary_markdown(report: dict) -> str:
         tokens = token_text(steps)
         if tokens:
             lines.append(f"\nTokens: {tokens}.")
+    if report.get("projection"):
+        lines += ["", *(f"{line}." for line in projection_lines(report["projection"]))]
     return "\n".join(lines) + "\n"
 
 
@@ -265,7 +268,7 @@ def story_lines(report: dict) -> list[str]:
                 f"[bold]{drafter} vs {name}[/bold] (their generation time / ours): {', '.join(parts)}; "
                 f"per step: {per_step}"
             )
-    return lines
+    return lines + (projection_lines(report["projection"]) if report.get("projection") else [])
 
 
 def _verdict(before: dict, after: dict) -> str:

@@ -70,6 +70,9 @@ def undrafted_owner(config: EnvConfig, variants: Sequence[RolloutVariant], index
     return None
 
 
+HOST_FIGURES = ("draft_s", "bookkeeping_s")  # the engine's host seconds a run records
+
+
 @dataclass
 class RolloutRun:
     """One variant's rollouts of one batch of tasks (and what its run-ahead did meanwhile)."""
@@ -81,9 +84,11 @@ class RolloutRun:
     run_ahead: dict | None = None  # what run-ahead did meanwhile (RunAheadStats figures)
     run_ahead_written: list = field(default_factory=list)  # (prompt key, context, tokens) it put into the trees
     cost: dict = field(default_factory=dict)  # the engine's step-cost table when the run began
+    cost_after: dict = field(default_factory=dict)  # … and when it ended (what the run measured, for validation)
     settings: dict = field(default_factory=dict)  # the engine's batch, draft and tree settings
     tail: dict = field(default_factory=dict)  # its steps' time and tokens by sequences running (TailStats)
     speculation: dict = field(default_factory=dict)  # what drafting cost meanwhile (the backend's "speculation")
+    host: dict = field(default_factory=dict)  # the engine's host seconds: draft_s, bookkeeping_s (where counted)
 
     @property
     def wall_s(self) -> float:
@@ -166,7 +171,7 @@ class PolicyRollouts:
         if drafter in self.shared:
             self.backend(drafter).forget_prefixes()
         cost, settings = self.backend(drafter).step_costs()
-        before_stats = self.engine_stats(drafter)
+        stats_before = self.engine_stats(drafter)
         if ahead:
             before = self.run_ahead_stats(drafter)
             self.open_run_ahead(drafter, tasks, upcoming)
@@ -181,10 +186,12 @@ class PolicyRollouts:
         )
         if ahead:
             run.run_ahead = stats_delta(before, self.run_ahead_stats(drafter))
-        after_stats = self.engine_stats(drafter)
+        stats_after = self.engine_stats(drafter)
+        run.cost_after = self.backend(drafter).step_costs()[0]
         for key in ("tail", "speculation"):
-            if key in before_stats and key in after_stats:
-                setattr(run, key, stats_delta(before_stats[key], after_stats[key]))
+            if key in stats_before and key in stats_after:
+                setattr(run, key, stats_delta(stats_before[key], stats_after[key]))
+        run.host = {k: stats_after[k] - stats_before[k] for k in HOST_FIGURES if k in stats_before and k in stats_after}
         return run
 
     def open_run_ahead(

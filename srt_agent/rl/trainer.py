@@ -52,6 +52,7 @@ from .policy import SamplerNumerics, build_policy, master_copy, require_peft
 from .progress import phase_bar
 from .record import RunParts, RunRecord
 from .report import step_table, step_warnings, story_lines, write_report
+from .rollout_trace import TraceBook
 from .rollouts import PolicyRollouts, RolloutRun, RolloutVariant, stats_delta
 from .samples import informative_groups, step_samples
 from .trackers import Tracker, make_trackers
@@ -139,6 +140,8 @@ class Trainer(RunRecord):
         self.engine_dtype = torch.float32  # what the engines compute in, and so receive weights in (once loaded)
         self.correction = RolloutCorrection(self.config.train, self.engine_dtype)  # set again once the run starts
         self.comparison = Comparison(self.variants[1:], self.config.sampling)
+        self.traces = TraceBook(self.config, self.variants)  # every variant's rollouts, for the projection
+        self.projection: dict = {}
 
     @property
     def compared(self) -> list[str]:
@@ -238,7 +241,7 @@ class Trainer(RunRecord):
             rollouts.close()
         self.memory = meter.report(plan, train.max_memory_gb)
         with deferred_interrupt():  # a Ctrl-C now waits for the report
-            report = self.report()
+            report = self._final_report()
             paths = write_report(self.out_dir, report)
         for line in story_lines(report):
             self._log(line)
@@ -270,6 +273,7 @@ class Trainer(RunRecord):
                         if self.on_step is not None:
                             self.on_step(step, metrics, self._step_runs)
                         self.history.append(metrics)
+                        self.traces.add(step, self._step_runs)
                         write_jsonl(gen.trajectories, self.out_dir / "rollouts" / f"step-{step:06d}.jsonl")
                         for tracker in trackers:
                             tracker.log({k: v for k, v in metrics.items() if k != "step"}, step)

@@ -14,6 +14,7 @@ import torch
 from ...drafting import drafter_capabilities, runs_as_proposer
 from ...drafting.request_kind import RequestKind
 from ...engine import AsyncEngine, RequestOutput, SamplingParams
+from ...engine.stats import cost_table
 from ..base import Capabilities, Registered, run_tree_budget
 from ..engine import EngineRunAhead
 from .availability import refusal, vllm_version
@@ -64,8 +65,14 @@ class VLLMBackend(AsyncEngine[VLLMEngine]):
         self.call(restore).result()
 
     def step_costs(self) -> tuple[dict, dict]:
-        e = self.engine
-        return {}, {"engine": {"backend": "vllm", "max_batch": e.max_batch, "max_context": e.max_context}}
+        """vLLM's steps as measured so far (those that ran only our requests: decoding, verifying, prefilling) and
+        its settings."""
+
+        def read(e: VLLMEngine) -> tuple[dict, dict]:
+            settings = dict(max_batch=e.max_batch, max_context=e.max_context, max_draft_tokens=e.speculative_tokens)
+            return cost_table(e.step_cost), {"engine": {"backend": "vllm", **settings}}
+
+        return self.call(read).result()
 
     def prefix_blocks_in_use(self) -> None:
         """None: vLLM's prefix cache is its own (no block pool of ours)."""

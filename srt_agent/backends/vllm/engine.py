@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ...drafting.choice.cost_model import ForwardCostModel
 from ...drafting.registry import runs_as_proposer
 from ...drafting.request_kind import RequestKind
 from ...engine.options import RunAheadOptions
@@ -116,6 +117,7 @@ class VLLMEngine:
         self.stops = StopChecker(frozenset(eos_token_ids), max_context, tokenizer)
         self.eos_token_ids = sorted(eos_token_ids)
         self.vocab_size = len(tokenizer)
+        self.speculative_tokens, self.step_cost = speculative_tokens, ForwardCostModel()  # its measured steps
         started = time.perf_counter()
         self.llm = _start_engine(
             exact_sampling,
@@ -255,13 +257,17 @@ class VLLMEngine:
         except Exception:
             self._abort_all()  # the step's requests: whoever waits on ours is told by AsyncEngine
             raise
+        seconds = time.perf_counter() - started
         finished, running, tokens = [], 0, 0  # ours that ran in the step (got tokens; vLLM may queue others)
+        ours, fed = True, self._drafted  # only ours ran (a step the cost table learns from), feeding `fed` tokens
         for out in outputs:
             seq = self.calls.get(out.request_id)
             if seq is None:
+                ours = False
                 if self.run_ahead is not None:
                     self.run_ahead.absorb(out.request_id, out.outputs[0].token_ids, out.finished)
                 continue
+            fed += len(seq.tokens) - (out.num_cached_tokens or 0) if seq.num_generated == 0 else 1  # prefill: uncached
             before = len(seq.tokens)
             done = self._feed(seq, out.outputs[0].token_ids, out.outputs[0].logprobs)
             running += bool(out.outputs[0].token_ids)
@@ -281,6 +287,8 @@ class VLLMEngine:
                     self._proposer.end_turn(out.request_id, len(seq.tokens))
                 finished.append(self._finish(seq))
         self.totals.tail.count(running, time.perf_counter() - started, tokens)
+        if ours and running:
+            self.step_cost.observe(fed, seconds, running)
         return finished
 
     def _abort_all(self) -> None:
@@ -298,6 +306,7 @@ class VLLMEngine:
     def _count_drafts(self) -> None:
         """Drafts vLLM's scheduler holds for each running request: verified in the coming step."""
         scheduler = getattr(getattr(getattr(self.llm, "engine_core", None), "engine_core", None), "scheduler", None)
+        self._drafted = 0
         if scheduler is None or self.drafter_name == "none":
             return
         by_external = {}
@@ -305,6 +314,7 @@ class VLLMEngine:
             by_external[request.request_id.rsplit("-", 1)[0]] = len(request.spec_token_ids or ())  # "<ours>-<suffix>"
         for request_id, seq in self.calls.items():
             seq.metrics.draft_proposed += by_external.get(request_id, 0)
+            self._drafted += by_external.get(request_id, 0)
 
     def _feed(self, seq: Sequence, token_ids, logprobs) -> bool:
         """Append a delta token by token; True once our stop rule ended the turn."""

@@ -14,7 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..agent.trajectory import Trajectory
+from ..config import EnvConfig
 from ..drafting.choice.cost_model import ForwardCostModel
+from .rollouts import HOST_FIGURES, RolloutRun, RolloutVariant
 
 
 @dataclass
@@ -69,6 +71,15 @@ class TracedStep:
     cost: dict  # ForwardCostModel figures when the step began (see `srt_agent.engine.stats.cost_table`)
     run_ahead: list[TracedRunAhead] = field(default_factory=list)
     wall_s: float = 0.0
+    draft_s: float = 0.0  # the engine's host seconds drafting (0 where the backend does not count them) …
+    bookkeeping_s: float = 0.0  # … and on the rest of its steps beside the forward pass
+    cost_after: dict = field(default_factory=dict)  # the cost table when the step ended (its steps measured)
+    engine_s: float = 0.0  # of wall_s, the seconds the engine spent in steps that ran the step's sequences
+
+    @property
+    def forwards(self) -> int:
+        """Rows the step's verification passes ran (one per trajectory and pass)."""
+        return sum(t.forwards for t in self.trajectories)
 
     @property
     def accepted_per_forward(self) -> float:
@@ -105,6 +116,10 @@ class RolloutTrace:
                     s["cost"],
                     [TracedRunAhead(**r) for r in s.get("run_ahead", [])],
                     s.get("wall_s", 0.0),
+                    s.get("draft_s", 0.0),
+                    s.get("bookkeeping_s", 0.0),
+                    s.get("cost_after", {}),
+                    s.get("engine_s", 0.0),
                 )
                 for s in data.pop("steps")
             ]
@@ -123,3 +138,36 @@ def cost_model_of(table: dict) -> ForwardCostModel:
         table["per_sequence_s"],
     )
     return model
+
+
+class TraceBook:
+    """Every variant's runs, step by step, as one rollout trace per variant (with its engine's settings, step
+    costs and host time): what the trainer's projection and the benchmarks' replay read."""
+
+    def __init__(self, config: EnvConfig, variants: list[RolloutVariant]):
+        self.limits = dict(
+            max_tokens_per_turn=config.max_tokens_per_turn, max_response_tokens=config.max_response_tokens
+        )
+        self.variants = {v.name: v for v in variants}
+        self.traces: dict[str, RolloutTrace] = {}
+
+    def add(self, step: int, runs: dict[str, list[RolloutRun]]) -> None:
+        """A finished step's runs, per variant."""
+        for name, rs in runs.items():
+            if not rs:
+                continue
+            if name not in self.traces:
+                variant = self.variants[name]
+                ahead = asdict(variant.run_ahead) if variant.run_ahead is not None else None
+                settings = {"engine": {}, "cache": {}, **rs[0].settings}
+                self.traces[name] = RolloutTrace(
+                    name, variant.drafter, limits=dict(self.limits), run_ahead=ahead, **settings
+                )
+            trajectories = [TracedTrajectory.of(t, t.prompt_key) for run in rs for t in run.trajectories]
+            written = [TracedRunAhead(str(k), list(c), list(g)) for run in rs for k, c, g in run.run_ahead_written]
+            host = [sum(run.host.get(k, 0.0) for run in rs) for k in HOST_FIGURES]
+            engine_s = sum(run.tail.get("step_s", 0.0) for run in rs)
+            wall_s = sum(r.wall_s for r in rs)
+            self.traces[name].steps.append(
+                TracedStep(step, trajectories, rs[0].cost, written, wall_s, *host, rs[-1].cost_after, engine_s)
+            )
