@@ -58,6 +58,7 @@ class Drafting:
         max_context: int,
         adaptive: bool,
         min_gain: float,
+        guarded: bool = True,
     ):
         self.drafter = drafter
         self.capabilities = capabilities(drafter)
@@ -70,7 +71,9 @@ class Drafting:
         self.min_gain = min_gain
         self.acceptance = AcceptanceModel()  # of tree drafts
         self.model_acceptance = AcceptanceModel()  # of model drafts
-        self.paid = PaidDrafting()  # with adaptive drafts: only at batch sizes where drafting was measured to pay
+        # with adaptive drafts, only at batch sizes where drafting was measured to pay (`guarded`: a replay, whose
+        # clock is the cost model's own, has no misprediction to guard against)
+        self.paid = PaidDrafting() if guarded else None
 
     # ----- the fault boundary ---------------------------------------------------------------------
 
@@ -136,7 +139,7 @@ class Drafting:
         """The drafts cut to the nodes worth verifying in this batch (all of them without adaptive drafts)."""
         if not self.adaptive or not any(len(d) for d in drafts):
             return drafts
-        if not self.paid.allows(len(seqs)):
+        if self.paid is not None and not self.paid.allows(len(seqs)):
             return [Draft() for _ in drafts]
         base = sum(len(s.pending()) for s in seqs)
         return choose_drafts(drafts, base, self.cost_model, self.min_gain, makespan, self.calibrated)

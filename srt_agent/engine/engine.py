@@ -432,8 +432,14 @@ class Engine:
         t.steps += 1
         drafted = sum(len(d) for d in verified.drafts)
         t.verify_s += self.cost_model.per_token_s * drafted  # the fit's price of a fed token
-        if verified.batched and not verified.faults and all(c.num_pending == 1 for c in verified.chunks):
-            self.drafting.paid.observe(len(seqs), drafted, sum(verified.kept), step_s)
+        paid = self.drafting.paid
+        if (
+            paid is not None
+            and verified.batched
+            and not verified.faults
+            and all(c.num_pending == 1 for c in verified.chunks)
+        ):
+            paid.observe(len(seqs), drafted, sum(verified.kept), step_s)
         t.tail.count(len(seqs), step_s, sum(verified.kept))
         t.draft_s += sum(draft_s)
         t.forward_s += verified.forward_s

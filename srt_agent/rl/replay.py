@@ -181,6 +181,7 @@ class Replay:
             e["max_context"],
             e["adaptive_drafts"] if o.adaptive_drafts is None else o.adaptive_drafts,
             e["min_draft_gain"] if o.min_draft_gain is None else o.min_draft_gain,
+            guarded=False,
         )
         self.episodes: dict[str, _Episode] = {}
         self._ids = 0

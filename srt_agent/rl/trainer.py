@@ -182,14 +182,8 @@ class Trainer(RunRecord):
         self.engine_dtype = resolve_engine_dtype(cfg.engine.dtype, self.loaded.device, self.loaded.dtype)
         own_copies, on_module = planned_engines(cfg, self.loaded, self.variants)
         tree_engines = sum(drafter_capabilities(v.drafter).trees for v in self.variants)
-        plan = plan_memory(
-            cfg,
-            self.loaded.model,
-            vllm_engines=own_copies,
-            policy_copies_model=on_module > 0,
-            our_engines=on_module,
-            tree_engines=tree_engines,
-        )
+        engines = dict(vllm_engines=own_copies, policy_copies_model=on_module > 0, our_engines=on_module)
+        plan = plan_memory(cfg, self.loaded.model, **engines, tree_engines=tree_engines)
         check_plan(plan, train.max_memory_gb)
         meter.mark("model loaded")
         # Our engine casts the module it runs on: the policy's float32 masters are taken before it does.
