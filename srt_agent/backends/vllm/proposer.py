@@ -195,7 +195,7 @@ class SRTProposer:
         self._stats["rows"] += len(offered)
         drafts: list[list[int]] = [[] for _ in range(rows)]
         drafted = []
-        raw = self._draft_rows([req_ids[i] for i in offered], [lengths[i] for i in offered], offered, token_ids)
+        raw = self._draft_rows(offered, req_ids, lengths, token_ids)
         if raw is not None:  # some choice can pay: propose what the cost policy picks
             for i, draft in zip(offered, self.choose(raw)):
                 row = self._rows[req_ids[i]]
@@ -267,18 +267,18 @@ class SRTProposer:
             )
             row.stored = n
 
-    def _draft_rows(
-        self, rids: list[str], lengths: list[int], rows: list[int], token_ids: np.ndarray
-    ) -> list[Draft] | None:
-        """The drafts of the decoding rows `rids` (known and not broken), or None where the cost policy can tell
+    def _draft_rows(self, rows: list[int], req_ids: list, lengths: list, token_ids: np.ndarray) -> list[Draft] | None:
+        """The drafts of the decoding `rows` (known and not broken), or None where the cost policy can tell
         that no choice could pay at this batch (`joint_rate_bound`): before the first draft, even for sure ones;
         after a row with no draft, which rules out every draft; or once the drafts so far, the rest sure,
         cannot. Drafting stops there."""
         cost = self.options.policy == "cost"
-        verify_none = 1.0 / self.cost.predict(len(rids), len(rids))
+        verify_none = 1.0 / self.cost.predict(len(rows), len(rows))
         reach = [1.0] * self.k  # per depth: the product of the drafted rows' calibrated chance to get that far
-        if not rids or (cost and joint_rate_bound(self.cost, len(rids), reach) <= verify_none):
+        if not rows or (cost and joint_rate_bound(self.cost, len(rows), reach) <= verify_none):
             return None
+        rids = [req_ids[i] for i in rows]
+        lengths = [lengths[i] for i in rows]
         drafts = []
         for rid, n, i in zip(rids, lengths, rows):
             try:
@@ -292,7 +292,7 @@ class SRTProposer:
                     return None
                 scores = self.acceptance.calibrate(draft).scores  # a chain: node d at depth d + 1
                 reach = [r * (scores[d] if d < len(scores) else 0.0) for d, r in enumerate(reach)]
-                if joint_rate_bound(self.cost, len(rids), reach) <= verify_none:
+                if joint_rate_bound(self.cost, len(rows), reach) <= verify_none:
                     return None
         return drafts
 

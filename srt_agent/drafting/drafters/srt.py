@@ -67,6 +67,26 @@ class _Turn:
 
 
 @dataclass
+class _RowPlan:
+    """A batch's turns (`SRTDrafter.add_tokens_rows`), valid while no request starts or stops (`version`)."""
+
+    version: int
+    ids: list
+    turns: list[_Turn]
+    seqs: list[int]
+    feeding: list[int]  # the rows whose turns feed the global tree
+    fed_seqs: list[int]
+    appends: list  # each turn's tokens.append
+
+    @classmethod
+    def of(cls, version: int, request_ids: list, turns: list[_Turn]) -> _RowPlan:
+        seqs = [turn.sequence for turn in turns]
+        feeding = [r for r, turn in enumerate(turns) if turn.in_global]
+        appends = [turn.tokens.append for turn in turns]
+        return cls(version, list(request_ids), turns, seqs, feeding, [seqs[r] for r in feeding], appends)
+
+
+@dataclass
 class SRTStats:
     """SRT's counters (see ``COUNTERS``), the requests it tracks and its trees' sizes."""
 
@@ -134,7 +154,7 @@ class SRTDrafter:
         self._feeders: set[int] = set()  # the sequences of the running turns that feed the global tree
         self._next_sequence = 0
         self._version = 0  # moves whenever a request starts or stops (add_tokens_rows' plan)
-        self._plan: tuple | None = None
+        self._plan: _RowPlan | None = None
 
     # ---- requests --------------------------------------------------------------------------------
     def start_request(self, request_id: Hashable, prompt_key: Hashable | None, prompt_ids: Sequence[int]) -> None:
@@ -172,19 +192,21 @@ class SRTDrafter:
         """`add_tokens` for a batch of running requests at once (``tokens[offsets[r]:offsets[r + 1]]`` for
         ``request_ids[r]``): one call into each of the trees, the same trees as one `add_tokens` per row."""
         plan = self._plan
-        if plan is None or plan[0] != self._version or plan[1] != request_ids:
-            turns = [self._active.get(rid) or self._turn(rid) for rid in request_ids]
-            feeding = [r for r, turn in enumerate(turns) if turn.in_global]
-            seqs = [turn.sequence for turn in turns]
-            plan = self._plan = (self._version, list(request_ids), turns, seqs, feeding, [seqs[r] for r in feeding])
-        _, _, turns, seqs, feeding, fed_seqs = plan
-        self.cache.add_tokens_rows(seqs, tokens, offsets)
-        if feeding:
-            fed = [tokens[offsets[r] : offsets[r + 1]] for r in feeding]
+        if plan is None or plan.version != self._version or plan.ids != request_ids:
+            plan = self._plan = _RowPlan.of(self._version, request_ids, [self._turn(rid) for rid in request_ids])
+        self.cache.add_tokens_rows(plan.seqs, tokens, offsets)
+        offsets = np.asarray(offsets)
+        single = len(tokens) == len(request_ids) and bool((np.diff(offsets) == 1).all())  # a decode step's rows
+        if plan.feeding:
+            fed = [tokens[r : r + 1] if single else tokens[offsets[r] : offsets[r + 1]] for r in plan.feeding]
             lengths = [len(part) for part in fed]
-            self.responses.add_tokens_rows(fed_seqs, [t for part in fed for t in part], np.cumsum([0] + lengths))
-        for turn, begin, end in zip(turns, offsets, offsets[1:]):
-            turn.tokens += tokens[begin:end]
+            self.responses.add_tokens_rows(plan.fed_seqs, [t for part in fed for t in part], np.cumsum([0] + lengths))
+        if single:
+            for append, token in zip(plan.appends, tokens):
+                append(token)
+        else:
+            for turn, begin, end in zip(plan.turns, offsets, offsets[1:]):
+                turn.tokens += tokens[begin:end]
 
     def end_turn(self, request_id: Hashable, length: int) -> None:
         """The caller ended the request's turn at `length` tokens (prompt included) by a rule the engine did not
