@@ -78,10 +78,9 @@ class _PromptTree:
 
 @dataclass
 class _RowPlan:
-    """Where a batch's rows store (`RolloutCache.add_tokens_rows`), valid for the cache's `epoch`."""
+    """Where a batch's rows store (`RolloutCache.add_tokens_rows`), kept until a request moves or stops."""
 
     ids: list
-    epoch: int
     rows: list  # each row's _PromptTree (None: detached)
     trees: list
     seqs: np.ndarray
@@ -123,8 +122,7 @@ class RolloutCache:
         self._bytes = 0
         self._evicted = 0
         self._evicted_run_ahead = 0
-        self._epoch = 0  # moves whenever a running request's tree or sequence changes or it stops
-        self._plan: _RowPlan | None = None
+        self._plan: _RowPlan | None = None  # dropped whenever a running request's tree or sequence changes or it stops
         self._work = dict.fromkeys(("inserted_tokens", "rebuilt_tokens", "rebuilds", "trimmed_sequences"), 0)
 
     # ---- streaming rollouts -------------------------------------------------------------------
@@ -181,13 +179,12 @@ class RolloutCache:
     def _row_plan(self, request_ids: Sequence[Hashable]) -> _RowPlan:
         """Where `request_ids` store (kept while no request moves, stops or loses its tree)."""
         plan = self._plan
-        if plan is not None and plan.epoch == self._epoch and plan.ids == request_ids:
+        if plan is not None and plan.ids == request_ids:
             return plan
         reqs = [self._requests.get(rid) or self._request(rid) for rid in request_ids]
         rows = [None if req.detached else self._prompts[req.prompt_key] for req in reqs]
         self._plan = plan = _RowPlan(
             list(request_ids),
-            self._epoch,
             rows,
             [None if entry is None else entry.tree for entry in rows],
             np.fromiter((req.seq for req in reqs), np.int64, len(reqs)),
@@ -203,7 +200,7 @@ class RolloutCache:
         req = self._request(request_id)
         if count <= 0 or req.detached:
             return
-        self._epoch += 1
+        self._plan = None
         entry = self._prompts[req.prompt_key]
         cut = max(0, entry.tree.sequence_length(req.seq) - count)
         lead = entry.tree.sequence(req.seq, cut - self.max_match)[: min(cut, self.max_match)]
@@ -220,7 +217,7 @@ class RolloutCache:
         req = self._requests.pop(request_id, None)
         if req is None:
             raise ValueError(f"unknown request {request_id!r}")
-        self._epoch += 1
+        self._plan = None
         if not req.detached:
             entry = self._prompts[req.prompt_key]
             entry.tree.close(entry.active.pop(request_id))
@@ -434,7 +431,7 @@ class RolloutCache:
         """Replace the tree by one holding only the sequences in `keep` (oldest first, as before), each from the
         token `keep` gives on; running requests whose sequence is dropped are detached."""
         old = entry.tree
-        self._epoch += 1
+        self._plan = None
         running = {seq: rid for rid, seq in entry.active.items()}
         new = self._tree_cls(self.max_depth)
         seqs, active, run_ahead, total = [], {}, set(), 0
@@ -483,7 +480,7 @@ class RolloutCache:
 
     def _drop(self, prompt_key: Hashable, evicted: bool = True) -> None:
         entry = self._prompts.pop(prompt_key)
-        self._epoch += 1
+        self._plan = None
         self._bytes -= entry.nbytes
         self._evicted += evicted
         for rid in entry.active:
