@@ -12,9 +12,10 @@ import pytest
 
 from srt_agent.backends.vllm.proposer import ProposerOptions, SRTProposer
 from srt_agent.drafting import RequestKind, RolloutCache
-from srt_agent.drafting.trees.tree import CompiledTokenTree
+from srt_agent.drafting.trees.tree import CompiledTokenTree, reference_extend_rows
 
-BACKENDS = ["python"] + (["compiled"] if CompiledTokenTree is not None else [])
+# "stale": compiled trees with the row-by-row extend_rows (an extension built before it had one)
+BACKENDS = ["python"] + (["compiled", "stale"] if CompiledTokenTree is not None else [])
 
 
 def _state(cache: RolloutCache, requests: list[int]) -> tuple:
@@ -33,9 +34,11 @@ def cache_context(cache: RolloutCache, request: int) -> list[int]:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("seed", range(6))
 def test_the_cache_stores_a_batch_as_it_stores_its_rows_one_by_one(backend, seed):
-    options = dict(max_depth=8, max_match=4, max_bytes=[1 << 30, 6000, 20000][seed % 3], backend=backend)
-    options["max_nodes_per_prompt"] = [1 << 20, 60, 200][seed // 2 % 3]
+    options = dict(max_depth=8, max_match=4, max_bytes=[1 << 30, 6000, 20000][seed % 3])
+    options.update(max_nodes_per_prompt=[1 << 20, 60, 200][seed // 2 % 3], backend=backend.replace("stale", "compiled"))
     batched, per_row = RolloutCache(**options), RolloutCache(**options)
+    if backend == "stale":
+        batched._extend_rows = reference_extend_rows
     rng = random.Random(seed)
     running: list[int] = []
     for step in range(80):

@@ -10,9 +10,10 @@ from ..tokens import check_tokens
 from .tree_ref import ReferenceTokenTree
 
 try:
-    from ._tree import TokenTree as CompiledTokenTree, extend_rows as compiled_extend_rows
+    from . import _tree
+    from ._tree import TokenTree as CompiledTokenTree
 except ImportError as exc:  # the extension is built by `pip install -e .`; keep working without it
-    CompiledTokenTree = compiled_extend_rows = None
+    CompiledTokenTree = _tree = None
     warnings.warn(
         f"srt_agent.drafting.trees._tree is not built ({exc}); using the slow pure-Python tree. "
         "Rebuild with `pip install -e .` (needs a C++ compiler).",
@@ -66,4 +67,5 @@ def reference_extend_rows(
 
 def extend_rows_for(tree_cls: type) -> Callable[..., tuple[int, int]]:
     """The `extend_rows` for trees of `tree_cls`."""
-    return compiled_extend_rows if tree_cls is CompiledTokenTree else reference_extend_rows
+    compiled = getattr(_tree, "extend_rows", None)  # an extension built before it has none: each row then calls in
+    return compiled if tree_cls is CompiledTokenTree and compiled is not None else reference_extend_rows
