@@ -16,6 +16,7 @@ import logging
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ from ...drafting.draft import EMPTY_DRAFT, Draft
 from ...drafting.drafters.srt import prompt_tree_bytes
 from .plugin import check_seam
 from .proposer_options import ProposerOptions
+from .row_plan import RowPlan
 from .settings import proposer_options, request_kind
 
 logger = logging.getLogger(__name__)
@@ -93,6 +95,8 @@ class SRTProposer:
         self.clock = StepClock(vllm_step_cost(o.step_fixed_ms, o.step_row_ms, o.draft_token_ms, o.calibrate))
         self.paid = PaidDrafting()  # drafting only at batch sizes where it has been measured to pay
         self._verified: list[tuple[Draft, int]] = []  # this step's settled drafts and their accepted counts
+        self._version = 0  # moves whenever a row starts, leaves, fails or is rewound (the plan is then stale)
+        self._plan: RowPlan | None = None  # the last step's rows, if all known and live
 
     @property
     def cost(self):
@@ -139,6 +143,9 @@ class SRTProposer:
     ) -> list[list[int]]:
         rows = len(sampled_token_ids)
         self._stats["rows_seen"] += rows
+        plan = self._plan
+        if plan is not None and plan.steady(self._version, self._batch, sampled_token_ids, num_tokens_no_spec):
+            return self._propose_steady(plan, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         try:
             req_ids = list(self._batch.req_ids[:rows])
             self._retire(set(self._batch.req_ids))
@@ -158,33 +165,65 @@ class SRTProposer:
         ]
         prefilled = len(live) < rows or any(req_ids[i] not in self._rows for i in live)
         started = self.clock.tick(rows, prefilled, timed=not undrafted and self.options.calibrate)
-        if self.clock.ended is not None:  # every row decoded in the step that ended: what it emitted is known
-            sequences, fed, seconds = self.clock.ended
-            self.paid.observe(sequences, fed - sequences, sum(map(len, sampled_token_ids)), seconds)
-        for i in live:
-            if req_ids[i] not in self._broken:
-                try:
-                    self._store(req_ids[i], i, kinds[i], sampled_token_ids[i], lengths[i], token_ids_cpu)
-                except Exception:
-                    self._fault(req_ids[i], i)
+        self._judge_step(sampled_token_ids)
+        self._store_rows(live, req_ids, kinds, sampled_token_ids, lengths, token_ids_cpu)
         self._observe()
         decoding = [i for i in live if kinds[i] is RequestKind.ROLLOUT]
         offered = [i for i in decoding if req_ids[i] in self._rows and req_ids[i] not in self._broken]
+        plan = RowPlan.of(self._version, self._batch.req_ids, req_ids, self._rows, live, offered, lengths)
+        self._plan = None if self._broken else plan
+        return self._draft_step(rows, req_ids, offered, lengths, token_ids_cpu, started)
+
+    def _propose_steady(self, plan: RowPlan, sampled: list, num_tokens_no_spec: np.ndarray, token_ids) -> list:
+        """A step of the same rows as the last, each sampled what it stores: SRT and the trees take the rows'
+        tokens in one call, and Python touches each row O(1) (settling last step's drafts, its stored count)."""
+        self.srt.expire()  # what `_retire` does for a batch nobody left
+        self._stats["steps"] += 1
+        started = self.clock.tick(len(sampled), False, timed=self.options.calibrate)
+        self._judge_step(sampled)
+        lengths = num_tokens_no_spec[: len(sampled)].tolist()
+        for i, row in plan.drafted:
+            self._settle(row, len(sampled[i]) - 1)
+        try:
+            self.srt.add_tokens_rows(plan.req_ids, list(chain.from_iterable(sampled)), plan.offsets())
+        except Exception:  # nothing was stored: row by row, each fault its row's
+            self._store_rows(list(range(len(sampled))), plan.req_ids, [], sampled, lengths, token_ids)
+        else:
+            for row, n in zip(plan.rows, lengths):
+                row.stored = n
+        plan.lengths = num_tokens_no_spec[: len(sampled)].copy()
+        self._observe()
+        return self._draft_step(len(sampled), plan.req_ids, plan.offered, lengths, token_ids, started)
+
+    def _draft_step(self, rows: int, req_ids: list, offered: list[int], lengths: list, token_ids, started) -> list:
+        """The step's drafts, one per batch row: the offered rows' as the cost policy chooses them."""
         self._stats["rows"] += len(offered)
         drafts: list[list[int]] = [[] for _ in range(rows)]
-        raw = None
+        drafted, raw = [], None
         if offered and (self.options.policy == "always" or not self.options.calibrate or self.paid.allows(rows)):
-            raw = self._draft_rows([req_ids[i] for i in offered], [lengths[i] for i in offered], offered, token_ids_cpu)
+            raw = self._draft_rows(offered, req_ids, lengths, token_ids)
         if raw is not None:  # some choice can pay: propose what the cost policy picks
             for i, draft in zip(offered, self.choose(raw)):
-                self._rows[req_ids[i]].draft = draft
+                row = self._rows[req_ids[i]]
+                row.draft = draft
                 drafts[i] = list(draft.token_ids)
-                self._stats["rows_drafted"] += len(draft) > 0
+                if len(draft):
+                    drafted.append((i, row))
+            self._stats["rows_drafted"] += len(drafted)
+        if self._plan is not None:
+            self._plan.drafted = drafted
         fed = rows + sum(map(len, drafts))
         if fed > rows:
             self._stats["verify_s"] += max(0.0, self.cost.predict(fed, rows) - self.cost.predict(rows, rows))
         self.clock.started(rows, fed, started)
         return drafts
+
+    def _judge_step(self, sampled: list[list[int]]) -> None:
+        """The step that just ended, if timed with every row decoding: what it emitted against its time, for
+        `PaidDrafting`."""
+        if self.clock.ended is not None:
+            sequences, fed, seconds = self.clock.ended
+            self.paid.observe(sequences, fed - sequences, sum(map(len, sampled)), seconds)
 
     def choose(self, drafts: list[Draft]) -> list[Draft]:
         """What of each decoding row's draft to propose: all with policy ``always``; else what the options' objective
@@ -197,6 +236,44 @@ class SRTProposer:
         )
 
     # ---- rows to SRT's requests ------------------------------------------------------------------
+    def _store_rows(self, live: list[int], req_ids: list, kinds: list, sampled: list, lengths: list, token_ids) -> None:
+        """Hand SRT the live rows' new tokens, in row order: runs of known rows whose new tokens are just what this
+        step sampled go in one call into the trees (`SRTDrafter.add_tokens_rows`), any other row by `_store`."""
+        rows, broken, run = self._rows, self._broken, []
+        for i in live:
+            rid = req_ids[i]
+            row = rows.get(rid)
+            if row is not None and lengths[i] - row.stored == len(sampled[i]) and rid not in broken:
+                self._settle(row, len(sampled[i]) - 1)
+                run.append(i)
+                continue
+            self._store_run(run, req_ids, sampled, lengths, token_ids)
+            run = []
+            if rid not in broken:
+                try:
+                    self._store(rid, i, kinds[i], sampled[i], lengths[i], token_ids)
+                except Exception:
+                    self._fault(rid, i)
+        self._store_run(run, req_ids, sampled, lengths, token_ids)
+
+    def _store_run(self, run: list[int], req_ids: list, sampled: list, lengths: list, token_ids) -> None:
+        """Known rows' sampled tokens in one call; should that fail, row by row (a fault isolated to its row)."""
+        if not run:
+            return
+        ids = [req_ids[i] for i in run]
+        parts = [sampled[i] for i in run]
+        try:
+            self.srt.add_tokens_rows(ids, [t for part in parts for t in part], np.cumsum([0] + [len(p) for p in parts]))
+        except Exception:  # nothing was stored: find the failing rows one by one
+            for i in run:
+                try:
+                    self._store(req_ids[i], i, RequestKind.ROLLOUT, sampled[i], lengths[i], token_ids)
+                except Exception:
+                    self._fault(req_ids[i], i)
+            return
+        for rid, i in zip(ids, run):
+            self._rows[rid].stored = lengths[i]
+
     def _store(self, rid: str, i: int, kind: RequestKind, sampled: list[int], n: int, token_ids: np.ndarray) -> None:
         """Hand SRT the row's new tokens (every one since the last call: usually just what this step `sampled`)."""
         row = self._rows.get(rid) or self._begin(rid, i, kind, token_ids)
@@ -207,18 +284,18 @@ class SRTProposer:
             )
             row.stored = n
 
-    def _draft_rows(
-        self, rids: list[str], lengths: list[int], rows: list[int], token_ids: np.ndarray
-    ) -> list[Draft] | None:
-        """The drafts of the decoding rows `rids` (known and not broken), or None where the cost policy can tell
+    def _draft_rows(self, rows: list[int], req_ids: list, lengths: list, token_ids: np.ndarray) -> list[Draft] | None:
+        """The drafts of the decoding `rows` (known and not broken), or None where the cost policy can tell
         that no choice could pay at this batch (`joint_rate_bound`): before the first draft, even for sure ones;
         after a row with no draft, which rules out every draft; or once the drafts so far, the rest sure,
         cannot. Drafting stops there."""
         cost = self.options.policy == "cost" and self.options.objective == "makespan"  # the bound is the makespan's
-        verify_none = 1.0 / self.cost.predict(len(rids), len(rids))
+        verify_none = 1.0 / self.cost.predict(len(rows), len(rows))
         reach = [1.0] * self.k  # per depth: the product of the drafted rows' calibrated chance to get that far
-        if not rids or (cost and joint_rate_bound(self.cost, len(rids), reach) <= verify_none):
+        if not rows or (cost and joint_rate_bound(self.cost, len(rows), reach) <= verify_none):
             return None
+        rids = [req_ids[i] for i in rows]
+        lengths = [lengths[i] for i in rows]
         drafts = []
         for rid, n, i in zip(rids, lengths, rows):
             try:
@@ -232,7 +309,7 @@ class SRTProposer:
                     return None
                 scores = self.acceptance.calibrate(draft).scores  # a chain: node d at depth d + 1
                 reach = [r * (scores[d] if d < len(scores) else 0.0) for d, r in enumerate(reach)]
-                if joint_rate_bound(self.cost, len(rids), reach) <= verify_none:
+                if joint_rate_bound(self.cost, len(rows), reach) <= verify_none:
                     return None
         return drafts
 
@@ -244,6 +321,7 @@ class SRTProposer:
         else:
             self.srt.start_request(rid, None, prompt)
         row = self._rows[rid] = _Row(kind, len(prompt))
+        self._version += 1
         return row
 
     def _draft(self, rid: str, n: int, tokens: np.ndarray) -> Draft:
@@ -260,6 +338,7 @@ class SRTProposer:
         """Stop the requests that left the batch (SRT holds their turns); once the batch has drained, save the
         trees if ``save_path`` asks for it."""
         gone = [rid for rid in self._rows if rid not in in_batch]
+        self._version += bool(gone)
         for rid in gone:
             del self._rows[rid]
             self._stop(rid)
@@ -281,12 +360,14 @@ class SRTProposer:
         found = [r for r in self._rows if r.startswith(prefix) and "-" not in r[len(prefix) :]]
         found = [request_id] if request_id in self._rows else found
         if len(found) == 1 and found[0] not in self._broken:
+            self._version += 1
             self.srt.end_turn(found[0], length)
             self._rows[found[0]].stored = min(self._rows[found[0]].stored, length)
 
     def end_step(self) -> None:
         """The RL step's rollouts are over (call it when nothing runs): every turn closes and is released; their
         tokens stay in the trees."""
+        self._version += 1
         for rid in list(self._rows):
             del self._rows[rid]
             self._stop(rid)
@@ -325,6 +406,7 @@ class SRTProposer:
         """A request (or, with `rows`, a whole batch) gets no draft; drafting fails loudly once faults are no
         longer rare (a seam that moved must not read as 'SRT drafts nothing')."""
         self._stats["faults"] += rows
+        self._version += 1
         if self._first_fault is None:
             self._first_fault = traceback.format_exc(limit=-1).strip().splitlines()[-1]
         if self._stats["faults"] <= 3:

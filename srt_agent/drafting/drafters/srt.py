@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..draft import Draft
 from ..drafter import DrafterCapabilities
 from ..trees.budget import GLOBAL_FEEDERS, GLOBAL_SHARE
@@ -62,6 +64,26 @@ class _Turn:
     floor: int  # the prompt this turn was given: a next turn shares at least that much
     run_ahead: bool = False
     in_global: bool = False  # its tokens go into the global tree too
+
+
+@dataclass
+class _RowPlan:
+    """A batch's turns (`SRTDrafter.add_tokens_rows`), valid while no request starts or stops (`version`)."""
+
+    version: int
+    ids: list
+    turns: list[_Turn]
+    seqs: list[int]
+    feeding: list[int]  # the rows whose turns feed the global tree
+    fed_seqs: list[int]
+    appends: list  # each turn's tokens.append
+
+    @classmethod
+    def of(cls, version: int, request_ids: list, turns: list[_Turn]) -> _RowPlan:
+        seqs = [turn.sequence for turn in turns]
+        feeding = [r for r, turn in enumerate(turns) if turn.in_global]
+        appends = [turn.tokens.append for turn in turns]
+        return cls(version, list(request_ids), turns, seqs, feeding, [seqs[r] for r in feeding], appends)
 
 
 @dataclass
@@ -131,6 +153,8 @@ class SRTDrafter:
         self._held: dict[int, _Turn] = {}  # sequence id -> a finished turn
         self._feeders: set[int] = set()  # the sequences of the running turns that feed the global tree
         self._next_sequence = 0
+        self._version = 0  # moves whenever a request starts or stops (add_tokens_rows' plan)
+        self._plan: _RowPlan | None = None
 
     # ---- requests --------------------------------------------------------------------------------
     def start_request(self, request_id: Hashable, prompt_key: Hashable | None, prompt_ids: Sequence[int]) -> None:
@@ -163,6 +187,26 @@ class SRTDrafter:
         if turn.in_global:
             self.responses.add_tokens(turn.sequence, tokens)
         turn.tokens += tokens
+
+    def add_tokens_rows(self, request_ids: list[Hashable], tokens: list[int], offsets: Sequence[int]) -> None:
+        """`add_tokens` for a batch of running requests at once (``tokens[offsets[r]:offsets[r + 1]]`` for
+        ``request_ids[r]``): one call into each of the trees, the same trees as one `add_tokens` per row."""
+        plan = self._plan
+        if plan is None or plan.version != self._version or plan.ids != request_ids:
+            plan = self._plan = _RowPlan.of(self._version, request_ids, [self._turn(rid) for rid in request_ids])
+        self.cache.add_tokens_rows(plan.seqs, tokens, offsets)
+        offsets = np.asarray(offsets)
+        single = len(tokens) == len(request_ids) and bool((np.diff(offsets) == 1).all())  # a decode step's rows
+        if plan.feeding:
+            fed = [tokens[r : r + 1] if single else tokens[offsets[r] : offsets[r + 1]] for r in plan.feeding]
+            lengths = [len(part) for part in fed]
+            self.responses.add_tokens_rows(plan.fed_seqs, [t for part in fed for t in part], np.cumsum([0] + lengths))
+        if single:
+            for append, token in zip(plan.appends, tokens):
+                append(token)
+        else:
+            for turn, begin, end in zip(plan.turns, offsets, offsets[1:]):
+                turn.tokens += tokens[begin:end]
 
     def end_turn(self, request_id: Hashable, length: int) -> None:
         """The caller ended the request's turn at `length` tokens (prompt included) by a rule the engine did not
@@ -276,11 +320,13 @@ class SRTDrafter:
 
     def _open(self, request_id: Hashable, turn: _Turn) -> None:
         self._active[request_id] = turn
+        self._version += 1
 
     def _pop(self, request_id: Hashable) -> _Turn:
         turn = self._active.pop(request_id, None)
         if turn is None:
             raise ValueError(f"unknown request {request_id!r}")
+        self._version += 1
         return turn
 
     def _turn(self, request_id: Hashable) -> _Turn:

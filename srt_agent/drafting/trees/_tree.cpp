@@ -21,6 +21,7 @@
 // The node a cursor sits on is never removed: a removed node's count equals its child's, so no
 // occurrence ends there.
 
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -186,6 +187,13 @@ public:
         std::vector<int32_t> tokens = checked_tokens(raw, "token_ids");  // all checked before any change
         size_t before = held_bytes(seq);
         for (int32_t tok : tokens) append(seq, tok);
+        sequence_bytes_ = sequence_bytes_ - before + held_bytes(seq);
+    }
+
+    // Append tokens[0, n) (already checked) to open sequence `seq`.
+    void extend_checked(int seq, const int64_t* tokens, int64_t n) {
+        size_t before = held_bytes(seq);
+        for (int64_t i = 0; i < n; ++i) append(seq, int32_t(tokens[i]));
         sequence_bytes_ = sequence_bytes_ - before + held_bytes(seq);
     }
 
@@ -507,6 +515,42 @@ private:
     size_t sequence_bytes_ = 0;  // tokens and cursors of all sequences (capacity)
 };
 
+using IntArray = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+// Rows `start` on of a batch: row r appends tokens[offsets[r], offsets[r + 1]) to sequence seqs[r] of
+// trees[r] (None: the row stores nothing). Everything is checked before anything changes. Stops after the
+// first row whose tree passes `max_nodes` nodes or after which `nbytes` (the callers' running total, moved
+// by each tree's change) passes `max_bytes`: returns (that row, or the row count, and the total).
+py::tuple extend_rows(py::sequence trees, IntArray seqs, IntArray tokens, IntArray offsets, int64_t start,
+                      int64_t max_nodes, int64_t nbytes, int64_t max_bytes) {
+    int64_t rows = int64_t(py::len(trees));
+    if (seqs.size() != rows || offsets.size() != rows + 1) throw py::value_error("need one seq and offset per row");
+    const int64_t* seq = seqs.data();
+    const int64_t* off = offsets.data();
+    const int64_t* tok = tokens.data();
+    std::vector<TokenTree*> tree(size_t(rows), nullptr);
+    for (int64_t r = start; r < rows; ++r) {
+        py::handle t = trees[size_t(r)];
+        if (!t.is_none()) tree[size_t(r)] = t.cast<TokenTree*>();
+        if (off[r] < 0 || off[r] > off[r + 1] || off[r + 1] > tokens.size()) throw py::value_error("bad offsets");
+        if (tree[size_t(r)] != nullptr && !tree[size_t(r)]->is_open(int(seq[r])))
+            throw py::value_error("sequence " + std::to_string(seq[r]) + " is not open in this tree");
+        for (int64_t i = off[r]; i < off[r + 1]; ++i)
+            if (tok[i] < 0 || tok[i] > kMaxToken)
+                throw py::value_error("token_ids[" + std::to_string(i) + "] = " + std::to_string(tok[i]) +
+                                      " is out of range [0, 2147483647]");
+    }
+    for (int64_t r = start; r < rows; ++r) {
+        TokenTree* t = tree[size_t(r)];
+        if (t == nullptr) continue;
+        int64_t before = t->nbytes();
+        t->extend_checked(int(seq[r]), tok + off[r], off[r + 1] - off[r]);
+        nbytes += t->nbytes() - before;
+        if (t->num_nodes() > max_nodes || nbytes > max_bytes) return py::make_tuple(r, nbytes);
+    }
+    return py::make_tuple(rows, nbytes);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_tree, m) {
@@ -534,4 +578,7 @@ PYBIND11_MODULE(_tree, m) {
              "Best-first draft tree: (tokens, parents, scores, match_len). `seq`: an open sequence the\n"
              "context may end like (a shortcut for the match; the result is the same).")
         .def("validate", &TokenTree::validate, "Check the structural invariants; raises RuntimeError if broken.");
+    m.def("extend_rows", &extend_rows, py::arg("trees"), py::arg("seqs"), py::arg("tokens"), py::arg("offsets"),
+          py::arg("start"), py::arg("max_nodes"), py::arg("nbytes"), py::arg("max_bytes"),
+          "A batch's appends, one row per (tree, sequence), in one call: see tree_batch.py.");
 }

@@ -28,10 +28,12 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..draft import Draft
 from ..tokens import check_budget, check_tokens
 from . import persistence
-from .tree import tree_class
+from .tree import extend_rows_for, tree_class
 
 
 @dataclass
@@ -60,18 +62,30 @@ class CacheStats:
         return (self.inserted_tokens + self.rebuilt_tokens) / max(1, self.inserted_tokens)
 
 
-@dataclass
+@dataclass(eq=False)
 class _PromptTree:
     tree: Any
     seqs: list[int] = field(default_factory=list)  # sequence ids, oldest first
     active: dict[Hashable, int] = field(default_factory=dict)  # request id -> open sequence id
     run_ahead: set[int] = field(default_factory=set)  # ids of run-ahead sequences
-    nbytes: int = 0
-    inserted: int = 0  # tokens stored since the last rebuild
+    nbytes: int = 0  # the tree's bytes, as counted in the cache's total
+    base: int = 0  # the tree's tokens after the last rebuild (those stored since: num_tokens - base)
     gate: int = 0  # tokens to store before the next node-cap rebuild (half of what the last one kept)
 
     def run_ahead_tokens(self) -> int:
         return sum(self.tree.sequence_length(s) for s in self.run_ahead)
+
+
+@dataclass
+class _RowPlan:
+    """Where a batch's rows store (`RolloutCache.add_tokens_rows`), kept until a request moves or stops."""
+
+    ids: list
+    rows: list  # each row's _PromptTree (None: detached)
+    trees: list
+    seqs: np.ndarray
+    entries: list  # the distinct rows
+    detached: list[int]
 
 
 @dataclass
@@ -102,11 +116,13 @@ class RolloutCache:
         self.max_nodes_per_prompt = max_nodes_per_prompt
         self.backend = backend
         self._tree_cls = tree_class(backend)
+        self._extend_rows = extend_rows_for(self._tree_cls)
         self._prompts: OrderedDict[Hashable, _PromptTree] = OrderedDict()  # least recently used first
         self._requests: dict[Hashable, _Request] = {}
         self._bytes = 0
         self._evicted = 0
         self._evicted_run_ahead = 0
+        self._plan: _RowPlan | None = None  # dropped whenever a running request's tree or sequence changes or it stops
         self._work = dict.fromkeys(("inserted_tokens", "rebuilt_tokens", "rebuilds", "trimmed_sequences"), 0)
 
     # ---- streaming rollouts -------------------------------------------------------------------
@@ -137,6 +153,46 @@ class RolloutCache:
             return
         self._extend(req.prompt_key, self._prompts[req.prompt_key], req.seq, token_ids)
 
+    def add_tokens_rows(self, request_ids: Sequence[Hashable], tokens: Sequence[int], offsets: Sequence[int]) -> None:
+        """`add_tokens` for a batch of running requests in one call into the trees: request ``request_ids[r]`` gets
+        ``tokens[offsets[r]:offsets[r + 1]]``. The same trees as that many `add_tokens` calls in row order (a
+        rebuild or an eviction happens after the same row); checked before anything changes. Where to store
+        each row is looked up once for a batch that comes back unchanged (one lookup a row otherwise)."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        tokens = np.asarray(tokens, dtype=np.int64)
+        start, total = 0, len(request_ids)
+        while start < total:
+            plan = self._row_plan(request_ids)
+            stop, self._bytes = self._extend_rows(
+                plan.trees, plan.seqs, tokens, offsets, start, self.max_nodes_per_prompt, self._bytes, self.max_bytes
+            )
+            end = min(stop + 1, total)
+            for entry in plan.entries if start == 0 and end == total else dict.fromkeys(plan.rows[start:end]):
+                if entry is not None:
+                    entry.nbytes = entry.tree.nbytes
+            skipped = sum(int(offsets[r + 1] - offsets[r]) for r in plan.detached if start <= r < end)
+            self._work["inserted_tokens"] += int(offsets[end] - offsets[start]) - skipped
+            if stop < total:  # the node cap or the byte budget, after this row
+                self._grown(self._requests[request_ids[stop]].prompt_key, plan.rows[stop])
+            start = end
+
+    def _row_plan(self, request_ids: Sequence[Hashable]) -> _RowPlan:
+        """Where `request_ids` store (kept while no request moves, stops or loses its tree)."""
+        plan = self._plan
+        if plan is not None and plan.ids == request_ids:
+            return plan
+        reqs = [self._requests.get(rid) or self._request(rid) for rid in request_ids]
+        rows = [None if req.detached else self._prompts[req.prompt_key] for req in reqs]
+        self._plan = plan = _RowPlan(
+            list(request_ids),
+            rows,
+            [None if entry is None else entry.tree for entry in rows],
+            np.fromiter((req.seq for req in reqs), np.int64, len(reqs)),
+            list(dict.fromkeys(rows)),
+            [r for r, entry in enumerate(rows) if entry is None],
+        )
+        return plan
+
     def drop_last(self, request_id: Hashable, count: int) -> None:
         """The running request goes on from before its last `count` tokens (tokens a serving engine sampled past
         a stop that the caller drops): they stay in the tree as a finished sample (the policy did sample them),
@@ -144,6 +200,7 @@ class RolloutCache:
         req = self._request(request_id)
         if count <= 0 or req.detached:
             return
+        self._plan = None
         entry = self._prompts[req.prompt_key]
         cut = max(0, entry.tree.sequence_length(req.seq) - count)
         lead = entry.tree.sequence(req.seq, cut - self.max_match)[: min(cut, self.max_match)]
@@ -160,6 +217,7 @@ class RolloutCache:
         req = self._requests.pop(request_id, None)
         if req is None:
             raise ValueError(f"unknown request {request_id!r}")
+        self._plan = None
         if not req.detached:
             entry = self._prompts[req.prompt_key]
             entry.tree.close(entry.active.pop(request_id))
@@ -175,7 +233,6 @@ class RolloutCache:
             entry.run_ahead.add(seq)
         entry.tree.extend(seq, tokens)
         entry.tree.close(seq)
-        entry.inserted += len(tokens)
         self._work["inserted_tokens"] += len(tokens)
         self._grown(prompt_key, entry)
 
@@ -329,7 +386,6 @@ class RolloutCache:
         except TypeError:
             check_tokens(token_ids)  # raises a ValueError naming the bad token
             raise
-        entry.inserted += len(token_ids)
         self._work[work] += len(token_ids)
         self._grown(prompt_key, entry)
 
@@ -339,7 +395,7 @@ class RolloutCache:
         nbytes = tree.nbytes
         self._bytes += nbytes - entry.nbytes
         entry.nbytes = nbytes
-        if entry.inserted >= entry.gate and tree.num_nodes > self.max_nodes_per_prompt:
+        if tree.num_tokens - entry.base >= entry.gate and tree.num_nodes > self.max_nodes_per_prompt:
             half = self.max_nodes_per_prompt // 2
             self._rebuild(entry, keep_tokens=entry.tree.num_tokens * half // entry.tree.num_nodes)
         if self._bytes > self.max_bytes:
@@ -375,6 +431,7 @@ class RolloutCache:
         """Replace the tree by one holding only the sequences in `keep` (oldest first, as before), each from the
         token `keep` gives on; running requests whose sequence is dropped are detached."""
         old = entry.tree
+        self._plan = None
         running = {seq: rid for rid, seq in entry.active.items()}
         new = self._tree_cls(self.max_depth)
         seqs, active, run_ahead, total = [], {}, set(), 0
@@ -396,7 +453,7 @@ class RolloutCache:
             else:
                 new.close(sid)
         entry.tree, entry.seqs, entry.active, entry.run_ahead = new, seqs, active, run_ahead
-        entry.inserted, entry.gate = 0, total // 2
+        entry.base, entry.gate = new.num_tokens, total // 2
         self._work["rebuilds"] += 1
         self._work["rebuilt_tokens"] += total
         self._resize(entry, new.nbytes)
@@ -423,6 +480,7 @@ class RolloutCache:
 
     def _drop(self, prompt_key: Hashable, evicted: bool = True) -> None:
         entry = self._prompts.pop(prompt_key)
+        self._plan = None
         self._bytes -= entry.nbytes
         self._evicted += evicted
         for rid in entry.active:
