@@ -1,8 +1,8 @@
 """The package's layout holds: every import runs down the floors that docs/architecture.md draws (read from
 its "Layers" diagram, so the page and the test cannot part), cli/ and bench/ included, and no module imports
-another that imports it back. Imports are read from the code: every ``import`` and ``from … import`` in a
-file, those inside functions and under ``TYPE_CHECKING`` included; a registry's ``"module:Class"`` strings,
-imported on first use, are not imports."""
+another that imports it back; tests share code through tests/helpers/ only. Imports are read from the code:
+every ``import`` and ``from … import`` in a file, those inside functions and under ``TYPE_CHECKING``
+included; a registry's ``"module:Class"`` strings, imported on first use, are not imports."""
 
 from __future__ import annotations
 
@@ -91,3 +91,21 @@ def test_no_import_cycles():
 
     for name in sorted(edges):
         visit(name, [])
+
+
+TESTS = PACKAGE.parent / "tests"
+
+
+def test_tests_share_code_through_helpers_only():
+    """Outside tests/helpers/ every file is a test module or a conftest, and no test module imports another
+    (what tests share lives in tests/helpers/ or in fixtures)."""
+    files = [p for p in TESTS.rglob("*.py") if "helpers" not in p.relative_to(TESTS).parts]
+    assert [str(p) for p in files if not p.name.startswith("test_") and p.name != "conftest.py"] == []
+    local = {p.stem for p in files}
+    crossing = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            crossing += [f"{path.relative_to(TESTS)} -> {n}" for n in names if n.split(".")[0] in local]
+    assert crossing == []

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from vllm_engines import engine, generate, srt_engine, tokens
+from helpers.vllm_engines import engine, generate, srt_engine, tokens
 
 from srt_agent.backends.vllm import proposer_call, reload_weights, srt_proposer, tiny_model_dir
 from srt_agent.backends.vllm.engine import VLLMEngine, VLLMUnsupported

@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 import torch
-from faults_report import FaultRecord
-from injection import HostState, InjectedFault, engine_leaks, host_leaks
+from helpers.fault_injection import HostState, InjectedFault, engine_leaks, host_leaks
+from helpers.faults_report import FaultRecord
 
 from srt_agent.agent import EnvConfig, MultiTurnController, ReToolEnv, load_tools
 from srt_agent.agent.env import ToolResult
