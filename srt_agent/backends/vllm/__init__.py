@@ -23,6 +23,8 @@ One concept a module (``vllm`` itself is imported lazily, so every module here i
   the GPU share or the CPU's threads and KV size; ``device_facts(model_dir)`` reads the device).
 * ``cpu.py``: ``cpu_env(threads, kv_cache_gib, in_process)``, the ``VLLM_*`` settings of a CPU engine, and
   ``preload_env()``, the environment to re-exec with so libiomp5 and tcmalloc are preloaded.
+* ``run_ahead.py``: :class:`VLLMRunAhead`, run-ahead inside vLLM: extra requests for prompts that come soon
+  fill the batch cap's idle slots and the waits for tools; their tokens reach SRT's trees only.
 * ``workers.py``: calls into a started engine's workers: ``srt_proposer(llm)`` (the live proposer of an
   in-process engine: ``.stats()``, ``.save(path)``, ``.load(path)``, ``.end_step()``, ``.cache``),
   ``proposer_call(llm, name, *args)`` (any process layout; the first worker's result),
