@@ -2,7 +2,8 @@
 its "Layers" diagram, so the page and the test cannot part), cli/ and bench/ included, and no module imports
 another that imports it back; tests share code through tests/helpers/ only. Imports are read from the code:
 every ``import`` and ``from … import`` in a file, those inside functions and under ``TYPE_CHECKING``
-included; a registry's ``"module:Class"`` strings, imported on first use, are not imports."""
+included. A registry's ``"module:Class"`` strings, imported on first use, are no imports, but they may not
+climb a floor either."""
 
 from __future__ import annotations
 
@@ -91,6 +92,42 @@ def test_no_import_cycles():
 
     for name in sorted(edges):
         visit(name, [])
+
+
+REFERENCE = re.compile(r"^(srt_agent(?:\.\w+)+|\.+\w+(?:\.\w+)*)(?::\w+)?$")  # "pkg.module:attr" or ".module"
+#: the one string that still climbs: the default ``env:`` class, the value users write in their YAML
+CLIMBING_STRINGS = ["srt_agent.config.schema -> srt_agent.agent.retool.ReToolEnv"]
+
+
+def string_references(path: Path) -> set[str]:
+    """The srt_agent modules `path` names in a string (``"srt_agent.sources.verifiers:rollout"``,
+    ``".drafters.srt:SRTDrafter"``): what a registry imports on first use."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and (match := REFERENCE.match(node.value)):
+            target = match.group(1)
+            if target.startswith("."):
+                parts, level = package.split("."), len(target) - len(target.lstrip("."))
+                target = ".".join(parts[: len(parts) - level + 1] + [target.lstrip(".")])
+            found.add(target)
+    return found
+
+
+def test_no_string_reference_climbs_a_floor():
+    """A registry's ``"module:attr"`` entries name modules too: none names one on a floor above (each
+    implementation registers itself where it lives)."""
+    floor = floors()
+    climbing = []
+    for path in PACKAGE.rglob("*.py"):
+        name = module_name(path)
+        own = floor_of(name, floor)
+        for target in string_references(path):
+            top = target.split(".")[1] if "." in target else None
+            if own is not None and top in floor and top != name.split(".")[1] and floor[top] >= own:
+                climbing.append(f"{name} -> {target}")
+    assert sorted(climbing) == CLIMBING_STRINGS
 
 
 TESTS = PACKAGE.parent / "tests"
