@@ -64,6 +64,26 @@ def test_the_diagram_draws_every_package_once():
     assert sorted(floors()) == packages
 
 
+def test_every_import_of_the_package_names_a_module_that_exists():
+    """A renamed or moved module leaves no import behind (the floors' checks skip what they cannot find)."""
+    modules = {module_name(p) for p in [*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.cpp")]}  # C++: extensions
+    missing = []
+    for path in PACKAGE.rglob("*.py"):
+        name = module_name(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name.startswith("srt_agent.")]
+            elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("srt_agent")):
+                parts = package.split(".")
+                base = parts[: len(parts) - node.level + 1] if node.level else []
+                targets = [".".join(base + ([node.module] if node.module else []))]
+            else:
+                continue
+            missing += [f"{name} -> {t}" for t in targets if t not in modules]
+    assert missing == []
+
+
 def test_every_import_runs_down_the_floors():
     floor = floors()
     upward = []

@@ -19,10 +19,10 @@ from .vllm import VLLMUnavailable, vllm_missing
 #: nothing, and the config checks ``engine.backend`` against them when it is read); ``auto`` tries them in
 #: this order (our engine, last, serves every run)
 REGISTRY: Registry[Registered] = Registry(
-    "backend", {"vllm": ".vllm.backend:REGISTERED", "engine": ".engine:REGISTERED"}, package=__name__
+    "backend", {"vllm": ".vllm.backend:REGISTERED", "engine": ".engine_backend:REGISTERED"}, package=__name__
 )
 #: names this package exports from modules that import torch, loaded on first use
-_LAZY = {"EngineBackend": ".engine", "VLLM_IDENTICAL_NOTE": ".vllm.exact_sampling"}
+_LAZY = {"EngineBackend": ".engine_backend", "VLLM_IDENTICAL_NOTE": ".vllm.exact_sampling"}
 BACKENDS = (*REGISTRY, "auto")  # what ``engine.backend`` may name
 
 __all__ = [

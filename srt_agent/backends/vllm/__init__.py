@@ -4,7 +4,7 @@ One concept a module (``vllm`` itself is imported lazily, so every module here i
 
 * ``backend.py``: :class:`VLLMBackend` (the RolloutBackend over the engine adapter), ``UndraftedView`` (a run
   without speculation on an SRT engine), ``vllm_backend`` (one from an env config) and the registry entry.
-* ``engine.py``: :class:`VLLMEngine`, vLLM V1's ``LLMEngine`` in this process behind our engine's stepping
+* ``vllm_engine.py``: :class:`VLLMEngine`, vLLM V1's ``LLMEngine`` in this process behind our engine's stepping
   interface (token ids in, our stop rule, exact sampling).
 * ``availability.py``: whether vLLM can serve a run here (``vllm_missing``, ``refusal``).
 * ``speculative.py``: ``speculative_config(drafter, n, **options)``, the ``speculative_config`` argument of
