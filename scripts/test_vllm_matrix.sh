@@ -62,7 +62,7 @@ CORE_TESTS=(tests/test_models.py tests/test_models_architectures.py tests/test_e
   tests/test_engine_lossless.py::test_smollm2_speculative_matches_plain tests/test_rl_trainer.py tests/test_trl_rollout.py
   tests/test_require_all.py)
 VLLM_TESTS=(tests/test_vllm_contract.py tests/faults/test_faults_vllm.py tests/test_vllm_proposer.py tests/test_vllm_exactness.py tests/test_vllm_backend.py tests/test_bench_vllm.py)
-export SRT_ABSENT_BY_DESIGN="verl arctic"  # tests/require_all.py: these skips may stay under SRT_REQUIRE_ALL=1
+export SRT_ABSENT_BY_DESIGN="verl arctic"  # tests/helpers/require_all.py: these skips may stay under SRT_REQUIRE_ALL=1
 status=0
 "$PY" -m pytest -n "${PYTEST_WORKERS:-auto}" --timeout 600 "${CORE_TESTS[@]}" "$@" || status=$?
 "$PY" -m pytest -n 0 --timeout 600 "${VLLM_TESTS[@]}" "$@" || status=$?

@@ -20,6 +20,9 @@ listed below it (tests/test_layout.py); nothing in the product imports the bench
 - ``models/``: model loading and the architectures the engine runs.
 - ``tools/``: the code interpreter and its sandboxes, and the SandboxFusion-compatible server.
 - ``files/``: atomic writes of files and folders (imports nothing of the package).
+- ``registry/``: the one ``Registry`` shape every registry uses (imports nothing of the package).
 """
 
 __version__ = "0.1.0"
+
+from . import sources  # noqa: E402, F401 - the built-in environment sources register themselves (nothing heavy)

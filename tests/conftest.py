@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from require_all import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 - SRT_REQUIRE_ALL=1
+from helpers.require_all import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 - SRT_REQUIRE_ALL=1
 
 from srt_agent.models import load_model, load_tokenizer, tiny_random_model
 
@@ -62,7 +62,7 @@ def pytest_terminal_summary(terminalreporter, config):
     path = config.getoption("--fault-report")
     if path is None or getattr(config, "workerinput", None) is not None:
         return
-    from faults_report import summarize
+    from helpers.faults_report import summarize
 
     terminalreporter.write_sep("=", "fault injection")
     terminalreporter.write_line(summarize(path))

@@ -19,8 +19,8 @@ import venv
 from pathlib import Path
 
 import pytest
+from helpers.rl_envs import ROOT, TINY
 from packaging.requirements import Requirement
-from test_rl_cli import ROOT, TINY
 
 if sys.version_info >= (3, 11):
     import tomllib

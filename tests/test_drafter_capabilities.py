@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from srt_agent.backends.base import run_tree_budget
-from srt_agent.backends.engine import engine_backend
+from srt_agent.backends.engine_backend import engine_backend
 from srt_agent.backends.vllm.availability import refusal, vllm_missing
 from srt_agent.backends.vllm.proposer import SRTProposer
 from srt_agent.backends.vllm.proposer_options import ProposerOptions

@@ -7,7 +7,7 @@ from typing import get_args
 import pytest
 import torch
 
-from srt_agent.backends.engine import engine_backend
+from srt_agent.backends.engine_backend import engine_backend
 from srt_agent.config import EngineConfig, EnvConfig
 from srt_agent.engine import Engine
 from srt_agent.engine.params import SamplingParams

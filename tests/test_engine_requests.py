@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
+import torch
 
 from srt_agent.drafting import Draft, make_drafter
+from srt_agent.drafting.tokens import check_tokens
 from srt_agent.engine import AsyncEngine, Engine, SamplingParams
+from srt_agent.engine.params import check_prompt
 from srt_agent.models import LoadedModel, tiny_random_model
 
 PROMPT = [5, 17, 33, 2, 99, 140]
@@ -346,3 +350,16 @@ def test_the_tail_counts_the_steps_with_few_sequences_running(tiny_llama):
     assert tail["tail_steps"] == max(lengths) - 4
     assert tail["tail_tokens"] == sum(lengths) - 6 * 2 - 5 * 2
     assert 0 < tail["tail_s"] < tail["step_s"]
+
+
+def test_a_prompt_takes_the_token_ids_the_trees_take():
+    """check_prompt and the trees' check_tokens agree: numpy and torch integers are token ids, bools and
+    floats are not."""
+    integers = [np.int64(3), np.int32(4), torch.tensor(5), 6]
+    assert check_prompt(integers, vocab_size=256, max_context=32) == check_tokens(integers) == [3, 4, 5, 6]
+    assert all(type(t) is int for t in check_prompt(integers, vocab_size=256, max_context=32))
+    for bad in ([1, True], [1, 2.0], [1, np.float32(2)]):
+        with pytest.raises(ValueError, match="vocabulary"):
+            check_prompt(bad, vocab_size=256, max_context=32)
+        with pytest.raises(ValueError, match="bool|not an integer"):
+            check_tokens(bad)

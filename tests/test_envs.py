@@ -45,7 +45,7 @@ def docker_engine_if_used(path: Path) -> None:
     """An env file whose tools run on Docker needs an engine: a machine skip where none answers."""
     tools = yaml.safe_load(Path(load_env_config(path).tools).read_text())["tools"]
     if any(tool["config"].get("sandbox") == "docker" for tool in tools):
-        from test_sandbox_hostile import docker_client_or_skip
+        from helpers.sandboxes import docker_client_or_skip
 
         docker_client_or_skip()
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from rl_envs import tiny_env_file
+from helpers.rl_envs import tiny_env_file
 from typer.testing import CliRunner
 
 from srt_agent.cli import app

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from device_tracking import device_arg, package_line, runner_state, tensors_in
+from helpers.device_tracking import device_arg, package_line, runner_state, tensors_in
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 

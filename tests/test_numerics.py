@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_engine_lossless import ScriptedDrafter
+from helpers.scripted_drafter import ScriptedDrafter
 
 from srt_agent.engine import Engine
 from srt_agent.engine.params import SamplingParams

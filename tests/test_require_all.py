@@ -40,7 +40,7 @@ def run(pytester, **files):
     pytester.makepyfile(**files)
     # conftest.py has imported the plugin already, so pytest cannot rewrite its asserts (it has none)
     options = ["-W", "ignore::pytest.PytestAssertRewriteWarning", "-p", "no:cacheprovider", "-rfEs"]
-    return pytester.runpytest("-p", "require_all", *options)
+    return pytester.runpytest("-p", "helpers.require_all", *options)
 
 
 def test_missing_packages_and_tools_fail_and_machine_skips_stay(pytester, monkeypatch):

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from helpers.rl_envs import TINY
 from typer.testing import CliRunner
 
 from srt_agent.cli import app
@@ -14,32 +15,6 @@ from srt_agent.models import cache_root, load_tokenizer
 ROOT = Path(__file__).resolve().parents[1]
 load_tokenizer("smollm2")  # converts the GGUF into the user cache once, before any test swaps the cache dir
 runner = CliRunner()
-TINY = [
-    "--model",
-    "tiny-llama",
-    "--steps",
-    "1",
-    "--compare",
-    "none",
-    "--set",
-    "n_samples=2",
-    "--set",
-    "train.prompts_per_step=2",
-    "--set",
-    "max_tokens_per_turn=8",
-    "--set",
-    "max_response_tokens=48",
-    "--set",
-    "engine.max_context=512",
-    "--set",
-    "engine.calibrate=false",
-    "--set",
-    "cold_start.n=4",
-    "--set",
-    "cold_start.eval_tasks=2",
-    "--set",
-    "cold_start.batch_size=2",
-]
 
 
 def fresh_cache(tmp_path, monkeypatch) -> Path:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from test_rl_update import run, samples
+from helpers.policy_updates import run, samples
 
 from srt_agent.config import TrainConfig
 from srt_agent.models import tiny_random_model

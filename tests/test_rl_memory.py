@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from rl_envs import tiny_env_file
+from helpers.rl_envs import tiny_env_file
 
 from srt_agent.backends.vllm.kv_cache import job_kv_bytes, kv_bytes_per_token, kv_cache_gib
 from srt_agent.config import ConfigError, load_env_config

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rl_envs import tiny_env_file
-from test_rl_update import samples
+from helpers.policy_updates import samples
+from helpers.rl_envs import tiny_env_file
 
 from srt_agent.config import load_env_config
 from srt_agent.models import tiny_random_model

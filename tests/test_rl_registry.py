@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rl_envs import tiny_env_file
+from helpers.rl_envs import tiny_env_file
 
 import srt_agent.rl.update as update_module
 from srt_agent.agent.controller import MultiTurnController

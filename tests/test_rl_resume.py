@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rl_envs import tiny_env_file
+from helpers.rl_envs import tiny_env_file
 
 from srt_agent.drafting import RolloutCache
 from srt_agent.models import load_tokenizer, tiny_random_model

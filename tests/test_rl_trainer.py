@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -12,20 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from rl_envs import tiny_env_file
+from helpers.rl_envs import one_success_per_group, rollouts, tiny_env_file
 
 import srt_agent.rl.trainer as trainer_module
-from srt_agent.agent.controller import MultiTurnController
 from srt_agent.agent.toolconfig import load_tools
-from srt_agent.bench.project import project_run
 from srt_agent.config import ConfigError, LoraConfig, load_env_config
 from srt_agent.models import load_tokenizer, tiny_random_model
 from srt_agent.rl.checkpoint import find_checkpoint, load_checkpoint
 from srt_agent.rl.coldstart import build_samples
 from srt_agent.rl.data import PromptSampler
 from srt_agent.rl.policy import PEFT_MISSING, Policy
-from srt_agent.rl.projection import ProjectionSettings
-from srt_agent.rl.rollout_trace import RolloutTrace
 from srt_agent.rl.trainer import Trainer
 from srt_agent.tools import SandboxUnavailable
 
@@ -42,81 +37,6 @@ def env_file(tmp_path: Path, **train) -> Path:
 def tiny():
     """A fresh float64 random Llama with SmolLM2's tokenizer (training changes its weights)."""
     return tiny_random_model("llama", seed=0, tokenizer=load_tokenizer("smollm2"))
-
-
-def rollouts(out: Path, step: int) -> list[dict]:
-    return [json.loads(line) for line in (out / "rollouts" / f"step-{step:06d}.jsonl").read_text().splitlines()]
-
-
-def one_success_per_group(monkeypatch, never: set[str] = frozenset()) -> None:
-    """Determined rewards in place of ParityToolEnv's: sample 0 of each task scores 1 and the others 0
-    (a group of three scores {1, 0, 0}); tasks whose prompt is in `never` always score 0."""
-    run_episode = MultiTurnController.run_episode
-
-    async def episode(self, task, task_index=0, sample_index=0, seed=None):
-        traj = await run_episode(self, task, task_index, sample_index, seed)
-        traj.reward = float(sample_index == 0 and task.prompt[-1]["content"] not in never)
-        return traj
-
-    monkeypatch.setattr(MultiTurnController, "run_episode", episode)
-
-
-# GRPO's advantages of a group scoring {1, 0, 0}: (score - 1/3) / (std + 1e-6), std = sqrt(1/3).
-SUCCESS_ADVANTAGE = (2 / 3) / (3**-0.5 + 1e-6)
-FAILURE_ADVANTAGE = -(1 / 3) / (3**-0.5 + 1e-6)
-
-
-def test_grpo_run_trains_and_compares(tmp_path, tiny, monkeypatch):
-    one_success_per_group(monkeypatch)
-    out = tmp_path / "run"
-    before = {k: v.clone() for k, v in tiny.model.state_dict().items()}
-    report = Trainer.from_env_file(env_file(tmp_path, kl_coef=0.01), out, loaded=tiny, compare=["none"]).run()
-    steps = report["steps"]
-    assert [m["step"] for m in steps] == [1.0, 2.0]
-    assert report["memory"]["peak_gb"] >= report["memory"]["at"]["engines started"] > 0  # the run's peak, reported
-    assert json.loads((out / "report.json").read_text())["memory"] == report["memory"]
-    for m in steps:
-        # Exact drafters reproduce the training drafter's tokens (float64 model: no near-tie flips).
-        assert m["compare/none/identical"] == 1.0
-        assert m["compare/none/gen_s"] > 0 and m["timing_s/gen"] > 0
-        for prefix in ("srt", "compare/none"):  # the tail: engine steps with at most 4 sequences running
-            assert 0 <= m[f"{prefix}/tail_share"] <= 1 and m[f"{prefix}/tail_tok_s"] > 0
-        assert m["env/tool_call_rate"] == 1.0  # every trajectory ran the forced code call
-        assert m["srt/forced_tokens"] > 0
-        assert m["srt/prefill_reused"] > 0  # siblings copy their group's prompt KV instead of computing it
-        assert m["training/rollout_logprob_diff_mean"] < 1e-4
-        assert m["perf/trained_tokens"] == m["srt/model_tokens"]
-        assert m["critic/score/mean"] == pytest.approx(1 / 3)
-        assert m["critic/advantages/max"] == pytest.approx(SUCCESS_ADVANTAGE)
-        assert m["critic/advantages/min"] == pytest.approx(FAILURE_ADVANTAGE)
-    # The KL loss to the frozen starting policy: nothing at step 1 (the policy is the reference), then positive.
-    assert steps[0]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-12)
-    assert steps[1]["actor/kl_loss"] > 1e-9
-    # The engine got the new weights in memory: its model differs from the random start.
-    assert any(not torch.equal(before[k], v) for k, v in tiny.model.state_dict().items())
-    for name in ("report.json", "summary.md", "plots.png"):
-        assert (out / name).stat().st_size > 0
-    assert json.loads((out / "report.json").read_text())["totals"]["identical_vs_none"] == 1.0
-    assert "the speed of `none`" in (out / "summary.md").read_text()
-    # Every run projects its rollouts onto a GPU and checks the replay against its own measured times.
-    projection = report["projection"]
-    assert projection["device"]["name"] == "H100" and projection["model"]["name"] == "Qwen2.5-1.5B"
-    assert set(projection["methods"]) == {"none", "srt", "suffix"}
-    assert all(m["gen_s"] > 0 and m["tokens_per_forward"] >= 1 for m in projection["methods"].values())
-    assert set(projection["validation"]["variants"]) == {"srt", "none"}
-    assert "projected on H100 (Qwen2.5-1.5B shape): none " in (out / "summary.md").read_text()
-    assert RolloutTrace.load(out / "traces" / "srt.json").steps[1].cost["shapes"]  # the engine's measured steps
-    again = project_run(out, ProjectionSettings(device="A100"))  # `bench project` on the run folder
-    assert again["device"]["name"] == "A100" and set(again["validation"]["variants"]) == {"srt", "none"}
-    rows = rollouts(out, 2)
-    assert len(rows) == 6
-    for row in rows:
-        # Forced tool tokens (the code call and the interpreter's output) are masked out of training.
-        assert row["response_mask"][0] == 0 and 1 in row["response_mask"]
-        assert all(lp == 0.0 for lp, m in zip(row["response_logprobs"], row["response_mask"]) if m == 0)
-    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
-    state, caches = load_checkpoint(out)
-    assert state["step"] == 2 and "srt" in caches and state["reference"] is not None
 
 
 def test_dapo_filters_groups_without_signal_and_refills(tmp_path, tiny, monkeypatch):
@@ -156,7 +76,7 @@ def test_dapo_filters_groups_without_signal_and_refills(tmp_path, tiny, monkeypa
 
 
 def test_dapo_step_where_every_group_is_filtered_is_skipped(tmp_path, tiny, monkeypatch):
-    from rl_envs import ParityToolEnv
+    from helpers.rl_envs import ParityToolEnv
 
     monkeypatch.setattr(ParityToolEnv, "score", lambda self: 0.0)
     report = Trainer.from_env_file(env_file(tmp_path, algorithm="dapo", steps=1), tmp_path / "run", loaded=tiny).run()

@@ -2,7 +2,7 @@
 
 ByteDance's SandboxFusion server needs Docker, which does not run here: the client is driven against
 a small real HTTP server that answers with SandboxFusion's documented response shapes, and against
-srt-agent's own server in tests/test_server.py.
+srt-agent's own server in tests/test_sandbox_server.py.
 """
 
 from __future__ import annotations

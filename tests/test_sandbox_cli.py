@@ -1,5 +1,5 @@
 """`srt-agent sandbox run` and `srt-agent sandbox bench` end to end; `sandbox serve` takes any served sandbox
-from the registry (its API: tests/test_server.py)."""
+from the registry (its API: tests/test_sandbox_server.py)."""
 
 from __future__ import annotations
 

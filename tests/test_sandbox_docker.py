@@ -24,7 +24,7 @@ import pytest
 docker = pytest.importorskip("docker", reason="the docker client is an optional extra: pip install 'srt-agent[docker]'")
 requests = pytest.importorskip("requests")
 
-from test_sandbox_hostile import containers_left, docker_client_or_skip, recorded_containers  # noqa: E402
+from helpers.sandboxes import containers_left, docker_client_or_skip, recorded_containers  # noqa: E402
 
 from srt_agent.tools import DockerSandbox, SandboxUnavailable  # noqa: E402
 from srt_agent.tools.docker_sandbox import DEFAULT_IMAGE, _Demux, _program_archive, _take_fetched  # noqa: E402

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sandbox_hostile import MAX_OUTPUT
+from helpers.sandbox_hostile import MAX_OUTPUT
 
 from srt_agent.tools import LocalSandbox
 from srt_agent.tools.local import bwrap_path

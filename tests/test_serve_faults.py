@@ -1,5 +1,5 @@
 """Faults stay with their request in `srt-agent serve`, on our engine here (real HTTP, the tiny Llama); on
-real vLLM in tests/faults/test_faults_serve_vllm.py. A battery of malformed requests (tests/serve_battery.py)
+real vLLM in tests/faults/test_faults_serve_vllm.py. A battery of malformed requests (tests/helpers/serve_battery.py)
 gets 4xx answers or sensible 200s, never a 500, and the server serves on; a backend step that raises fails
 the requests in flight (their rollouts recorded as errors) and nothing else; /health says how the backend is."""
 
@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 import torch
-from serve_battery import run_battery, serves_normally
+from helpers.serve_battery import run_battery, serves_normally
 
 from srt_agent.agent import EnvConfig, Task
 from srt_agent.models import load_model

@@ -15,7 +15,7 @@ from srt_agent.agent import Env, FunctionTool, StepResult  # noqa: E402
 from srt_agent.agent.retool import interpreter_block  # noqa: E402
 from srt_agent.config import EnvConfig  # noqa: E402
 from srt_agent.integrations.trl.reward import completion_text, retool_reward  # noqa: E402
-from srt_agent.integrations.trl.rollout import SRTRolloutFunc  # noqa: E402
+from srt_agent.integrations.trl.rollout_func import SRTRolloutFunc  # noqa: E402
 from srt_agent.models import tiny_random_model  # noqa: E402
 
 pytestmark = pytest.mark.slow  # TRL's import and trainer set-up take ~20 s here

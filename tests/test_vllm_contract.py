@@ -16,8 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-import vllm_sources as fetch
-from vllm_sources import SourcesUnavailable, vllm_sources
+from helpers import vllm_sources as fetch
+from helpers.vllm_sources import SourcesUnavailable, vllm_sources
 
 from srt_agent.backends.vllm import seams
 from srt_agent.backends.vllm.seams import SEAMS, Seam, installed_problems, source_problems

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from vllm_engines import engine, generate, srt_engine, tokens
+from helpers.vllm_engines import engine, generate, srt_engine, tokens
 
 from srt_agent.bench.gpu_exactness import chi_square_p
 

@@ -10,12 +10,12 @@ import time
 import numpy as np
 import pytest
 import torch
-from vllm_engines import engine, generate, srt_engine, tokens
+from helpers.vllm_engines import engine, generate, srt_engine, tokens
 
 from srt_agent.backends.vllm import proposer_call, reload_weights, srt_proposer, tiny_model_dir
-from srt_agent.backends.vllm.engine import VLLMEngine, VLLMUnsupported
 from srt_agent.backends.vllm.plugin import check_seam, expand_reference, fix_state
 from srt_agent.backends.vllm.proposer import ProposerOptions, SRTProposer
+from srt_agent.backends.vllm.vllm_engine import VLLMEngine, VLLMUnsupported
 from srt_agent.drafting import RolloutCache
 from srt_agent.drafting.choice.acceptance import AcceptanceModel
 from srt_agent.drafting.choice.step_cost import step_line, vllm_step_cost

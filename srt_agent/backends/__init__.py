@@ -8,38 +8,21 @@ registered backend that can serve the run (:func:`choose_backend`). Adding a bac
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 
 from ..drafting.registry import vllm_drafters
+from ..registry import Registry, load
 from .base import Capabilities, Refusal, Registered, RolloutBackend, RunAheadControl
 from .vllm import VLLMUnavailable, vllm_missing
 
-#: name → the module holding its entry (``REGISTERED``); ``auto`` tries them in this order (our engine, last,
-#: serves every run)
-_ENTRIES = {"vllm": ".vllm.backend", "engine": ".engine"}
+#: name → its entry (``REGISTERED`` in its module, imported when first asked for, with torch: the names cost
+#: nothing, and the config checks ``engine.backend`` against them when it is read); ``auto`` tries them in
+#: this order (our engine, last, serves every run)
+REGISTRY: Registry[Registered] = Registry(
+    "backend", {"vllm": ".vllm.backend:REGISTERED", "engine": ".engine_backend:REGISTERED"}, package=__name__
+)
 #: names this package exports from modules that import torch, loaded on first use
-_LAZY = {"EngineBackend": ".engine", "VLLM_IDENTICAL_NOTE": ".vllm.exact_sampling"}
-
-
-class _Registry(Mapping[str, Registered]):
-    """Name → registered backend. An entry's module (and torch) loads when the entry is first asked for, so
-    the names cost nothing: the config checks ``engine.backend`` against them when it is read."""
-
-    def __getitem__(self, name: str) -> Registered:
-        return importlib.import_module(_ENTRIES[name], __name__).REGISTERED
-
-    def __contains__(self, name: object) -> bool:
-        return name in _ENTRIES
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(_ENTRIES)
-
-    def __len__(self) -> int:
-        return len(_ENTRIES)
-
-
-REGISTRY: Mapping[str, Registered] = _Registry()
+_LAZY = {"EngineBackend": ".engine_backend", "VLLM_IDENTICAL_NOTE": ".vllm.exact_sampling"}
 BACKENDS = (*REGISTRY, "auto")  # what ``engine.backend`` may name
 
 __all__ = [
@@ -63,7 +46,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+        return load(f"{_LAZY[name]}:{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

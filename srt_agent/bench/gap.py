@@ -121,8 +121,8 @@ def _chat(tokenizer, question: str) -> list[int]:
 
 def _vllm_samples(loaded, config: GapConfig, prompts, params):
     """The prompts sampled by vLLM in the configured dtype, exact sampling on (its LM head in float32)."""
-    from ..backends.vllm.engine import VLLMEngine
     from ..backends.vllm.models import vllm_model_dir
+    from ..backends.vllm.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(
         vllm_model_dir(config.model),

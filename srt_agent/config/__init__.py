@@ -11,7 +11,6 @@ The registries hold their implementations (in ``rl/``, ``sources/``) as ``"modul
 decorator, so the config checks a name without importing them, or torch.
 """
 
-from .base import ConfigError, import_dotted
 from .engine_config import EngineConfig, RunAheadConfig, VLLMOptions
 from .loading import apply_overrides, load_env_config, read_yaml, validate_config
 from .schema import (
@@ -29,6 +28,7 @@ from .schema import (
     SamplingConfig,
     TrainConfig,
 )
+from .strict import ConfigError, import_dotted
 
 __all__ = [
     "ALGORITHMS",

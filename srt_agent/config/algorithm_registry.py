@@ -1,35 +1,35 @@
 """The names ``train.adv_estimator`` and ``train.loss_mode`` can take: registries of advantage estimators
 and policy losses, each entry with what the update must compute for it.
 
-It imports no torch, so that the config checks a name when it is read (in milliseconds): the built-in
-entries name their functions in :mod:`srt_agent.rl.algorithms` (``"module:function"``), imported on first
-use; ``@register_adv_est`` / ``@register_policy_loss`` add an entry holding its function. Adding an
+It imports no torch, so that the config checks a name when it is read (in milliseconds): the built-ins are
+declared here with their needs, and their module (the trainer's algorithms, a floor above) registers their
+functions with the same ``@register_adv_est`` / ``@register_policy_loss`` that add any entry. Adding an
 estimator is one registered function: the config accepts its name, ``compute_advantages`` calls it, and
 the policy and the update read its declared needs (value head, old or reference log-probs), never its name.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
+
+from ..registry import Registry
 
 F = TypeVar("F", bound=Callable)
 
 
 @dataclass(frozen=True)
 class Registered:
-    """A registry entry: its name and its function, or ``"module:function"`` to import on first use."""
+    """A registry entry: its name and its function (None while a built-in is only declared)."""
 
     name: str
-    target: Callable | str
+    target: Callable | None = None
 
     @property
     def fn(self) -> Callable:
-        if isinstance(self.target, str):
-            module, _, attr = self.target.partition(":")
-            return getattr(importlib.import_module(module), attr)
+        if self.target is None:
+            raise LookupError(f"{self.name!r} is declared, but its module has not registered its function yet")
         return self.target
 
 
@@ -59,26 +59,17 @@ class PolicyLoss(Registered):
     trained tokens of a micro-batch; returns the per-token loss (aggregated by ``agg_loss``) and metrics."""
 
 
-ADV_ESTIMATOR_REGISTRY: dict[str, AdvantageEstimator] = {}
-POLICY_LOSS_REGISTRY: dict[str, PolicyLoss] = {}
+ADV_ESTIMATOR_REGISTRY: Registry[AdvantageEstimator] = Registry("adv_estimator")
+POLICY_LOSS_REGISTRY: Registry[PolicyLoss] = Registry("loss_mode")
 
 
-def _add(registry: dict, kind: str, entry: Registered) -> None:
+def _register(registry: Registry, entry: Registered) -> None:
+    """Add `entry`; a declared built-in with the same needs gets its function."""
     old = registry.get(entry.name)
-    if old is not None and old != entry:
-        raise ValueError(f"{kind} {entry.name!r} is already registered ({_describe(old.target)})")
-    registry[entry.name] = entry
-
-
-def _describe(target: Callable | str) -> str:
-    return target if isinstance(target, str) else getattr(target, "__qualname__", repr(target))
-
-
-def _lookup(registry: dict, kind: str, name: str):
-    try:
-        return registry[name]
-    except KeyError:
-        raise ValueError(f"unknown {kind} {name!r}; choose one of {sorted(registry)}") from None
+    if old is not None and old.target is None and replace(old, target=entry.target) == entry:
+        registry[entry.name] = entry
+    else:
+        registry.add(entry.name, entry)
 
 
 def register_adv_est(
@@ -89,7 +80,7 @@ def register_adv_est(
 
     def decorate(fn: F) -> F:
         entry = AdvantageEstimator(name, fn, needs_values, needs_old_logprobs, needs_ref_logprobs)
-        _add(ADV_ESTIMATOR_REGISTRY, "adv_estimator", entry)
+        _register(ADV_ESTIMATOR_REGISTRY, entry)
         return fn
 
     return decorate
@@ -100,7 +91,7 @@ def register_policy_loss(name: str) -> Callable[[F], F]:
     policy loss `name` (``train.loss_mode``); see :class:`PolicyLoss`."""
 
     def decorate(fn: F) -> F:
-        _add(POLICY_LOSS_REGISTRY, "loss_mode", PolicyLoss(name, fn))
+        _register(POLICY_LOSS_REGISTRY, PolicyLoss(name, fn))
         return fn
 
     return decorate
@@ -108,7 +99,7 @@ def register_policy_loss(name: str) -> Callable[[F], F]:
 
 def get_adv_estimator(name: str) -> AdvantageEstimator:
     """The advantage estimator registered as `name`, with its needs; ValueError naming the known ones."""
-    return _lookup(ADV_ESTIMATOR_REGISTRY, "adv_estimator", name)
+    return ADV_ESTIMATOR_REGISTRY[name]
 
 
 def get_adv_estimator_fn(name: str) -> Callable:
@@ -118,7 +109,7 @@ def get_adv_estimator_fn(name: str) -> Callable:
 
 def get_policy_loss(name: str) -> PolicyLoss:
     """The policy loss registered as `name`; ValueError naming the known ones otherwise."""
-    return _lookup(POLICY_LOSS_REGISTRY, "loss_mode", name)
+    return POLICY_LOSS_REGISTRY[name]
 
 
 def get_policy_loss_fn(name: str) -> Callable:
@@ -126,11 +117,7 @@ def get_policy_loss_fn(name: str) -> Callable:
     return get_policy_loss(name).fn
 
 
-# The built-ins, by reference (their module imports torch; see the module docstring).
-_add(ADV_ESTIMATOR_REGISTRY, "adv_estimator", AdvantageEstimator("grpo", "srt_agent.rl.algorithms:grpo_estimator"))
-_add(
-    ADV_ESTIMATOR_REGISTRY,
-    "adv_estimator",
-    AdvantageEstimator("gae", "srt_agent.rl.algorithms:gae_estimator", needs_values=True),
-)
-_add(POLICY_LOSS_REGISTRY, "loss_mode", PolicyLoss("vanilla", "srt_agent.rl.algorithms:vanilla_policy_loss"))
+# The built-ins, declared (names and needs); the trainer's algorithms module registers their functions.
+ADV_ESTIMATOR_REGISTRY.add("grpo", AdvantageEstimator("grpo"))
+ADV_ESTIMATOR_REGISTRY.add("gae", AdvantageEstimator("gae", needs_values=True))
+POLICY_LOSS_REGISTRY.add("vanilla", PolicyLoss("vanilla"))

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from ..engine.options import EngineDefaults, RunAheadOptions
-from .base import Strict
+from .strict import Strict
 
 _ENGINE = EngineDefaults()  # the engine's own defaults, which engine: takes
 _RUN_AHEAD = RunAheadOptions()

@@ -9,8 +9,8 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .base import ConfigError
 from .schema import EnvConfig
+from .strict import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -18,9 +18,9 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from .algorithm_registry import AdvantageEstimator, get_adv_estimator, get_policy_loss
-from .base import Strict, import_dotted
 from .engine_config import EngineConfig
 from .source_registry import EnvSource, episode_source, names_source, task_source
+from .strict import Strict, import_dotted
 from .tasks import Task
 
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean")

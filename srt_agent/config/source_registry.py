@@ -7,17 +7,18 @@ OpenAI-client agent function); a verifiers environment is both. The config, the 
 (``rl/rollouts.py``) and the evaluator (``rl/evaluate.py``) ask the registry for these, never which source
 it is. Adding a source is one :func:`register` call.
 
-It imports nothing heavy, so reading a config stays fast: the built-in entries name their functions as
-``"module:function"``, imported on first use (their modules import the controller, the server, verifiers).
+It imports nothing heavy, so reading a config stays fast. The built-in sources register themselves in
+their own package (a floor above), naming their functions as ``"module:function"``, imported on first use
+(their modules import the controller, the server, verifiers); ``import srt_agent`` registers them.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..registry import Registry, load
 from .tasks import Task
 
 #: a function, or ``"module:function"`` to import on first use
@@ -31,10 +32,7 @@ DEFAULT_EPISODES = "env_class"
 def _call(target: Target | None, what: str, name: str, *args: Any) -> Any:
     if target is None:
         raise ValueError(f"environment source {name!r} has no {what}")
-    if isinstance(target, str):
-        module, _, attr = target.partition(":")
-        target = getattr(importlib.import_module(module), attr)
-    return target(*args)
+    return load(target)(*args)
 
 
 @dataclass(frozen=True)
@@ -92,20 +90,16 @@ class EnvSource:
             _call(self.check_config, "config check", self.name, config)
 
 
-SOURCES: dict[str, EnvSource] = {}
+SOURCES: Registry[EnvSource] = Registry("environment source")
 
 
 def register(source: EnvSource) -> EnvSource:
     """Add `source` (ValueError when another source has its name, or it lacks what its selectors need)."""
-    old = SOURCES.get(source.name)
-    if old is not None and old != source:
-        raise ValueError(f"environment source {source.name!r} is already registered")
     if (source.dataset is not None or source.name == DEFAULT_TASKS) and None in (source.tasks, source.held_out):
         raise ValueError(f"environment source {source.name!r} loads tasks: give it tasks and held_out")
     if (source.episodes is not None or source.name == DEFAULT_EPISODES) and source.rollout is None:
         raise ValueError(f"environment source {source.name!r} runs episodes: give it a rollout")
-    SOURCES[source.name] = source
-    return source
+    return SOURCES.add(source.name, source)
 
 
 def _one(matches: list[EnvSource], default: str, what: str) -> EnvSource:
@@ -129,56 +123,3 @@ def episode_source(env: str, agent: str | None) -> EnvSource:
 def names_source(env: str) -> bool:
     """Whether ``env:`` value `env` names a source (``verifiers:<id>``) rather than an Env class."""
     return any(s.episodes is not None and s.episodes(env, None) for s in SOURCES.values())
-
-
-def _prefix(prefix: str) -> Callable[[str], bool]:
-    return lambda value: value.startswith(prefix)
-
-
-register(EnvSource("env_class", rollout="srt_agent.sources.env_class:rollout"))
-register(
-    EnvSource(
-        "agent_function",
-        episodes=lambda env, agent: agent is not None,
-        rollout="srt_agent.sources.agent_function:rollout",
-        run_ahead=False,
-    )
-)
-register(
-    EnvSource(
-        "verifiers",
-        dataset=_prefix("verifiers:"),
-        episodes=lambda env, agent: env.startswith("verifiers:"),
-        tasks="srt_agent.sources.verifiers:dataset_tasks",
-        held_out="srt_agent.sources.verifiers:held_out",
-        rollout="srt_agent.sources.verifiers:rollout",
-        check_config="srt_agent.sources.verifiers:check",
-        run_ahead=False,
-    )
-)
-register(
-    EnvSource(
-        "arithmetic",
-        dataset=lambda source: source == "arithmetic",
-        tasks="srt_agent.sources.arithmetic:dataset_tasks",
-        held_out="srt_agent.sources.arithmetic:held_out",
-    )
-)
-register(
-    EnvSource(
-        "reasoning_gym",
-        dataset=lambda source: source == "reasoning_gym",
-        tasks="srt_agent.sources.reasoning_gym:dataset_tasks",
-        held_out="srt_agent.sources.reasoning_gym:held_out",
-        score="srt_agent.sources.reasoning_gym:reasoning_gym_score",
-        check_dataset="srt_agent.sources.reasoning_gym:check",
-    )
-)
-register(
-    EnvSource(
-        "verl_files",
-        tasks="srt_agent.sources.verl_files:dataset_tasks",
-        held_out="srt_agent.sources.verl_files:held_out",
-        path=True,
-    )
-)

@@ -6,9 +6,9 @@ optional package costs nothing until chosen) and, where vLLM can run it, vLLM's 
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
+from ..registry import Registry, load
 from .drafter import Drafter, DrafterCapabilities
 
 
@@ -21,22 +21,24 @@ class DrafterEntry:
     vllm_method: str | None = None
 
     def load(self) -> type:
-        module, _, attr = self.target.partition(":")
-        return getattr(importlib.import_module(module, __package__), attr)
+        return load(self.target, __package__)
 
 
-DRAFTERS: dict[str, DrafterEntry] = {
-    "none": DrafterEntry(".drafters.none:NoDrafter", vllm_method="none"),
-    "srt": DrafterEntry(".drafters.srt:SRTDrafter", vllm_method="custom_class"),
-    "ngram": DrafterEntry(".drafters.ngram:NgramDrafter", vllm_method="ngram"),
-    "suffix": DrafterEntry(".drafters.suffix:SuffixDrafter", vllm_method="suffix"),
-    "history": DrafterEntry(".drafters.history:HistoryDrafter"),
-    "arctic": DrafterEntry(".drafters.arctic:ArcticDrafter"),
-    "self": DrafterEntry(".drafters.self_drafter:SelfDrafter"),
-    "srt+self": DrafterEntry(".drafters.hybrid_drafter:HybridDrafter"),
-    # reuses the previous epoch's rollouts with lenient acceptance: not exactly on-policy
-    "spec-rl": DrafterEntry(".drafters.spec_rl:SpecRLDrafter"),
-}
+DRAFTERS: Registry[DrafterEntry] = Registry(
+    "drafter",
+    {
+        "none": DrafterEntry(".drafters.none:NoDrafter", vllm_method="none"),
+        "srt": DrafterEntry(".drafters.srt:SRTDrafter", vllm_method="custom_class"),
+        "ngram": DrafterEntry(".drafters.ngram:NgramDrafter", vllm_method="ngram"),
+        "suffix": DrafterEntry(".drafters.suffix:SuffixDrafter", vllm_method="suffix"),
+        "history": DrafterEntry(".drafters.history:HistoryDrafter"),
+        "arctic": DrafterEntry(".drafters.arctic:ArcticDrafter"),
+        "self": DrafterEntry(".drafters.self_drafter:SelfDrafter"),
+        "srt+self": DrafterEntry(".drafters.hybrid_drafter:HybridDrafter"),
+        # reuses the previous epoch's rollouts with lenient acceptance: not exactly on-policy
+        "spec-rl": DrafterEntry(".drafters.spec_rl:SpecRLDrafter"),
+    },
+)
 
 
 def drafter_capabilities(name: str) -> DrafterCapabilities:
@@ -102,7 +104,4 @@ def vllm_problem(name: str) -> str | None:
 
 
 def _entry(name: str) -> DrafterEntry:
-    try:
-        return DRAFTERS[name]
-    except KeyError:
-        raise ValueError(f"unknown drafter {name!r}; choose one of {sorted(DRAFTERS)}") from None
+    return DRAFTERS[name]  # an unknown name: a ValueError naming the known ones

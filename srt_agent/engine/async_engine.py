@@ -1,7 +1,7 @@
 """AsyncEngine: an engine's step loop in a background thread, awaited by many coroutines at once.
 
 It drives anything with the stepping interface (:class:`SteppingEngine`): our :class:`~.engine.Engine`, or
-an adapter over another engine (``srt_agent.backends.vllm.engine.VLLMEngine``)."""
+an adapter over another engine (``srt_agent.backends.vllm.vllm_engine.VLLMEngine``)."""
 
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..drafting.tokens import token_id
+
 FINISH_REASONS = ("eos", "stop", "length", "context", "error")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what a seed must fit in (vLLM's server holds requests to it)
 
@@ -111,14 +113,16 @@ class RequestOutput:
 
 
 def check_prompt(prompt_ids: Sequence[int], vocab_size: int, max_context: int) -> list[int]:
-    """`prompt_ids` as a list, or ValueError (one line) when it is empty, holds an id outside the vocabulary
-    (or one that is no int) or leaves no room for a token in the context: what every engine refuses."""
+    """`prompt_ids` as a list of Python ints, or ValueError (one line) when it is empty, holds an id outside
+    the vocabulary or one that is no integer (numpy and torch integers are, as for the trees: `token_id`) or
+    leaves no room for a token in the context: what every engine refuses."""
     prompt = list(prompt_ids)
     if not prompt:
         raise ValueError("empty prompt: give at least one token id")
-    bad = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size]
+    ids = [token_id(t) for t in prompt]
+    bad = [t for t, i in zip(prompt, ids) if i is None or not 0 <= i < vocab_size]
     if bad:
         raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
     if len(prompt) >= max_context:
         raise ValueError(f"prompt of {len(prompt)} tokens leaves no room in the context of {max_context}")
-    return prompt
+    return ids

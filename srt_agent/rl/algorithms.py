@@ -137,12 +137,14 @@ def gae_advantages(
         return masked_whiten(advantages, mask), returns
 
 
+@register_adv_est("grpo")
 def grpo_estimator(batch: AdvantageInputs, train: TrainConfig) -> tuple[torch.Tensor, None]:
     """``adv_estimator: grpo``: :func:`grpo_advantages` of the scores on every trained token (no returns)."""
     adv = grpo_advantages(batch.scores, batch.groups, train.norm_adv_by_std)
     return torch.where(batch.mask.bool(), adv.unsqueeze(-1), 0.0), None
 
 
+@register_adv_est("gae", needs_values=True)
 def gae_estimator(batch: AdvantageInputs, train: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """``adv_estimator: gae`` (needs values): :func:`gae_advantages` of the outcome reward on the last
     trained token, with the run's ``gamma`` and ``lam``."""
@@ -248,6 +250,7 @@ def policy_loss(
     return loss, metrics
 
 
+@register_policy_loss("vanilla")
 def vanilla_policy_loss(
     old_logprobs: torch.Tensor,
     logprobs: torch.Tensor,

@@ -4,8 +4,8 @@
 module (same parameters, same state-dict keys, same training behaviour) that, when no gradient is
 needed, multiplies by a copy of its weight reordered once into oneDNN's blocked layout
 (``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``), which skips the per-call
-packing the plain kernel does. A single row keeps the plain kernel (a matrix-vector product, which
-measured faster than the packed one on an AVX2 EPYC). The copy follows the weight: any in-place change (``load_state_dict``,
+packing the plain kernel does. A single row keeps the plain kernel (why: docs/engine.md, "Prepacked
+linears"). The copy follows the weight: any in-place change (``load_state_dict``,
 an optimizer step) bumps the weight's version counter and the next call re-packs. The price is a
 second copy of the linear weights in memory, so `should_pack` only says yes when that fits easily.
 """

@@ -35,13 +35,6 @@ def reasoning_gym_missing() -> str | None:
     return None
 
 
-def reasoning_gym_families() -> list[str]:
-    """The task families reasoning-gym registers (``basic_arithmetic``, ``leg_counting``, …)."""
-    from reasoning_gym.factory import DATASETS
-
-    return sorted(DATASETS)
-
-
 def check_reasoning_gym_family(name: str, config: dict) -> None:
     """ValueError naming the family when it is unknown or `config` does not make a valid config for it."""
     from reasoning_gym.factory import DATASETS

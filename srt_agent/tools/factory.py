@@ -8,10 +8,10 @@ an optional package, Docker's SDK, costs nothing until chosen), and whether it r
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
+from ..registry import Registry, load
 from .base import CodeSandbox
 
 
@@ -23,15 +23,17 @@ class SandboxEntry:
     served: bool = False
 
     def load(self) -> type:
-        module, _, attr = self.target.partition(":")
-        return getattr(importlib.import_module(module, __package__), attr)
+        return load(self.target, __package__)
 
 
-SANDBOX_KINDS: dict[str, SandboxEntry] = {
-    "local": SandboxEntry(".local:LocalSandbox", served=True),
-    "sandbox_fusion": SandboxEntry(".sandbox_fusion:SandboxFusionSandbox"),
-    "docker": SandboxEntry(".docker_sandbox:DockerSandbox", served=True),
-}
+SANDBOX_KINDS: Registry[SandboxEntry] = Registry(
+    "sandbox kind",
+    {
+        "local": SandboxEntry(".local:LocalSandbox", served=True),
+        "sandbox_fusion": SandboxEntry(".sandbox_fusion:SandboxFusionSandbox"),
+        "docker": SandboxEntry(".docker_sandbox:DockerSandbox", served=True),
+    },
+)
 
 
 def served_kinds() -> list[str]:
@@ -43,7 +45,7 @@ def make_sandbox(kind: str = "local", **options: Any) -> CodeSandbox:
     """Build the sandbox `kind` with its constructor `options` (e.g. `timeout_s=5`)."""
     key = kind.replace("-", "_").lower()
     if key not in SANDBOX_KINDS:
-        raise ValueError(f"unknown sandbox kind {kind!r}; choose one of {sorted(SANDBOX_KINDS)}")
+        raise SANDBOX_KINDS.unknown(kind)
     cls = SANDBOX_KINDS[key].load()
     try:
         return cls(**options)

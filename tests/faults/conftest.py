@@ -1,4 +1,4 @@
-"""Fault injection fixtures: the ledger (see tests/faults_report.py) and single-threaded torch."""
+"""Fault injection fixtures: the ledger (see tests/helpers/faults_report.py) and single-threaded torch."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import shutil
 import tempfile
 
 import pytest
-from faults_report import FaultLedger
+from helpers.faults_report import FaultLedger
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +22,7 @@ def single_threaded(one_thread):
 
 @pytest.fixture(autouse=True)
 def private_temp_dir(monkeypatch):
-    """Temp files are counted (injection.host_leaks) in a folder of this test's own: other processes on the
+    """Temp files are counted (helpers.fault_injection.host_leaks) in a folder of this test's own: other processes on the
     machine (pip, compilers, other test workers) write into the shared one. World-traversable, as the shared
     one is, so sandboxed tool runs under another uid can reach what is made there."""
     path = tempfile.mkdtemp(prefix="srt-faults-")

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from faults_report import FaultRecord
-from injection import HostState, InjectedFault, engine_leaks, host_leaks
-from test_faults_engine import PROMPTS, FaultyDrafter, ModelFault, Req, reference
+from helpers.engine_faults import PROMPTS, FaultyDrafter, ModelFault, Req, reference
+from helpers.fault_injection import HostState, InjectedFault, engine_leaks, host_leaks
+from helpers.faults_report import FaultRecord
 
 from srt_agent.drafting import make_drafter
 from srt_agent.engine import AsyncEngine, Engine

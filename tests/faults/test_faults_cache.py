@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 import pytest
-from faults_report import FaultRecord
+from helpers.fault_injection import InjectedFault
+from helpers.faults_report import FaultRecord
 from hypothesis import HealthCheck, given, settings, strategies as st
-from injection import InjectedFault
 
 from srt_agent.drafting import RolloutCache
 

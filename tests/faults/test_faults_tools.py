@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 import torch
-from faults_report import FaultRecord
-from injection import HostState, InjectedFault, engine_leaks, host_leaks
+from helpers.fault_injection import HostState, InjectedFault, engine_leaks, host_leaks
+from helpers.faults_report import FaultRecord
 
 from srt_agent.agent import EnvConfig, MultiTurnController, ReToolEnv, load_tools
 from srt_agent.agent.env import ToolResult
@@ -179,7 +179,7 @@ def test_a_sandbox_killed_mid_run(ledger):
 def test_a_docker_container_killed_mid_run(ledger):
     """Six programs at once in Docker containers; the container of one is killed from outside (through the
     engine) while it runs. Nothing is left: no container (the warm pool's included), thread or descriptor."""
-    from test_sandbox_hostile import containers_left, docker_client_or_skip, recorded_containers
+    from helpers.sandboxes import containers_left, docker_client_or_skip, recorded_containers
 
     from srt_agent.tools import DockerSandbox
 

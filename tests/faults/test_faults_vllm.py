@@ -10,8 +10,8 @@ make a proposer fail on demand.
 from __future__ import annotations
 
 import pytest
-from faults_report import FaultRecord
-from vllm_engines import engine, generate, srt_engine, tokens
+from helpers.faults_report import FaultRecord
+from helpers.vllm_engines import engine, generate, srt_engine, tokens
 
 from srt_agent.drafting.trees.keys import prompt_key
 

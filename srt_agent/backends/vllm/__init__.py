@@ -4,7 +4,7 @@ One concept a module (``vllm`` itself is imported lazily, so every module here i
 
 * ``backend.py``: :class:`VLLMBackend` (the RolloutBackend over the engine adapter), ``UndraftedView`` (a run
   without speculation on an SRT engine), ``vllm_backend`` (one from an env config) and the registry entry.
-* ``engine.py``: :class:`VLLMEngine`, vLLM V1's ``LLMEngine`` in this process behind our engine's stepping
+* ``vllm_engine.py``: :class:`VLLMEngine`, vLLM V1's ``LLMEngine`` in this process behind our engine's stepping
   interface (token ids in, our stop rule, exact sampling).
 * ``availability.py``: whether vLLM can serve a run here (``vllm_missing``, ``refusal``).
 * ``speculative.py``: ``speculative_config(drafter, n, **options)``, the ``speculative_config`` argument of
@@ -23,6 +23,8 @@ One concept a module (``vllm`` itself is imported lazily, so every module here i
   the GPU share or the CPU's threads and KV size; ``device_facts(model_dir)`` reads the device).
 * ``cpu.py``: ``cpu_env(threads, kv_cache_gib, in_process)``, the ``VLLM_*`` settings of a CPU engine, and
   ``preload_env()``, the environment to re-exec with so libiomp5 and tcmalloc are preloaded.
+* ``run_ahead.py``: :class:`VLLMRunAhead`, run-ahead inside vLLM: extra requests for prompts that come soon
+  fill the batch cap's idle slots and the waits for tools; their tokens reach SRT's trees only.
 * ``workers.py``: calls into a started engine's workers: ``srt_proposer(llm)`` (the live proposer of an
   in-process engine: ``.stats()``, ``.save(path)``, ``.load(path)``, ``.end_step()``, ``.cache``),
   ``proposer_call(llm, name, *args)`` (any process layout; the first worker's result),

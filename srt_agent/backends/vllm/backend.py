@@ -16,12 +16,12 @@ from ...drafting.request_kind import RequestKind
 from ...engine import AsyncEngine, RequestOutput, SamplingParams
 from ...engine.stats import cost_table
 from ..base import Capabilities, Registered, run_tree_budget
-from ..engine import EngineRunAhead
+from ..engine_backend import EngineRunAhead
 from .availability import refusal, vllm_version
-from .engine import VLLMEngine
 from .kv_cache import kv_cache_gib
 from .models import loaded_model_dir
 from .speculative import check_drafter
+from .vllm_engine import VLLMEngine
 
 
 class VLLMBackend(AsyncEngine[VLLMEngine]):

@@ -15,7 +15,7 @@ near-ties, or names a fault). The returned log-probability is
 trainer.
 
 Switched on per engine by ``SRT_VLLM_EXACT_SAMPLING=1`` in the environment when the engine's model runner
-is built (:class:`srt_agent.backends.vllm.engine.VLLMEngine` does that unless ``engine.vllm.exact_sampling`` is
+is built (:class:`srt_agent.backends.vllm.vllm_engine.VLLMEngine` does that unless ``engine.vllm.exact_sampling`` is
 off), with vLLM's async scheduling off (a step's positions must be known when it samples). Requests that
 use what this sampler does not implement (penalties, bad words, logit bias, min-p, min-tokens, allowed
 token ids) are refused at ``add_request`` by the backend; the runner checks again and fails that step

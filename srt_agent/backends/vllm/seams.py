@@ -133,7 +133,7 @@ SEAMS: tuple[Seam, ...] = (
         ("logprobs", "num_logprobs", "token_ids"),
         why="exact sampling gathers the top logprobs with it",
     ),
-    # engine.py: the engine it drives
+    # vllm_engine.py: the engine it drives
     Seam(
         "vllm",
         "MODULE_ATTRS",

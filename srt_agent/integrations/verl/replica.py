@@ -13,7 +13,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from verl.workers.rollout.replica import RolloutReplica
 
-from .server import SRTServer
+from .srt_server import SRTServer
 
 SERVER_PREFIX = "srt_"  # verl's server adapters find their server as f"{rollout.name}_server_{rank}_{node}"
 

@@ -3,7 +3,7 @@ expectations for every backend (tests/test_sandbox_hostile.py runs it through th
 the SandboxFusion-compatible server).
 
 Each hostile program must be contained and reported with its status while the good programs beside it
-finish correctly. `python tests/sandbox_hostile.py` prints the results per backend as docs/sandboxes.md's table.
+finish correctly. `python tests/helpers/sandbox_hostile.py` prints the results per backend as docs/sandboxes.md's table.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,7 @@ TIMEOUT_S = 3.0  # the deadline of the cases that must be stopped by it
 ENDS_BY_ITSELF_S = 60.0  # the others': they end in well under a second on an idle machine, not on a loaded one
 MAX_OUTPUT = 65536
 MEMORY_MB = 256
-PROJECT_FILE = Path(__file__).resolve().parents[1] / "pyproject.toml"
+PROJECT_FILE = Path(__file__).resolve().parents[2] / "pyproject.toml"
 ORPHAN_MARK = "987.6543"  # argv of a `sleep` the fork-and-leave case tries to leave behind
 CANARY = ("SRT_HOSTILE_CANARY", "the-callers-secret-7f3a")  # set in the caller's environment during the battery
 PROGRAM_ENV = {  # what a program may find in its environment
@@ -312,7 +313,8 @@ def table(results: dict[str, dict[str, SandboxResult]]) -> str:
 
 
 if __name__ == "__main__":
-    from test_sandbox_hostile import BACKENDS, backend_sandbox
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, when run as a script
+    from helpers.sandboxes import BACKENDS, backend_sandbox
 
     listener = Listener()
     collected = {}

@@ -2,7 +2,7 @@
 vLLM's bounds, wrong types, broken bodies. Each must get a 4xx naming the problem, or a sensible 200; never a
 500, and the server must serve normally after it.
 
-    python tests/serve_battery.py http://127.0.0.1:8000 MODEL_NAME   # prints one line per request, JSON last
+    python tests/helpers/serve_battery.py http://127.0.0.1:8000 MODEL_NAME   # prints one line per request, JSON last
 """
 
 from __future__ import annotations

@@ -15,8 +15,7 @@ import httpx
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from serve_battery import run_battery, serves_normally  # noqa: E402
-
+from helpers.serve_battery import run_battery, serves_normally  # noqa: E402
 from srt_agent.backends.vllm import tiny_model_dir  # noqa: E402
 from srt_agent.config import EnvConfig  # noqa: E402
 from srt_agent.engine import SamplingParams  # noqa: E402

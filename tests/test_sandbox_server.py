@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import socket
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
-from sandbox_hostile import MAX_OUTPUT
+from helpers.sandbox_hostile import MAX_OUTPUT
+from helpers.sandboxes import cli_server
 
 from srt_agent.tools import LocalSandbox, SandboxFusionSandbox, languages
 from srt_agent.tools.local import RUNTIME_MOUNT, bwrap_path
@@ -32,12 +28,6 @@ MAX_MEMORY_MB = 384
 MEMORY_TIMEOUT_S = 120.0
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def endpoint():
     """The server, started through the CLI on a free loopback port."""
@@ -45,30 +35,6 @@ def endpoint():
     options += ["--max-output-bytes", str(MAX_OUTPUT), "--memory-mb", "256", "--max-memory-mb", str(MAX_MEMORY_MB)]
     with cli_server(options) as url:
         yield url
-
-
-@contextmanager
-def cli_server(options: list[str]):
-    """`srt-agent sandbox serve` with `options` on a free loopback port; yields its URL."""
-    port = free_port()
-    argv = [sys.executable, "-m", "srt_agent.cli", "sandbox", "serve", "--port", str(port), *options]
-    server = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/v1/ping", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the server did not start: {server.stdout.read().decode()[-2000:]}")
-            time.sleep(0.1)
-        yield url
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 def post(endpoint: str, http_timeout_s: float = 30, **body) -> dict:

@@ -1,0 +1,1 @@
+"""What several test modules share: environments, fixtures' builders, batteries and checks (never a test module)."""
