@@ -17,9 +17,9 @@ from rich.console import Console
 from ..agent.rollout import write_jsonl
 from ..config import ConfigError, EnvConfig
 from ..config.tasks import Task
+from ..console import phase_bar
 from ..files.atomic import write_atomic
 from .evaluate import HELD_OUT_FIGURES, evaluate_policy, held_out_tasks, interval_text, reports_by_source
-from .progress import phase_bar
 
 TaskSet = Literal["held-out", "dataset"]
 

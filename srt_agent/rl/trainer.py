@@ -29,6 +29,7 @@ from ..agent.toolconfig import load_tools, require_sandbox_runtime
 from ..agent.trajectory import Trajectory
 from ..backends.base import run_tree_budget
 from ..config import ConfigError, EnvConfig, load_env_config
+from ..console import phase_bar
 from ..drafting import DRAFTERS, drafter_capabilities
 from ..models import LoadedModel, load_model
 from ..runner.device_info import resolve_engine_dtype
@@ -49,7 +50,6 @@ from .interrupt import cooperative_interrupt, deferred_interrupt
 from .memory import MemoryMeter, check_plan, memory_line, plan_memory, planned_engines
 from .metrics import merged_summary, rollout_metrics, run_ahead_metrics, tail_metrics
 from .policy import SamplerNumerics, build_policy, master_copy, require_peft
-from .progress import phase_bar
 from .record import RunParts, RunRecord
 from .report import step_table, step_warnings, story_lines, write_report
 from .rollouts import PolicyRollouts, RolloutRun, RolloutVariant, stats_delta
