@@ -1,4 +1,4 @@
-"""`srt-agent bench engine --quick` runs end to end and writes the documented JSON."""
+"""`srt-agent bench engine --quick` runs end to end, says how far it is, and writes the documented JSON."""
 
 from __future__ import annotations
 
@@ -38,6 +38,15 @@ def test_bench_engine_quick_writes_json(tmp_path):
     assert list(pairs) == ["srt / none"] and pairs["srt / none"]["time_ratio_all"] > 0
     assert "batch 1, srt / none time:" in result.output
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
+    assert progress_lines(result.output, "bench engine") == len(runs)  # one line per run as it finishes
+
+
+def progress_lines(output: str, label: str) -> int:
+    """How many of a command's progress lines (``LABEL [k/N] …``, one per finished unit) `output` holds, checking
+    that they count up to their total."""
+    counts = [line.split("[", 1)[1].split("]", 1)[0] for line in output.splitlines() if line.startswith(f"{label} [")]
+    assert counts == [f"{k}/{counts[-1].split('/')[1]}" for k in range(1, len(counts) + 1)], counts
+    return len(counts)
 
 
 def test_bench_engine_runs_a_bf16_policy_unsized_and_rejects_other_dtypes(tmp_path):

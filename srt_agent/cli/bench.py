@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from ..config.schema import ALGORITHMS
+from ..console import progress
 from .common import PLAIN, bench_app, console, preload_for_vllm, reported, write_json
 from .quiet import LOG_NAME, command_log, third_party_output_to, verbose_option
 
@@ -35,13 +36,16 @@ def bench_engine(
     model: str = MODEL,
     prompts: int = typer.Option(4, min=1, help="Distinct chat prompts."),
     samples: int = typer.Option(2, min=1, help="Samples per prompt (at least enough to fill the batch)."),
-    epochs: int = typer.Option(3, min=1, help="Passes over the same prompts, drafter trees kept (new seeds each)."),
-    max_tokens: int = typer.Option(96, min=1, help="Tokens per sample."),
-    batch: list[int] = typer.Option([1, 8, 32], "--batch", help="Batch sizes (engine max_batch)."),
-    method: list[str] = typer.Option(
-        [], "--method", help="Drafters (default: every exactly on-policy drafter in the registry)."
+    epochs: int = typer.Option(2, min=1, help="Passes over the same prompts, drafter trees kept (new seeds each)."),
+    max_tokens: int = typer.Option(64, min=1, help="Tokens per sample."),
+    batch: list[int] = typer.Option([], "--batch", help="Batch sizes (engine max_batch; default 1 and 8)."),
+    method: list[str] = typer.Option([], "--method", help="Drafters (default: none, srt and arctic)."),
+    everything: bool = typer.Option(
+        False, "--all", help="Every exactly on-policy drafter at batch 1, 8 and 32, with transformers' generate."
     ),
-    hf: bool = typer.Option(True, "--hf/--no-hf", help="Also time transformers' generate at batch 1."),
+    hf: bool | None = typer.Option(
+        None, "--hf/--no-hf", help="Also time transformers' generate at batch 1 (default: with --all)."
+    ),
     max_draft_tokens: int = typer.Option(16, min=0, help="Draft nodes per sequence and step, at most."),
     adaptive: bool = typer.Option(
         True, "--adaptive/--no-adaptive", help="Size drafts with the cost model, or verify every drafted node."
@@ -57,49 +61,38 @@ def bench_engine(
     plot: Path | None = PLOT_PNG,
     verbose: bool = verbose_option(command_log("bench-engine")),
 ):
-    """The speculative engine per drafter and batch size (tokens/s, tokens per forward, speedup)."""
+    """The speculative engine per drafter and batch size (tokens/s, tokens per forward, speedup); by default
+    none, srt and arctic at batch 1 and 8 (minutes), with --all every drafter at batch 1, 8 and 32."""
     invariant = batch_invariant_choice(batch_invariant)
-    from rich.progress import Progress
+    from ..bench.engine import EngineBenchConfig, engine_plan, result_lines, run_engine_bench, summary_table
 
-    from ..bench.engine import EngineBenchConfig, result_lines, run_engine_bench, summary_table
-    from ..drafting import exact_drafters
-
-    if quick:
-        config = dataclasses.replace(
-            EngineBenchConfig.quick(), dtype=dtype, adaptive_drafts=adaptive, batch_invariant=invariant
-        )
-    else:
-        config = EngineBenchConfig(
-            model=model,
-            prompts=prompts,
-            samples=samples,
-            epochs=epochs,
-            max_tokens=max_tokens,
-            batches=tuple(batch),
-            methods=tuple(method) or exact_drafters(),
-            hf_baseline=hf,
-            max_draft_tokens=max_draft_tokens,
-            adaptive_drafts=adaptive,
-            seed=seed,
-            threads=threads,
-            dtype=dtype,
-            batch_invariant=invariant,
-        )
+    sizes = dict(
+        model=model,
+        prompts=prompts,
+        samples=samples,
+        epochs=epochs,
+        max_tokens=max_tokens,
+        max_draft_tokens=max_draft_tokens,
+        seed=seed,
+        threads=threads,
+    )
+    config = EngineBenchConfig.quick() if quick else EngineBenchConfig.everything(**sizes) if everything else None
+    config = dataclasses.replace(
+        config or EngineBenchConfig(**sizes), dtype=dtype, adaptive_drafts=adaptive, batch_invariant=invariant
+    )
+    config.methods = tuple(method) or config.methods
+    config.batches = tuple(batch) or config.batches
+    config.hf_baseline = config.hf_baseline if hf is None else hf
     with (
         third_party_output_to(command_log("bench-engine"), console, verbose),
-        Progress(console=console, transient=True) as progress,
+        progress(console, "bench engine", config.runs(), plan=engine_plan(config)) as work,
     ):
-        task = progress.add_task("engine bench", total=config.runs())
 
         def report(run: dict) -> None:
-            progress.update(
-                task,
-                advance=1,
-                description=f"{run['method']} b={run['batch']} epoch {run['epoch']}: {run['tokens_per_s']:.1f} tok/s",
-            )
+            work.done(f"{run['method']} b={run['batch']} epoch {run['epoch']}: {run['tokens_per_s']:.1f} tok/s")
 
         with reported(ValueError, code=1, message=PLAIN):
-            result = run_engine_bench(config, report)
+            result = run_engine_bench(config, report, work.now)
     console.print(summary_table(result))
     for note in result_lines(result):
         console.print(f"[dim]{note}[/dim]")

@@ -43,6 +43,7 @@ class Progress:
         self.console, self.label, self.total, self.lines = console, label, total, lines
         self.completed = 0.0
         self.started = time.perf_counter()
+        self._first: tuple[float, float] | None = None  # (elapsed, completed) when the first unit finished
         self._bar = bar
         self._task = bar.add_task("", total=total, now="") if bar is not None else None
 
@@ -56,6 +57,8 @@ class Progress:
         self.completed += units
         if self._bar is not None:
             self._bar.update(self._task, advance=units)
+        if self._first is None:
+            self._first = (time.perf_counter() - self.started, self.completed)
         if self.lines:
             self.console.print(self.line(note), highlight=False, markup=False, soft_wrap=True)
 
@@ -73,23 +76,41 @@ class Progress:
         if self._bar is not None:
             self._bar.update(self._task, **changes)
 
+    def left(self, elapsed: float) -> float:
+        """Seconds the rest should take at the pace since the first unit finished (what came before it, a
+        model's loading, is paid once), or at the first unit's pace while one is done."""
+        if self._first is None or self.completed - self._first[1] <= 0:
+            return elapsed * (self.total - self.completed) / self.completed
+        start, units = self._first
+        return (elapsed - start) / (self.completed - units) * (self.total - self.completed)
+
     def line(self, note: str) -> str:
         """One finished unit as a line: label, done of total, the note, elapsed time and the time left."""
         elapsed = time.perf_counter() - self.started
         count = f"{self.completed:g}/{self.total:g}" if self.total else f"{self.completed:g}"
         timing = f"{clock(elapsed)} elapsed"
         if self.total and 0 < self.completed < self.total:
-            timing += f", ~{clock(elapsed * (self.total - self.completed) / self.completed)} left"
+            timing += f", ~{clock(self.left(elapsed))} left"
         return f"{self.label} [{count}] {note}".rstrip() + f"  ({timing})"
 
 
 @contextmanager
 def progress(
-    console: Console, label: str, total: float | None = None, *, lines: bool = True, detail: str = "", **fields
+    console: Console,
+    label: str,
+    total: float | None = None,
+    *,
+    plan: str = "",
+    lines: bool = True,
+    detail: str = "",
+    **fields,
 ) -> Iterator[Progress]:
     """A command's progress while the block runs: a live bar on a terminal (and, with `lines`, a line per
     finished unit above it); on a pipe or in a log, the lines alone. `total` None: unknown until given.
-    `detail` is a format string over `fields` shown beside the count (``"loss {task.fields[loss]:.3f}"``)."""
+    `plan`, said first, is what will run and about how long it takes. `detail` is a format string over
+    `fields` shown beside the count (``"loss {task.fields[loss]:.3f}"``)."""
+    if plan:
+        console.print(f"{label}: {plan}", highlight=False, markup=False, soft_wrap=True)
     if not (console.is_terminal or console.is_jupyter):
         yield Progress(console, label, total, lines, None)
         return
