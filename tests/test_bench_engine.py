@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from progress_lines import progress_lines
 from typer.testing import CliRunner
 
 from srt_agent.cli import app
@@ -39,14 +40,6 @@ def test_bench_engine_quick_writes_json(tmp_path):
     assert "batch 1, srt / none time:" in result.output
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
     assert progress_lines(result.output, "bench engine") == len(runs)  # one line per run as it finishes
-
-
-def progress_lines(output: str, label: str) -> int:
-    """How many of a command's progress lines (``LABEL [k/N] …``, one per finished unit) `output` holds, checking
-    that they count up to their total."""
-    counts = [line.split("[", 1)[1].split("]", 1)[0] for line in output.splitlines() if line.startswith(f"{label} [")]
-    assert counts == [f"{k}/{counts[-1].split('/')[1]}" for k in range(1, len(counts) + 1)], counts
-    return len(counts)
 
 
 def test_bench_engine_runs_a_bf16_policy_unsized_and_rejects_other_dtypes(tmp_path):

@@ -113,17 +113,28 @@ def bench_prefix(
     n: list[int] = typer.Option([4, 8], "--n", min=1, help="Group sizes (samples per task); repeat the option."),
     drafter: list[str] = typer.Option(["none", "srt"], help="Drafters; the first is the reference; repeat the option."),
     max_batch: int | None = typer.Option(None, min=1, help="Override the config's engine max_batch."),
+    quick: bool = typer.Option(False, "--quick", help="Tiny random model, one task in groups of 2: seconds."),
     json_path: Path | None = JSON,
     verbose: bool = verbose_option(command_log("bench-prefix")),
 ):
     """Rollouts with prefix sharing off and on (per group size and drafter): prefill computed, wall time, tokens/s."""
     from ..bench.prefix import PrefixBenchConfig, result_table, run_prefix_bench
 
-    config = PrefixBenchConfig(env_file, model, limit, tuple(n), tuple(drafter), max_batch)
-    with third_party_output_to(command_log("bench-prefix"), console, verbose):
+    config = (
+        PrefixBenchConfig.quick(env_file)
+        if quick
+        else PrefixBenchConfig(env_file, model, limit, tuple(n), tuple(drafter), max_batch)
+    )
+    plan = f"{config.limit} tasks in groups of {', '.join(map(str, config.group_sizes))}, drafters " + ", ".join(
+        config.drafters
+    )
+    with (
+        third_party_output_to(command_log("bench-prefix"), console, verbose),
+        progress(console, "bench prefix", config.runs(), plan=f"{plan}, sharing off and on") as work,
+    ):
         result = run_prefix_bench(
             config,
-            lambda r: console.print(
+            lambda r: work.done(
                 f"n={r.n} {r.drafter} sharing={'on' if r.sharing else 'off'}: {r.wall_s:.1f} s, "
                 f"{r.tokens_per_s:.1f} tokens/s, prefill computed {r.prefill_computed} (unique {r.unique_prompt_tokens})"
             ),
@@ -170,8 +181,12 @@ def bench_update(
             repeats=repeats,
         )
     )
-    with third_party_output_to(command_log("bench-update"), console, verbose), console.status("update bench") as status:
-        result = run_update_bench(config, lambda name, s: status.update(f"{name}: {s:.1f} s"))
+    plan = f"3 methods × {config.repeats} repeats of one update ({config.prompts} prompts × {config.samples} samples)"
+    with (
+        third_party_output_to(command_log("bench-update"), console, verbose),
+        progress(console, "bench update", 3 * config.repeats, plan=plan) as work,
+    ):
+        result = run_update_bench(config, lambda name, s: work.done(f"{name}: {s:.1f} s"))
     table = Table(
         "method", "best s", "tokens/s", "trained tokens/s", "vs HF", title=f"{result['tokens']} tokens per update"
     )

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from ..console import progress
 from .bench import JSON
 from .common import PLAIN, bench_app, console, reported, write_json
 
@@ -36,7 +37,11 @@ def bench_cache(
 
         with reported(ValueError):
             settings = [ScaleSetting.parse(text) for text in scale]
-        result = scale_benchmark(settings, steps=steps, rollouts_per_prompt=rollouts, budget=budget, seed=seed)
+        plan = f"SRT at {', '.join(scale)} in flight, {steps} steps each (up to 10 min a step)"
+        with progress(console, "bench cache", plan=plan) as work:
+            result = scale_benchmark(
+                settings, steps=steps, rollouts_per_prompt=rollouts, budget=budget, seed=seed, work=work
+            )
         console.print(scale_table(result))
         write_json(result, json_path)
         return
@@ -46,8 +51,9 @@ def bench_cache(
     if bad:
         raise typer.BadParameter(f"unknown mode(s) {bad}; choose from {list(MODES)}", param_hint="--mode")
     spec = WorkloadSpec(prompts=prompts, rollouts=rollouts, steps=steps, tokens=tokens, seed=seed)
-    with reported(ValueError, code=1, message=PLAIN):
-        result = cache_benchmark(spec, budget=budget, modes=tuple(mode), drafters=drafter or None)
+    plan = f"{prompts} prompts × {rollouts} rollouts × {tokens} tokens, {steps} steps, modes {', '.join(mode)}"
+    with reported(ValueError, code=1, message=PLAIN), progress(console, "bench cache", plan=plan) as work:
+        result = cache_benchmark(spec, budget=budget, modes=tuple(mode), drafters=drafter or None, work=work)
     console.print(result_table(result))
     for note in result["skipped"]:
         console.print(f"[dim]{note}[/dim]")

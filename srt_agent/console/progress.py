@@ -47,6 +47,11 @@ class Progress:
         self._bar = bar
         self._task = bar.add_task("", total=total, now="") if bar is not None else None
 
+    @classmethod
+    def unseen(cls) -> Progress:
+        """Progress shown nowhere (the default for library callers)."""
+        return cls(Console(quiet=True), "", None, False, None)
+
     def now(self, what: str) -> None:
         """Say what runs now (shown beside a terminal's bar)."""
         if self._bar is not None:
