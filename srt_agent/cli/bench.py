@@ -211,22 +211,31 @@ def bench_roofline(
     threads: int | None = typer.Option(None, min=1, help="torch threads (default: torch's choice)."),
     profile: bool = typer.Option(True, "--profile/--no-profile", help="Also profile the 1- and 16-token steps."),
     clock: str = typer.Option("wall", help="wall, or cpu (process CPU time: on a shared machine, with --threads 1)."),
+    quick: bool = typer.Option(False, "--quick", help="Tiny random model, a short context, one round: seconds."),
     json_path: Path | None = JSON,
     verbose: bool = verbose_option(command_log("bench-roofline")),
 ):
     """This device's bandwidth and GEMM throughput, the model's bytes and FLOPs, and each step shape's time vs its floor."""
     import torch
 
-    from ..bench.roofline import roofline_lines, run_roofline
+    from ..bench.roofline import roofline_lines, roofline_units, run_roofline
     from ..models import load_model
 
+    if quick:
+        model, context, reps = "tiny-llama", 32, 1
     if threads:
         torch.set_num_threads(threads)
     if clock not in ("wall", "cpu"):
         raise typer.BadParameter("choose wall or cpu", param_hint="--clock")
-    with reported(), third_party_output_to(command_log("bench-roofline"), console, verbose):
+    plan = f"{model} at {context} tokens of context, {reps} rounds per measurement"
+    with (
+        reported(),
+        third_party_output_to(command_log("bench-roofline"), console, verbose),
+        progress(console, "bench roofline", roofline_units(profile), plan=plan) as work,
+    ):
+        work.now(f"loading {model}")
         loaded = load_model(model, dtype=dtype, device=device)
-        result = run_roofline(loaded, context=context, reps=reps, profile=profile, clock=clock)
+        result = run_roofline(loaded, context=context, reps=reps, profile=profile, clock=clock, work=work)
     for line in roofline_lines(result):
         console.print(line, highlight=False)
     write_json(result, json_path)
