@@ -329,6 +329,8 @@ def bench_paper(
         PaperBenchConfig,
         ablation_table,
         merge_results,
+        paper_plan,
+        paper_steps,
         paper_table,
         plot_paper,
         run_paper_bench,
@@ -365,11 +367,16 @@ def bench_paper(
         out=str(out) if out is not None else base.out,
         methods=tuple(method) if method else tuple(m.name for m in METHODS),
     )
-    with reported(), third_party_output_to(command_log("bench-paper", config.out), console, verbose):
+    with (
+        reported(),
+        third_party_output_to(command_log("bench-paper", config.out), console, verbose),
+        progress(console, "bench paper", paper_steps(config), plan=paper_plan(config)) as work,
+    ):
         result = run_paper_bench(
             config,
             log=lambda line: console.print(line, highlight=False),
             on_run=lambda partial: write_json(partial, json_path),
+            work=work,
         )
     report(result)
 
