@@ -284,8 +284,16 @@ def bench_ablation(
             update_bubble=update_bubble,
             overrides=list(set_),
         )
-    with reported(), third_party_output_to(command_log("bench-ablation", config.out), console, verbose):
-        result = run_ablation(config, log=lambda line: console.print(line, highlight=False))
+    units = config.steps + config.update_bubble  # the steps, then the update bubble's measurement
+    plan = f"{config.steps} RL steps of {config.env}, starts {', '.join(config.starts)}" + (
+        "; seconds" if quick else "; with SmolLM2 about 10-20 min on 2 cores"
+    )
+    with (
+        reported(),
+        third_party_output_to(command_log("bench-ablation", config.out), console, verbose),
+        progress(console, "bench ablation", units, plan=plan) as work,
+    ):
+        result = run_ablation(config, log=lambda line: console.print(line, highlight=False), work=work)
     for table in ablation_tables(result):
         console.print(table)
     write_json(result, json_path)
@@ -427,11 +435,20 @@ def bench_vllm(
         out=str(out),
         overrides=list(set_),
     )
-    with reported(), third_party_output_to(command_log("bench-vllm", out), console, verbose):
+    plan = (
+        f"batch {', '.join(map(str, config.batches))}: {config.steps} RL steps each of {prompts} prompts × n = "
+        f"{samples}, methods {', '.join(config.methods)}; about 30-60 min per batch size on 2 cores"
+    )
+    with (
+        reported(),
+        third_party_output_to(command_log("bench-vllm", out), console, verbose),
+        progress(console, "bench vllm", steps * len(config.batches), plan=plan) as work,
+    ):
         result = run_vllm_bench(
             config,
             log=lambda line: console.print(line, highlight=False),
             on_batch=lambda partial: write_json(partial, json_path),
+            work=work,
         )
     console.print(vllm_table(result), markup=False, highlight=False, soft_wrap=True)
     write_json(result, json_path)
