@@ -254,7 +254,9 @@ def bench_ablation(
         ["prompt"], "--start", help="Run-ahead start(s): prompt and/or branch (one stage each)."
     ),
     model: str | None = typer.Option(None, help="Override the config's model."),
-    out: Path = typer.Option(Path("runs/ablation"), help="Run folder (rollouts, report, traces)."),
+    out: Path | None = typer.Option(
+        None, help="Run folder: rollouts, report, traces (default runs/ablation, with --quick runs/ablation-quick)."
+    ),
     update_bubble: bool = typer.Option(
         True, "--update-bubble/--no-update-bubble", help="Also time a policy update with run-ahead beside it."
     ),
@@ -273,6 +275,7 @@ def bench_ablation(
         config = dataclasses.replace(
             AblationConfig.quick(), env=str(env_file), overrides=AblationConfig.quick().overrides + list(set_)
         )
+        config.out = str(out or config.out)
     else:
         config = AblationConfig(
             env=str(env_file),
@@ -280,7 +283,7 @@ def bench_ablation(
             dataset_n=dataset_n,
             starts=tuple(start),
             model=model,
-            out=str(out),
+            out=str(out or "runs/ablation"),
             update_bubble=update_bubble,
             overrides=list(set_),
         )
