@@ -39,7 +39,7 @@ def clock(seconds: float) -> str:
 class Progress:
     """A command's work in units (runs, steps, stages): `now` says what runs, `done` finishes units."""
 
-    def __init__(self, console: Console, label: str, total: float | None, lines: bool, bar: Bar | None):
+    def __init__(self, console: Console, label: str, total: float | None, lines: bool | None, bar: Bar | None):
         self.console, self.label, self.total, self.lines = console, label, total, lines
         self.completed = 0.0
         self.started = time.perf_counter()
@@ -59,27 +59,28 @@ class Progress:
 
     def done(self, note: str = "", units: float = 1) -> None:
         """Finish `units` of work; `note` says which and what came of it (one line where lines are on)."""
-        self.completed += units
-        if self._bar is not None:
-            self._bar.update(self._task, advance=units)
-        if self._first is None:
-            self._first = (time.perf_counter() - self.started, self.completed)
-        if self.lines:
-            self.console.print(self.line(note), highlight=False, markup=False, soft_wrap=True)
+        self.update(advance=units, note=note)
 
     def add_total(self, units: float) -> None:
         """Grow the total by `units` (work found on the way)."""
         self.update(total=(self.total or 0) + units)
 
-    def update(self, **changes) -> None:
-        """Move the bar as rich's ``Progress.update`` does (``advance=``, ``completed=``, ``total=``, fields)."""
-        if "total" in changes:
-            self.total = changes["total"]
-        if "completed" in changes:
-            self.completed = changes["completed"]
-        self.completed += changes.get("advance", 0)
+    def update(self, note: str = "", **changes) -> None:
+        """Move the bar as rich's ``Progress.update`` does (``advance=``, ``completed=``, ``total=``, fields);
+        work finished makes a line where lines are on (`note`, else the fields: ``loss 1.234``)."""
+        before = self.completed
+        self.total = changes.get("total", self.total)
+        self.completed = changes.get("completed", self.completed) + changes.get("advance", 0)
         if self._bar is not None:
             self._bar.update(self._task, **changes)
+        if self.completed <= before:
+            return
+        if self._first is None:
+            self._first = (time.perf_counter() - self.started, self.completed)
+        if self.lines or (self.lines is None and self._bar is None):
+            fields = {k: v for k, v in changes.items() if k not in ("advance", "completed", "total", "now")}
+            note = note or ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in fields.items())
+            self.console.print(self.line(note), highlight=False, markup=False, soft_wrap=True)
 
     def left(self, elapsed: float) -> float:
         """Seconds the rest should take at the pace since the first unit finished (what came before it, a
@@ -106,12 +107,13 @@ def progress(
     total: float | None = None,
     *,
     plan: str = "",
-    lines: bool = True,
+    lines: bool | None = True,
     detail: str = "",
     **fields,
 ) -> Iterator[Progress]:
     """A command's progress while the block runs: a live bar on a terminal (and, with `lines`, a line per
-    finished unit above it); on a pipe or in a log, the lines alone. `total` None: unknown until given.
+    finished unit above it); on a pipe or in a log, the lines alone (`lines` None: there only; False: never).
+    `total` None: unknown until given.
     `plan`, said first, is what will run and about how long it takes. `detail` is a format string over
     `fields` shown beside the count (``"loss {task.fields[loss]:.3f}"``)."""
     if plan:
@@ -132,10 +134,11 @@ def progress(
 
 @contextmanager
 def phase_bar(
-    console: Console, label: str, total: float | None = None, detail: str = "", **fields
+    console: Console, label: str, total: float | None = None, detail: str = "", lines: bool | None = False, **fields
 ) -> Iterator[PhaseUpdate]:
-    """A fine-grained phase (trajectories, trained tokens): a transient bar on a terminal, nothing in a log."""
-    with progress(console, label, total, lines=False, detail=detail, **fields) as tracker:
+    """A phase (trajectories, trained tokens): a transient bar on a terminal; in a log nothing, or with `lines`
+    None a line per unit (for phases whose units are few and slow: cold start, evaluation)."""
+    with progress(console, label, total, lines=lines, detail=detail, **fields) as tracker:
         yield tracker.update
 
 

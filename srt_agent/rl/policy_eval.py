@@ -106,7 +106,7 @@ def run_eval(
             weights, step_folder = load_policy_weights(config, loaded, checkpoint)
             rollouts.update_weights(weights)
         seed = config.cold_start.eval_seed
-        phase = functools.partial(phase_bar, console)
+        phase = functools.partial(phase_bar, console, lines=None)  # a line per trajectory in a log
         report, run = evaluate_policy(
             rollouts, task_list, seed, n_samples=n_samples, phase=phase, label=f"{tasks} tasks"
         )
