@@ -43,7 +43,7 @@ DTYPES = ("float32", "bfloat16")
 DEFAULT_METHODS = ("none", "srt", "arctic")
 DEFAULT_BATCHES = (1, 8)
 ALL_BATCHES = (1, 8, 32)  # with every exact drafter and transformers' generate: `--all`
-DEFAULT_MINUTES, ALL_MINUTES = 6, 60  # measured on 2 cores (docs/benchmarks/index.md)
+DEFAULT_MINUTES, ALL_MINUTES = 6, 25  # on an idle 2-core machine (docs/benchmarks/index.md)
 
 
 @dataclass

@@ -65,7 +65,7 @@ def paper_plan(cfg: PaperBenchConfig) -> str:
     )
     if cfg.model == "tiny-llama":
         return what + "; seconds to minutes"
-    return what + "; with SmolLM2 tens of minutes to hours on 2 cores (--quick: ~45 min)"
+    return what + "; with SmolLM2 about 3-4 h on 2 cores, estimated (--quick: 43 min measured)"
 
 
 def available_methods(names: tuple[str, ...]) -> tuple[list[Method], dict[str, str]]:

@@ -287,7 +287,7 @@ def bench_vllm(
     )
     plan = (
         f"batch {', '.join(map(str, config.batches))}: {config.steps} RL steps each of {prompts} prompts × n = "
-        f"{samples}, methods {', '.join(config.methods)}; about 30-60 min per batch size on 2 cores"
+        f"{samples}, methods {', '.join(config.methods)}; about an hour per batch size on 2 cores, estimated"
     )
     with (
         reported(),

@@ -64,7 +64,7 @@ def bench_ablation(
         )
     units = config.steps + config.update_bubble  # the steps, then the update bubble's measurement
     plan = f"{config.steps} RL steps of {config.env}, starts {', '.join(config.starts)}" + (
-        "; seconds" if quick else "; with SmolLM2 about 10-20 min on 2 cores"
+        "; seconds" if quick else "; with SmolLM2 about 30-60 min on 2 cores, estimated"
     )
     with (
         reported(),
