@@ -49,3 +49,18 @@ def test_a_terminal_gets_the_bar_and_the_lines():
         work.done()
     text = out.getvalue()
     assert "engine [1/2] srt b=8 epoch 1: 12.0 tok/s" in text and "engine [3/3]" in text
+
+
+def test_a_slow_phase_gets_a_line_per_unit_in_a_log_only():
+    console, out = _console(terminal=False)
+    with phase_bar(console, "cold start SFT", None, "loss {task.fields[loss]:.3f}", lines=None, loss=0.0) as update:
+        for step in (1, 2):
+            update(completed=step, total=2, loss=1.0 / step)
+    assert [line.split("  (")[0] for line in out.getvalue().splitlines()] == [
+        "cold start SFT [1/2] loss 1.000",
+        "cold start SFT [2/2] loss 0.500",
+    ]
+    console, out = _console(terminal=True)
+    with phase_bar(console, "cold start SFT", 2, lines=None) as update:
+        update(advance=2)
+    assert "[2/2]" not in out.getvalue()  # a terminal has the bar
