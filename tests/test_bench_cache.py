@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from progress_lines import progress_lines
 from typer.testing import CliRunner
 
 from srt_agent.bench.cache import (
@@ -67,6 +68,7 @@ def test_cli_bench_cache_quick_writes_the_documented_json(tmp_path):
         assert per["srt"]["accepted_per_draft"] > per["history"]["accepted_per_draft"]
         assert 0 < per["srt"]["bytes_per_token"] < 200
         assert per["ngram"]["bytes_per_token"] is None
+    assert progress_lines(result.output, "bench cache") == 2 * len(names)  # a line per mode and drafter
     if "arctic" in names:
         assert set(data["ratios"]["lockstep"]) == {f"{n}/arctic" for n in names if n != "arctic"}
     else:
@@ -103,5 +105,6 @@ def test_cli_bench_cache_scale_writes_json_and_refuses_a_bad_setting(tmp_path):
     data = json.loads(out.read_text())
     assert [run["setting"] for run in data["scale"]] == [{"rollouts": 16, "tokens": 50}]
     assert len(data["scale"][0]["steps"]) == 2
+    assert progress_lines(result.output, "bench cache") == 2  # a line per step
     bad = CliRunner().invoke(app, ["bench", "cache", "--scale", "16by50"])
     assert bad.exit_code == 2 and "ROLLOUTSxTOKENS" in bad.output

@@ -1,9 +1,10 @@
-"""`srt-agent bench engine --quick` runs end to end and writes the documented JSON."""
+"""`srt-agent bench engine --quick` runs end to end, says how far it is, and writes the documented JSON."""
 
 from __future__ import annotations
 
 import json
 
+from progress_lines import progress_lines
 from typer.testing import CliRunner
 
 from srt_agent.cli import app
@@ -38,6 +39,7 @@ def test_bench_engine_quick_writes_json(tmp_path):
     assert list(pairs) == ["srt / none"] and pairs["srt / none"]["time_ratio_all"] > 0
     assert "batch 1, srt / none time:" in result.output
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
+    assert progress_lines(result.output, "bench engine") == len(runs)  # one line per run as it finishes
 
 
 def test_bench_engine_runs_a_bf16_policy_unsized_and_rejects_other_dtypes(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from progress_lines import progress_lines
 from torch.autograd import DeviceType
 
 from srt_agent.bench import gpu, gpu_setup
@@ -41,7 +42,7 @@ def dry_run(tmp_path_factory) -> tuple[Path, dict]:
         [sys.executable, "-c", DRY_RUN, str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return out, json.loads(proc.stdout.strip().splitlines()[-1])
+    return out, dict(json.loads(proc.stdout.strip().splitlines()[-1]), output=proc.stdout)
 
 
 def stage(out: Path, name: str) -> dict:
@@ -62,6 +63,7 @@ def test_dry_run_writes_every_stage_and_imports_nothing_the_gpu_machine_lacks(dr
     assert summary["status"] == "done" and summary["environment"]["device"] == "cpu"
     assert list(summary["stages"]) == list(gpu_setup.STAGES)
     assert all(s["status"] == "ok" for s in summary["stages"].values())
+    assert progress_lines(proc["output"], "bench gpu") == len(gpu_setup.STAGES)  # a line per stage
 
 
 @pytest.mark.slow

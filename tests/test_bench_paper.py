@@ -3,10 +3,13 @@ same weights and seeds, the exact ones token for token, SPEC-RL flagged; the tab
 
 from __future__ import annotations
 
+import io
 import json
 from types import SimpleNamespace
 
 import pytest
+from progress_lines import progress_lines
+from rich.console import Console
 
 from srt_agent.bench import paper as paper_bench
 from srt_agent.bench.paper import (
@@ -19,6 +22,7 @@ from srt_agent.bench.paper import (
     plot_paper,
     run_paper_bench,
 )
+from srt_agent.console import progress
 from srt_agent.rl.rollouts import PolicyRollouts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -58,7 +62,11 @@ def test_paper_bench_on_a_tiny_model(tmp_path):
         out=str(tmp_path / "runs"),
         overrides=TINY,
     )
-    result = run_paper_bench(cfg, log=lambda _: None)
+    shown = io.StringIO()
+    console = Console(file=shown, width=200)
+    with progress(console, "bench paper", paper_bench.paper_steps(cfg)) as work:
+        result = run_paper_bench(cfg, log=lambda _: None, work=work)
+    assert progress_lines(shown.getvalue(), "bench paper") == 4  # a line per RL step: 2 of GRPO, 2 of its n-ablation
     names = [m["name"] for m in result["methods"]]
     assert names[0] == "none" and {"srt", "srt+run-ahead", "spec-rl", "suffix", "history", "ngram"} <= set(names)
     assert set(names) | set(result["skipped"]) == {m.name for m in paper_bench.METHODS}

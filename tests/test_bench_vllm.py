@@ -4,11 +4,14 @@ bootstrap interval."""
 
 from __future__ import annotations
 
+import io
 import json
 import random
 from pathlib import Path
 
 import pytest
+from progress_lines import progress_lines
+from rich.console import Console
 from typer.testing import CliRunner
 
 from srt_agent.bench import vllm as bench
@@ -21,6 +24,7 @@ from srt_agent.bench.vllm import (
     summarize_steps,
     vllm_table,
 )
+from srt_agent.console import progress
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -179,8 +183,10 @@ def test_bench_vllm_measures_every_method_in_the_same_rl_steps(tmp_path, monkeyp
         model=str(tiny_model_dir()),
         out=str(tmp_path / "runs"),
     )
-    partial = []
-    result = run_vllm_bench(cfg, log=lambda line: None, on_batch=partial.append)
+    partial, shown = [], io.StringIO()
+    with progress(Console(file=shown, width=300), "bench vllm", 2) as work:
+        result = run_vllm_bench(cfg, log=lambda line: None, on_batch=partial.append, work=work)
+    assert progress_lines(shown.getvalue(), "bench vllm") == 2  # a line per RL step
     assert partial and result["machine"]["cpu"]
     assert result["config"]["n"] == 2 and result["config"]["inexact_methods"] == ["vllm:stock"]
     (run,) = result["runs"]

@@ -6,17 +6,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
 from ..config import ConfigError, EngineConfig, load_env_config, validate_config
 from ..config.tasks import Task
+from ..console import progress
 from .controller import MultiTurnController
 from .rollout import RolloutSummary, build_controller, run_rollouts, write_jsonl
 from .trajectory import Trajectory
@@ -25,22 +19,14 @@ from .trajectory import Trajectory
 def run_with_progress(
     controller: MultiTurnController, tasks: Sequence[Task], n_samples: int, console: Console
 ) -> tuple[list[Trajectory], RolloutSummary]:
-    """Run the rollouts with a progress bar showing finished trajectories and the running mean reward."""
+    """Run the rollouts with progress (a bar on a terminal, a line per trajectory in a log) showing finished
+    trajectories and the running mean reward."""
     rewards: list[float] = []
-    columns = (
-        TextColumn("[bold]rollout[/bold]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=console, transient=False) as progress:
-        bar = progress.add_task("", total=len(tasks) * n_samples)
+    with progress(console, "rollout", len(tasks) * n_samples, lines=None) as work:
 
         def done(traj: Trajectory) -> None:
             rewards.append(traj.reward)
-            mean = sum(rewards) / len(rewards)
-            progress.update(bar, advance=1, description=f"mean reward {mean:.3f}")
+            work.done(f"reward {traj.reward:.2f}, mean reward {sum(rewards) / len(rewards):.3f}")
 
         return run_rollouts(controller, tasks, n_samples, done)
 

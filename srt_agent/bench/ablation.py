@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import EnvConfig
+from ..console import Progress
 from ..engine.options import RunAheadOptions
 from ..rl.replay import replay
 from ..rl.rollout_trace import RolloutTrace
@@ -80,8 +81,9 @@ def ablation_env(cfg: AblationConfig) -> EnvConfig:
     return bench_env(cfg.env, cfg.steps, shape, cfg.overrides)
 
 
-def run_ablation(cfg: AblationConfig, log: Callable[[str], None] = print) -> dict:
-    """Run the ablation (see the module docstring); writes traces under `cfg.out` and returns the result."""
+def run_ablation(cfg: AblationConfig, log: Callable[[str], None] = print, work: Progress | None = None) -> dict:
+    """Run the ablation (see the module docstring); writes traces under `cfg.out` and returns the result.
+    `work` hears of each RL step, and of the update bubble's measurement, as they end."""
     from rich.console import Console
 
     from ..models import load_model
@@ -90,7 +92,12 @@ def run_ablation(cfg: AblationConfig, log: Callable[[str], None] = print) -> dic
     config = ablation_env(cfg)
     variants = ablation_variants(config, cfg.starts)
     loaded = load_model(cfg.model or config.model, device=config.engine.device)
-    recorder = StepRecorder(config, variants)
+    work = work or Progress.unseen()
+    recorder = StepRecorder(
+        config,
+        variants,
+        lambda r: work.done(f"step {r.step}: " + ", ".join(f"{n} {f.gen_s:.1f} s" for n, f in r.figures.items())),
+    )
     trainer = Trainer(
         config,
         Path(cfg.out),
@@ -105,6 +112,7 @@ def run_ablation(cfg: AblationConfig, log: Callable[[str], None] = print) -> dic
         f"stages {', '.join(v.name for v in variants)}"
     )
     start = time.perf_counter()
+    work.now("cold start and step 1")
     report = trainer.run()
     wall = time.perf_counter() - start
     recorded = recorder.traces()
@@ -126,7 +134,9 @@ def run_ablation(cfg: AblationConfig, log: Callable[[str], None] = print) -> dic
         "cold_start": report.get("cold_start"),
     }
     if cfg.update_bubble:
+        work.now("a policy update with run-ahead beside it")
         result["update_bubble"] = measure_update_bubble(config, loaded)
+        work.done("update bubble measured")
     return result
 
 

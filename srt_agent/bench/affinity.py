@@ -18,6 +18,7 @@ from typing import Any
 
 from verl.workers.rollout.router import GlobalRequestLoadBalancer
 
+from ..console import Progress
 from ..drafting import SRTDrafter
 from ..drafting.draft import Draft
 from ..integrations.verl.affinity import PromptAffinityRouter
@@ -90,9 +91,11 @@ def make_router(policy: str, replicas: int) -> Any:
     raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
 
 
-def run_affinity_bench(spec: AffinityBenchSpec) -> dict:
-    """Both policies on the same workload; the JSON-ready result."""
+def run_affinity_bench(spec: AffinityBenchSpec, work: Progress | None = None) -> dict:
+    """Both policies on the same workload; the JSON-ready result. `work` hears of each policy's steps."""
     workload = make_workload(spec.workload)
+    work = work or Progress.unseen()
+    work.update(total=len(POLICIES) * len(workload))
     result: dict = {
         "workload": asdict(spec.workload),
         "replicas": spec.replicas,
@@ -105,7 +108,11 @@ def run_affinity_bench(spec: AffinityBenchSpec) -> dict:
         drafter = RoutedDrafter(
             make_router(policy, spec.replicas), [SRTDrafter() for _ in range(spec.replicas)], policy != "verl-default"
         )
-        per_step = [run_drafter(drafter, [step], "lockstep", spec.budget) for step in workload]
+        per_step = []
+        for index, step in enumerate(workload, start=1):
+            work.now(f"{policy} step {index}")
+            per_step.append(run_drafter(drafter, [step], "lockstep", spec.budget))
+            work.done(f"{policy} step {index}: {per_step[-1].accepted_per_draft:.2f} accepted per draft")
         drafts = sum(r.drafts for r in per_step)
         caches = [replica.cache for replica in drafter.replicas]
         result["policies"][policy] = {

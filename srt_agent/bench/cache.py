@@ -18,9 +18,9 @@ import gc
 import os
 import random
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from ..console import Progress
 from ..drafting.draft import Draft
 from ..drafting.drafter import Drafter
 from ..drafting.drafters.arctic import ArcticDrafter
@@ -149,7 +149,6 @@ def run_step(
     name: str,
     mode: str,
     budget: int,
-    on_tokens: Callable[[int], None] = lambda n: None,
     time_limit_s: float = float("inf"),
 ) -> StepTimes:
     """Generate one step's rollouts through `drafter` (`name` prefixes request ids): rounds in which every live
@@ -163,7 +162,7 @@ def run_step(
         for req in live:
             drafter.start_request(req.request_id, req.rollout.prompt_key, req.rollout.prompt_ids)
         while live and time.monotonic() - start < time_limit_s:
-            live = _round(drafter, live, budget, times, on_tokens)
+            live = _round(drafter, live, budget, times)
         times.finished = not live
         for req in live:  # cut short by the time limit: they end where they got to
             drafter.stop_request(req.request_id)
@@ -171,7 +170,7 @@ def run_step(
     return times
 
 
-def _round(drafter: Drafter, live: list[_Live], budget: int, times: StepTimes, on_tokens) -> list[_Live]:
+def _round(drafter: Drafter, live: list[_Live], budget: int, times: StepTimes) -> list[_Live]:
     """One decoding round of the live rollouts; those still running."""
     clock = time.perf_counter_ns
     drafts = []
@@ -201,7 +200,6 @@ def _round(drafter: Drafter, live: list[_Live], budget: int, times: StepTimes, o
         tokens += len(new)
     times.tokens += tokens
     times.round_insert_us.append(spent / 1e3 / max(1, tokens))
-    on_tokens(tokens)
     for req in live:
         if req.done >= len(req.rollout.response):
             drafter.stop_request(req.request_id)
@@ -219,14 +217,13 @@ def run_drafter(
     workload: list[list[Rollout]],
     mode: str,
     budget: int,
-    on_tokens: Callable[[int], None] = lambda n: None,
 ) -> DrafterResult:
     """Generate the workload's rollouts through `drafter` and measure it."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
     _release_free_memory()
     rss_before = _rss_bytes()
-    steps = [run_step(drafter, step, str(s), mode, budget, on_tokens) for s, step in enumerate(workload)]
+    steps = [run_step(drafter, step, str(s), mode, budget) for s, step in enumerate(workload)]
     _release_free_memory()
     rss = _rss_bytes() - rss_before if rss_before is not None else None
     kept = _kept_bytes(drafter, rss)
@@ -264,17 +261,11 @@ def cache_benchmark(
     budget: int = 16,
     modes: tuple[str, ...] = MODES,
     drafters: list[str] | None = None,
-    progress: bool = True,
+    work: Progress | None = None,
 ) -> dict:
-    """Run every drafter in every mode on one workload; the JSON-ready result, with ratios vs arctic."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
+    """Run every drafter in every mode on one workload; the JSON-ready result, with ratios vs arctic. `work`
+    hears of each run (mode and drafter) as it starts and ends."""
+    work = work or Progress.unseen()
     names = drafters if drafters is not None else available_drafters()
     workload = make_workload(spec)
     total = sum(len(r.response) for step in workload for r in step)
@@ -286,17 +277,17 @@ def cache_benchmark(
         "skipped": skipped,
         "modes": {},
     }
-    columns = (TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, disable=not progress, transient=True) as bar:
-        for mode in modes:
-            result["modes"][mode] = {}
-            for name in names:
-                task = bar.add_task(f"{mode} {name}", total=total)
-                drafter = make_drafter(name)
-                run = run_drafter(drafter, workload, mode, budget, lambda n, t=task: bar.advance(t, n))
-                result["modes"][mode][name] = asdict(run)
-                del drafter
-                gc.collect()
+    work.update(total=len(modes) * len(names))
+    for mode in modes:
+        result["modes"][mode] = {}
+        for name in names:
+            work.now(f"{mode} {name}")
+            drafter = make_drafter(name)
+            run = run_drafter(drafter, workload, mode, budget)
+            result["modes"][mode][name] = asdict(run)
+            work.done(f"{mode} {name}: {run.accepted_per_draft:.2f} accepted/draft, {run.draft_us_mean:.1f} µs/draft")
+            del drafter
+            gc.collect()
     if "arctic" in names:
         result["ratios"] = {
             mode: {

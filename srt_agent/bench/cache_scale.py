@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from ..console import Progress
 from ..drafting.drafters.srt import SRTDrafter
 from .cache import StepTimes, WorkloadSpec, make_workload, percentile_us, run_step
 
@@ -112,10 +113,11 @@ def scale_run(
     budget: int = 16,
     seed: int = 0,
     step_limit_s: float = 600.0,
-    on_tokens: Callable[[int], None] = lambda n: None,
+    on_step: Callable[[StepFigures], None] = lambda figures: None,
     **srt_options,
 ) -> dict:
-    """One setting, `steps` steps with SRT's default options (or `srt_options`); the JSON-ready result."""
+    """One setting, `steps` steps with SRT's default options (or `srt_options`); the JSON-ready result.
+    `on_step` sees each step's figures as it ends."""
     group = min(rollouts_per_prompt, setting.rollouts)
     spec = WorkloadSpec(
         prompts=max(1, setting.rollouts // group), rollouts=group, steps=steps, tokens=setting.tokens, seed=seed
@@ -128,7 +130,7 @@ def scale_run(
         figures = []
         for step, step_rollouts in enumerate(workload, start=1):
             before, started = _work(srt), time.monotonic()
-            times = run_step(srt, step_rollouts, str(step), "lockstep", budget, on_tokens, step_limit_s)
+            times = run_step(srt, step_rollouts, str(step), "lockstep", budget, step_limit_s)
             raw = _step_figures(times, time.monotonic() - started)
             after = [b - a for a, b in zip(before, _work(srt))]
             inserted, rebuilt = after[0], after[1]
@@ -146,6 +148,7 @@ def scale_run(
                     **raw,
                 )
             )
+            on_step(figures[-1])
             if not raw["finished"]:
                 break
     finally:
@@ -158,18 +161,23 @@ def scale_run(
     }
 
 
-def scale_benchmark(settings: list[ScaleSetting], steps: int = 3, progress: bool = True, **options) -> dict:
-    """Every setting in turn; the JSON-ready result."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    columns = (TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+def scale_benchmark(settings: list[ScaleSetting], steps: int = 3, work: Progress | None = None, **options) -> dict:
+    """Every setting in turn; the JSON-ready result. `work` hears of each step of each setting as it ends."""
+    work = work or Progress.unseen()
+    work.update(total=len(settings) * steps)
     runs = []
-    with Progress(*columns, disable=not progress, transient=True) as bar:
-        for setting in settings:
-            task = bar.add_task(
-                f"srt {setting.rollouts}x{setting.tokens}", total=setting.rollouts * setting.tokens * steps
+    for setting in settings:
+        name = f"srt {setting.rollouts}x{setting.tokens}"
+        work.now(name)
+
+        def step_done(figures: StepFigures, name: str = name) -> None:
+            cut = "" if figures.finished else " (cut)"
+            work.done(
+                f"{name} step {figures.step}{cut}: {figures.seconds:.1f} s, {figures.insert_us_per_token:.2f} µs/token"
             )
-            runs.append(scale_run(setting, steps, on_tokens=lambda n, t=task: bar.advance(t, n), **options))
+
+        runs.append(scale_run(setting, steps, on_step=step_done, **options))
+        work.add_total(len(runs[-1]["steps"]) - steps)  # a step cut short by the time limit ends the setting
     return {"scale": runs}
 
 

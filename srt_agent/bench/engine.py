@@ -39,6 +39,11 @@ QUESTIONS = [
 # head to head, per batch size: the first method's time over the second's, paired by epoch (same seeds)
 PAIRS = (("srt", "arctic"), ("srt", "suffix"), ("srt", "none"), ("arctic", "none"))
 DTYPES = ("float32", "bfloat16")
+# the default sits through in minutes on 2 cores: SRT against plain decoding and the strongest model-free drafter
+DEFAULT_METHODS = ("none", "srt", "arctic")
+DEFAULT_BATCHES = (1, 8)
+ALL_BATCHES = (1, 8, 32)  # with every exact drafter and transformers' generate: `--all`
+DEFAULT_MINUTES, ALL_MINUTES = 6, 25  # on an idle 2-core machine (docs/benchmarks/index.md)
 
 
 @dataclass
@@ -48,11 +53,11 @@ class EngineBenchConfig:
     model: str = "smollm2"
     prompts: int = 4
     samples: int = 2
-    epochs: int = 3
-    max_tokens: int = 96
-    batches: tuple[int, ...] = (1, 8, 32)
-    methods: tuple[str, ...] = field(default_factory=exact_drafters)  # the registry's, the lenient left out
-    hf_baseline: bool = True
+    epochs: int = 2
+    max_tokens: int = 64
+    batches: tuple[int, ...] = DEFAULT_BATCHES
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    hf_baseline: bool = False
     max_draft_tokens: int = 16
     adaptive_drafts: bool = True  # False: verify every drafted node (the drafters' acceptance ceiling)
     temperature: float = 1.0
@@ -66,7 +71,14 @@ class EngineBenchConfig:
     def runs(self) -> int:
         """Epochs the benchmark runs in all (transformers' generate times two per epoch at batch 1)."""
         hf = 2 * self.epochs if self.hf_baseline and 1 in self.batches else 0
-        return len(self.batches) * len(self.methods) * self.epochs + hf
+        methods = available_methods(self.methods)[0]
+        return len(self.batches) * len({"none", *methods}) * self.epochs + hf
+
+    @classmethod
+    def everything(cls, **sizes) -> EngineBenchConfig:
+        """The full matrix: every exactly on-policy drafter in the registry at every batch size, transformers'
+        generate beside them (`--all`)."""
+        return cls(methods=exact_drafters(), batches=ALL_BATCHES, hf_baseline=True, **sizes)
 
     @classmethod
     def quick(cls) -> EngineBenchConfig:
@@ -78,8 +90,42 @@ class EngineBenchConfig:
             max_tokens=8,
             batches=(1, 4),
             methods=("none", "srt", "self", "srt+self"),
+            hf_baseline=True,
             threads=1,
         )
+
+
+def engine_plan(config: EngineBenchConfig) -> str:
+    """What the benchmark will run and, for the shapes whose time was measured (the default, `--all`), about
+    how long that takes on 2 cores."""
+    methods = ", ".join(dict.fromkeys(["none", *available_methods(config.methods)[0]]))
+    hf = ", transformers' generate at batch 1" if config.hf_baseline and 1 in config.batches else ""
+    what = (
+        f"{methods} at batch {', '.join(map(str, config.batches))}{hf}; {config.epochs} epochs of "
+        f"{config.prompts} prompts × {config.samples} samples × {config.max_tokens} tokens: {config.runs()} runs"
+    )
+    if config.model == "tiny-llama":
+        return what + "; seconds"
+    shape = _shape(config)
+    if shape == _shape(EngineBenchConfig(dtype=config.dtype)):
+        return what + f"; about {DEFAULT_MINUTES} min on 2 cores (--all: every drafter, about {ALL_MINUTES} min)"
+    if shape == _shape(EngineBenchConfig.everything(dtype=config.dtype)):
+        return what + f"; about {ALL_MINUTES} min on 2 cores"
+    return what
+
+
+def _shape(config: EngineBenchConfig) -> tuple:
+    return (
+        config.model,
+        config.prompts,
+        config.samples,
+        config.epochs,
+        config.max_tokens,
+        config.batches,
+        set(config.methods),
+        config.hf_baseline,
+        config.dtype,
+    )
 
 
 def chat_prompts(loaded: LoadedModel, count: int) -> list[list[int]]:
@@ -157,17 +203,21 @@ def run_epoch(engine: Engine, loaded, config, method, batch, prompts, epoch, rep
     return run
 
 
-def run_batch(loaded, config, methods, batch, prompts, max_context, report) -> tuple[list[dict], list[dict]]:
+def run_batch(
+    loaded, config, methods, batch, prompts, max_context, report, now: Callable[[str], None] = lambda what: None
+) -> tuple[list[dict], list[dict]]:
     """Every method's epochs at one batch size, interleaved: epoch e runs each method once, in an order
     rotated by e, so a drift in the machine's speed (other jobs, clocks) hits all methods alike and no
     method always runs first (cold kernels). Returns the runs and the first drafting engine's start-up
-    measurement of verification time per step shape."""
+    measurement of verification time per step shape; `now` hears what starts."""
+    now(f"batch {batch}: starting {len(methods)} engines (each calibrates)")
     engines = {m: open_engine(loaded, config, m, batch, max_context) for m in methods}
     calibration = next((e.cost_model.measured() for m, e in engines.items() if m != "none"), [])
     runs = []
     for epoch in range(config.epochs):
         shift = epoch % len(methods)
         for method in methods[shift:] + methods[:shift]:
+            now(f"{method} b={batch} epoch {epoch + 1}")
             runs.append(run_epoch(engines[method], loaded, config, method, batch, prompts, epoch, report))
     return runs, calibration
 
@@ -184,11 +234,13 @@ def model_draft_figures(before: dict, after: dict) -> dict:
     )
 
 
-def run_hf(loaded, config, prompts, prompt_lookup: bool, report) -> list[dict]:
+def run_hf(loaded, config, prompts, prompt_lookup: bool, report, now) -> list[dict]:
     """transformers' generate at batch 1 over the batch-1 workload (sampling, same lengths)."""
     model, device = loaded.model, next(loaded.model.parameters()).device
     runs = []
+    name = "hf-generate+prompt-lookup" if prompt_lookup else "hf-generate"
     for epoch in range(config.epochs):
+        now(f"{name} b=1 epoch {epoch + 1}")
         ps, params, _ = workload(config, prompts, 1, epoch)
         tokens, t0 = 0, time.perf_counter()
         for prompt, p in zip(ps, params):
@@ -209,7 +261,6 @@ def run_hf(loaded, config, prompts, prompt_lookup: bool, report) -> list[dict]:
             )
             tokens += out.shape[1] - len(prompt)
         wall = time.perf_counter() - t0
-        name = "hf-generate+prompt-lookup" if prompt_lookup else "hf-generate"
         runs.append(
             dict(
                 method=name,
@@ -241,21 +292,26 @@ def available_methods(methods: tuple[str, ...]) -> tuple[list[str], list[str]]:
     return ok, notes
 
 
-def run_engine_bench(config: EngineBenchConfig, report: Callable[[dict], None] = lambda r: None) -> dict:
+def run_engine_bench(
+    config: EngineBenchConfig,
+    report: Callable[[dict], None] = lambda r: None,
+    now: Callable[[str], None] = lambda what: None,
+) -> dict:
     """Run every method at every batch size; returns {"config", "runs", "summary", "verification_cost",
-    "notes"}: verification_cost holds, per batch size, the seconds of a step (forward, LM head,
+    "notes"}; `report` sees each run as it finishes, `now` what starts. verification_cost holds, per batch size, the seconds of a step (forward, LM head,
     sampling) per shape (sequences, tokens fed) as the first drafting engine measured them at start-up."""
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads or threads)
     try:
-        return _run(config, report)
+        return _run(config, report, now)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(config: EngineBenchConfig, report: Callable[[dict], None]) -> dict:
+def _run(config: EngineBenchConfig, report: Callable[[dict], None], now: Callable[[str], None]) -> dict:
     if config.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
+    now(f"loading {config.model}")
     loaded = load_model(config.model, dtype=config.dtype, device=config.device)
     prompts = chat_prompts(loaded, config.prompts)
     max_context = max(len(p) for p in prompts) + config.max_tokens + 8
@@ -266,7 +322,7 @@ def _run(config: EngineBenchConfig, report: Callable[[dict], None]) -> dict:
     costs: list[dict] = []
     head_to_head: dict[str, dict] = {}
     for batch in config.batches:
-        batch_runs, calibration = run_batch(loaded, config, methods, batch, prompts, max_context, report)
+        batch_runs, calibration = run_batch(loaded, config, methods, batch, prompts, max_context, report, now)
         head_to_head[str(batch)] = pair_ratios(epoch_steps(batch_runs), PAIRS)
         costs += [dict(batch=batch, **row) for row in calibration]
         reference = {r["epoch"]: r["outputs"] for r in batch_runs if r["method"] == "none"}
@@ -276,7 +332,7 @@ def _run(config: EngineBenchConfig, report: Callable[[dict], None]) -> dict:
         runs += sorted(batch_runs, key=lambda r: (methods.index(r["method"]), r["epoch"]))
         if batch == 1 and config.hf_baseline:
             for lookup in (False, True):
-                runs += run_hf(loaded, config, prompts, lookup, report)
+                runs += run_hf(loaded, config, prompts, lookup, report, now)
     for r in runs:
         r.pop("outputs", None)
     notes += [f"torch threads: {torch.get_num_threads()}", *config.notes]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import TrainConfig
+from ..console import Progress
 from ..engine import Engine, SamplingParams
 from ..models import cast_weights, load_model
 from ..rl.batch import Sample
@@ -85,9 +86,14 @@ def _short(gap: dict[str, float]) -> dict[str, float]:
     return {k.removeprefix("training/rollout_"): v for k, v in gap.items()}
 
 
-def run_gap(config: GapConfig) -> dict:
-    """Sample the chat prompts with the configured backend, then score them (`sampler_gap_rows`)."""
+def run_gap(config: GapConfig, work: Progress | None = None) -> dict:
+    """Sample the chat prompts with the configured backend, then score them (`sampler_gap_rows`); `work` hears
+    of the three stages (load, sample, score) as they end."""
+    work = work or Progress.unseen()
+    work.now(f"loading {config.model}")
     loaded = load_model(config.model)
+    work.done(f"loaded {config.model}")
+    work.now(f"sampling {config.prompts} prompts × {config.max_tokens} tokens with {config.backend}")
     masters = master_copy(loaded.model)
     dtype = getattr(torch, config.dtype)
     prompts = [_chat(loaded.tokenizer, QUESTIONS[i % len(QUESTIONS)]) for i in range(config.prompts)]
@@ -110,7 +116,10 @@ def run_gap(config: GapConfig) -> dict:
         )
         outs, exact, weights = engine.generate(prompts, params), engine.runner.exact_attention, loaded.model
     samples = [Sample(p, o.token_ids, [1] * len(o.token_ids), o.logprobs) for p, o in zip(prompts, outs)]
+    work.done(f"sampled {sum(len(s.response_ids) for s in samples)} tokens with {config.backend}")
+    work.now("scoring with the trainer, one source changed at a time")
     rows = sampler_gap_rows(weights, masters, samples, SamplerNumerics(dtype, exact))
+    work.done(f"scored {len(rows)} ways")
     return dict(config=vars(config), exact_attention=exact, tokens=sum(len(s.response_ids) for s in samples), rows=rows)
 
 

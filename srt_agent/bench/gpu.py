@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from ..console import Progress
 from ..files.atomic import write_atomic
 from ..models import resolve_device
 from .gpu_exactness import run_exactness
@@ -76,8 +77,11 @@ def stage_functions() -> dict[str, Stage]:
     return {"exactness": run_exactness, "speed": run_speed, "train": run_train, "profile": run_profile}
 
 
-def run_gpu_check(config: GpuCheckConfig, out: Path, log: Callable[[str], None] = lambda line: None) -> dict:
-    """Run the configured stages, writing each stage's JSON and the summary into `out`; returns the summary."""
+def run_gpu_check(
+    config: GpuCheckConfig, out: Path, log: Callable[[str], None] = lambda line: None, work: Progress | None = None
+) -> dict:
+    """Run the configured stages, writing each stage's JSON and the summary into `out`; returns the summary.
+    `work` hears of each stage as it starts and ends."""
     unknown = [s for s in config.stages if s not in STAGES]
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; choose from {list(STAGES)}")
@@ -88,12 +92,12 @@ def run_gpu_check(config: GpuCheckConfig, out: Path, log: Callable[[str], None] 
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads or threads)
     try:
-        return _run_stages(config, device, out, log)
+        return _run_stages(config, device, out, log, work or Progress.unseen())
     finally:
         torch.set_num_threads(threads)
 
 
-def _run_stages(config: GpuCheckConfig, device: torch.device, out: Path, log: Callable[[str], None]) -> dict:
+def _run_stages(config: GpuCheckConfig, device: torch.device, out: Path, log: Callable[[str], None], work) -> dict:
     started = time.monotonic()
     summary = dict(
         status="running",
@@ -108,7 +112,9 @@ def _run_stages(config: GpuCheckConfig, device: torch.device, out: Path, log: Ca
         remaining = sum(SHARES[s] for s in config.stages[i:])
         deadline = Deadline(max(0.0, end - time.monotonic()) * SHARES[name] / remaining)
         log(f"stage {name}: {deadline.left():.0f} s of budget")
+        work.now(f"stage {name}")
         result = run_stage(functions[name], name, config, device, deadline, out, log)
+        work.done(f"stage {name}: {result['status']} in {result['wall_s']:.0f} s")
         summary["stages"][name] = dict(status=result["status"], wall_s=result["wall_s"], headline=result["headline"])
         write_stage(out, "summary", summary)
     summary["status"] = "done"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from ..console import Progress
 from ..drafting import RolloutCache
 from ..drafting.trees.keys import prompt_key
 from .cache import accepted_tokens
@@ -214,14 +215,22 @@ def simulate(history: History, traj: Traced, k: int, choices: Sequence[str] = ()
     return out
 
 
-def headroom(run_dir: str | Path, k: int = 8, methods: Sequence[str] = METHODS, choices: Sequence[str] = ()) -> dict:
+def headroom(
+    run_dir: str | Path,
+    k: int = 8,
+    methods: Sequence[str] = METHODS,
+    choices: Sequence[str] = (),
+    work: Progress | None = None,
+) -> dict:
     """Per step and method: generated tokens, tokens per forward with the oracle, the frequent path and each of
     `choices` (`chain_choice`), and the run's achieved figure (its trajectories' own forwards); totals over first
-    visits and revisits."""
+    visits and revisits. `work` hears of each step as it is done."""
     choices = [c for c in dict.fromkeys(choices) if c != "frequent"]
     for name in choices:
         chain_choice(name)  # an unknown name fails before the run is read
     steps = read_steps(Path(run_dir))
+    work = work or Progress.unseen()
+    work.update(total=len(steps))
     seen: set[str] = set()
     rows = []
     with tempfile.TemporaryDirectory() as folder:
@@ -249,6 +258,8 @@ def headroom(run_dir: str | Path, k: int = 8, methods: Sequence[str] = METHODS, 
                     history.add(traj)
                 history.end_step()
             rows.append(row)
+            oracle = ", ".join(f"{m} {row['methods'][m]['oracle_tokens_per_forward']:.2f}" for m in methods)
+            work.done(f"step {index}: oracle tokens per forward {oracle}")
     return {"run": str(run_dir), "k": k, "choices": choices, "steps": rows, "totals": totals(rows, methods, choices)}
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import ALGORITHMS, EnvConfig
+from ..console import Progress
 from ..drafting import DRAFTERS, drafter_unavailable, make_drafter
 from ..rl.rollouts import RolloutVariant
 from .methods import METHODS as ALL_METHODS, Method, bench_env as load_bench_env, pick
@@ -48,6 +49,23 @@ class PaperBenchConfig:
         """Two small steps per algorithm (2 prompts × 2 samples, the prompts recur every step); the env's
         token limits stay, so the full run's cached cold start serves (the cache key includes them)."""
         return cls(steps=2, prompts_per_step=2, samples=2, dataset_n=2, ablation_samples=4, out="runs/paper-quick")
+
+
+def paper_steps(cfg: PaperBenchConfig) -> int:
+    """RL steps the benchmark runs in all: every algorithm's, and the n-ablation's."""
+    ablation = bool(cfg.ablation_samples) and "grpo" in cfg.algorithms
+    return cfg.steps * (len(cfg.algorithms) + ablation)
+
+
+def paper_plan(cfg: PaperBenchConfig) -> str:
+    """What the benchmark will run, and about how long the default and `--quick` take on 2 cores."""
+    what = (
+        f"{', '.join(cfg.algorithms)}, {cfg.steps} steps of {cfg.prompts_per_step} prompts × {cfg.samples} samples, "
+        f"methods {', '.join(cfg.methods)}: {paper_steps(cfg)} RL steps"
+    )
+    if cfg.model == "tiny-llama":
+        return what + "; seconds to minutes"
+    return what + "; with SmolLM2 about 3-4 h on 2 cores, estimated (--quick: 43 min measured)"
 
 
 def available_methods(names: tuple[str, ...]) -> tuple[list[Method], dict[str, str]]:
@@ -102,10 +120,12 @@ def token_differences(reference: list, other: list) -> tuple[int, int]:
     return trajectories, tokens
 
 
-def compared_rows(record: RecordedStep, exact: set[str], log: Callable[[str], None] = print) -> list[dict]:
+def compared_rows(
+    record: RecordedStep, exact: set[str], log: Callable[[str], None] = print, done: Callable[[str], None] | None = None
+) -> list[dict]:
     """Every variant's row of a step (`RecordedStep.row`), the measured ones with how far their rollouts
-    differ from the baseline's (the baseline's from the training rollouts'); logs a line for the step, and
-    one per exact method that differs."""
+    differ from the baseline's (the baseline's from the training rollouts'); logs a line per exact method that
+    differs, and hands `done` (default: `log`) the step's line."""
     trajectories = {name: [t for run in rs for t in run.trajectories] for name, rs in record.runs.items()}
     rows = [record.row(name) for name in record.runs]
     measured = [r for r in rows if r["variant"] != TRAINER]
@@ -120,7 +140,7 @@ def compared_rows(record: RecordedStep, exact: set[str], log: Callable[[str], No
                 f"  step {record.step}: MISMATCH: {name}'s rollouts differ from plain decoding's in "
                 f"{row['differing_trajectories']} of {row['trajectories']} trajectories ({row['differing_tokens']} tokens)"
             )
-    log(
+    (done or log)(
         f"  step {record.step}: generation s "
         + ", ".join(f"{r['variant']} {r['gen_s']:.1f}" for r in measured)
         + f"; reward {record.metrics.get('critic/score/mean', 0.0):.2f}"
@@ -137,8 +157,10 @@ def run_algorithm(
     prompts: int,
     out: Path,
     log: Callable[[str], None] = print,
+    work: Progress | None = None,
 ) -> dict:
-    """One RL run of `algorithm` with every method regenerating each step; its rows and per-method cells."""
+    """One RL run of `algorithm` with every method regenerating each step; its rows and per-method cells.
+    `work` hears of each step as it ends (a line for it, in place of `log`'s)."""
     from rich.console import Console
 
     from ..rl.trainer import Trainer
@@ -146,7 +168,8 @@ def run_algorithm(
     config = bench_env(cfg, algorithm, samples, prompts)
     variants = method_variants(methods, config)
     exact, rows = {m.name for m in methods if m.exact}, []
-    recorder = StepRecorder(config, variants, lambda record: rows.extend(compared_rows(record, exact, log)))
+    done = (lambda line: work.done(f"{algorithm} n={samples}{line.removeprefix('  ')}")) if work else None
+    recorder = StepRecorder(config, variants, lambda record: rows.extend(compared_rows(record, exact, log, done)))
     trainer = Trainer(
         config, out, loaded=loaded, variants=variants, on_step=recorder, console=Console(quiet=True), replace_run=True
     )
@@ -204,9 +227,11 @@ def run_paper_bench(
     cfg: PaperBenchConfig,
     log: Callable[[str], None] = print,
     on_run: Callable[[dict], None] | None = None,
+    work: Progress | None = None,
 ) -> dict:
     """Every algorithm's run, then the n-ablation; returns the result (rows, cells, skipped methods).
-    `on_run(result so far)` sees it after every run (a long benchmark leaves its figures as it goes)."""
+    `on_run(result so far)` sees it after every run (a long benchmark leaves its figures as it goes); `work`
+    hears of every RL step (`paper_steps` in all) as it ends."""
     import torch
 
     from ..models import load_model
@@ -225,7 +250,9 @@ def run_paper_bench(
         log(
             f"{label}: {cfg.steps} steps × {prompts} prompts × {samples} samples, methods {', '.join(m.name for m in chosen)}"
         )
-        result = run_algorithm(cfg, algorithm, chosen, loaded, samples, prompts, Path(cfg.out) / label, log)
+        if work is not None:
+            work.now(f"{label}: cold start and step 1")
+        result = run_algorithm(cfg, algorithm, chosen, loaded, samples, prompts, Path(cfg.out) / label, log, work)
         log(
             f"{label}: {result['wall_s']:.0f} s (cold start {'cached' if (result['cold_start'] or {}).get('cached') else 'run'})"
         )

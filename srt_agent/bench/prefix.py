@@ -28,6 +28,17 @@ class PrefixBenchConfig:
     group_sizes: tuple[int, ...] = (4, 8)
     drafters: tuple[str, ...] = ("none", "srt")
     max_batch: int | None = None  # default: the env config's
+    overrides: tuple[str, ...] = ()  # env config keys, as `--set` takes them
+
+    def runs(self) -> int:
+        """Rollout runs in all: every (n, drafter, sharing off and on)."""
+        return len(self.group_sizes) * len(self.drafters) * 2
+
+    @classmethod
+    def quick(cls, env_file: Path = Path("envs/retool_arith.yaml")) -> PrefixBenchConfig:
+        """Tiny random model, one task in groups of 2, one short turn: seconds (checks the pipeline)."""
+        turn = ("model=tiny-llama", "max_turns=1", "max_tokens_per_turn=8", "max_response_tokens=8")
+        return cls(env_file, limit=1, group_sizes=(2,), overrides=turn)
 
 
 def unique_prompt_tokens(trajectories: Sequence[Trajectory]) -> int:
@@ -73,7 +84,7 @@ def run_prefix_bench(config: PrefixBenchConfig, report: Callable[[PrefixRun], No
     """Every (n, drafter, sharing) rollout; ratios per n: sharing on vs off, SRT vs none."""
     from ..models import load_model
 
-    env = load_env_config(config.env_file)
+    env = load_env_config(config.env_file, list(config.overrides))
     tasks = env.dataset.tasks(config.limit)
     loaded = load_model(config.model or env.model, device=env.engine.device)
     runs: list[PrefixRun] = []

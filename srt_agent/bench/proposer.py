@@ -17,6 +17,8 @@ import random
 import time
 from dataclasses import asdict, dataclass
 
+from ..console import Progress
+
 TARGET_US_PER_ROW = 2.0  # the proposer's host time per row per step a GPU step can afford (0.5 ms at batch 256)
 
 
@@ -33,10 +35,13 @@ class ProposerBenchSpec:
     seed: int = 0
 
 
-def run_proposer_bench(spec: ProposerBenchSpec) -> dict:
-    """Generate the steps with SRT inside vLLM; per step the proposer's host µs per row and vLLM's step ms."""
+def run_proposer_bench(spec: ProposerBenchSpec, work: Progress | None = None) -> dict:
+    """Generate the steps with SRT inside vLLM; per step the proposer's host µs per row and vLLM's step ms
+    (`work` hears of each step as it ends)."""
     from ..backends.vllm import cpu_env, speculative_config, srt_proposer, tiny_model_dir
 
+    work = work or Progress.unseen()
+    work.now("vLLM's start-up")
     os.environ.update(cpu_env(kv_cache_gib=2))
     from vllm import LLM, SamplingParams
 
@@ -83,6 +88,7 @@ def run_proposer_bench(spec: ProposerBenchSpec) -> dict:
                 "accepted": after["accepted"] - before["accepted"],
             }
         )
+        work.done(f"step {step}: {figures[-1]['proposer_us_per_row']:.1f} µs per row, {seconds:.1f} s")
     return {"spec": asdict(spec), "rows": rows, "target_us_per_row": TARGET_US_PER_ROW, "steps": figures}
 
 

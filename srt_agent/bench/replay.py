@@ -5,21 +5,27 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..console import Progress
 from ..engine.options import RunAheadOptions
 from ..rl.replay import ReplayOptions, replay
 from ..rl.rollout_trace import RolloutTrace
 
 
-def replay_sweep(trace: RolloutTrace, pool: RolloutTrace | None = None, **values: list) -> dict:
+def replay_sweep(
+    trace: RolloutTrace, pool: RolloutTrace | None = None, work: Progress | None = None, **values: list
+) -> dict:
     """Replay `trace` once per combination of the given option values (empty lists keep the trace's
     setting): drafter, max_draft_tokens, max_depth, max_bytes, and with run-ahead content (the trace's
-    own or `pool`'s) slack and tokens_per_sequence."""
+    own or `pool`'s) slack and tokens_per_sequence. `work` hears of each replay as it ends."""
     import itertools
     import time
 
     names = [k for k, v in values.items() if v]
+    combos = list(itertools.product(*(values[k] for k in names))) if names else [()]
+    work = work or Progress.unseen()
+    work.update(total=len(combos))
     rows = []
-    for combo in itertools.product(*(values[k] for k in names)) if names else [()]:
+    for combo in combos:
         setting = dict(zip(names, combo))
         ahead = {k: setting.pop(k) for k in ("slack", "tokens_per_sequence") if k in setting}
         options = ReplayOptions(**setting)
@@ -45,6 +51,9 @@ def replay_sweep(trace: RolloutTrace, pool: RolloutTrace | None = None, **values
                 ],
                 wall_s=time.perf_counter() - start,
             )
+        )
+        work.done(
+            f"{rows[-1]['setting'] or 'as recorded'}: {rows[-1]['accepted_per_forward']:.2f} accepted per forward"
         )
     forwards = sum(t.forwards for s in trace.steps for t in s.trajectories)
     measured = sum(t.draft_accepted for s in trace.steps for t in s.trajectories) / forwards if forwards else 0.0

@@ -17,6 +17,7 @@ from dataclasses import asdict
 import torch
 import torch.nn.functional as F
 
+from ..console import Progress
 from ..models import LoadedModel
 from ..rl.roofline_cost import ModelShape
 from ..runner.device_info import detect_device
@@ -136,14 +137,26 @@ def profile_step(runner: ModelRunner, chunks: list[Chunk], top: int = 12) -> lis
     ]
 
 
+def roofline_units(profile: bool) -> int:
+    """Measurements `run_roofline` makes: bandwidth, GEMMs, each step shape, and the two profiles."""
+    return 2 + len(STEP_SHAPES) + (2 if profile else 0)
+
+
 def run_roofline(
-    model: LoadedModel, context: int = 512, reps: int = 5, profile: bool = True, clock: str = "wall"
+    model: LoadedModel,
+    context: int = 512,
+    reps: int = 5,
+    profile: bool = True,
+    clock: str = "wall",
+    work: Progress | None = None,
 ) -> dict:
-    """Measure the device and the model's step shapes; returns the JSON-ready result.
+    """Measure the device and the model's step shapes; returns the JSON-ready result. `work` hears of each
+    measurement (`roofline_units`) as it ends.
 
     Where the runner packs its linears, every shape is also timed with packing off, alternating
     within the same run (``step_ms_unpacked``).
     """
+    work = work or Progress.unseen()
     device = model.device
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     info = detect_device(device)
@@ -151,8 +164,11 @@ def run_roofline(
     max_tokens = max(t for _, t in STEP_SHAPES)
     runner = ModelRunner(model.model, max_seqs, context + max_tokens, 1, device)
     cost = ModelCost.of(runner)
+    work.now("memory bandwidth")
     bandwidth = measure_bandwidth(device, sync, reps, clock)
+    work.done(f"memory bandwidth: {bandwidth['gemv_gb_s']:.1f} GB/s")
     gemm = measure_gemm(runner, sync, reps, clock)
+    work.done(f"GEMMs: peak {max(gemm.values()):.0f} GFLOP/s")
     peak = max(gemm.values())
     bw = bandwidth["gemv_gb_s"] * 1e9
     prompt = [(7 * i + 3) % runner.vocab_size for i in range(context)]
@@ -184,6 +200,7 @@ def run_roofline(
         if runner.packed_linears:
             shape["step_ms_unpacked"] = times[False] * 1e3
         shapes.append(shape)
+        work.done(f"{sequences} × {tokens} tokens: {seconds * 1e3:.1f} ms, {seconds / floor:.1f}× its floor")
     one = next(s for s in shapes if (s["sequences"], s["tokens"]) == (1, 1))
     for s in shapes:
         s["ratio_to_one_token_step"] = s["step_ms"] / one["step_ms"]
@@ -198,8 +215,9 @@ def run_roofline(
         shapes=shapes,
     )
     if profile:
-        result["profile_one_token"] = profile_step(runner, [Chunk(0, context, prompt[:1], 1)])
-        result["profile_16_tokens"] = profile_step(runner, [Chunk(0, context, prompt[:16], 16)])
+        for key, tokens in (("profile_one_token", 1), ("profile_16_tokens", 16)):
+            result[key] = profile_step(runner, [Chunk(0, context, prompt[:tokens], tokens)])
+            work.done(f"profile of the {tokens}-token step")
     return result
 
 

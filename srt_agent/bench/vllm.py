@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..config import EnvConfig
+from ..console import Progress
 from ..engine.options import RunAheadOptions
 from ..engine.tail import TAIL_SEQUENCES, tail_figures
 from ..rl.evaluate import bootstrap_statistic, ratio_text
@@ -128,8 +129,10 @@ def bench_variants(methods: Sequence[Method]) -> list[RolloutVariant]:
     return [trainer] + [m.variant(RunAheadOptions(), own_engine=True) for m in methods]
 
 
-def run_batch(cfg: VLLMBenchConfig, batch: int, methods: list[Method], loaded, log: Callable[[str], None]) -> dict:
-    """One RL run at batch size `batch` with every method regenerating each step."""
+def run_batch(
+    cfg: VLLMBenchConfig, batch: int, methods: list[Method], loaded, log: Callable[[str], None], work: Progress
+) -> dict:
+    """One RL run at batch size `batch` with every method regenerating each step (a line for each to `work`)."""
     from rich.console import Console
 
     from ..rl.trainer import Trainer
@@ -140,7 +143,7 @@ def run_batch(cfg: VLLMBenchConfig, batch: int, methods: list[Method], loaded, l
 
     def record(step: RecordedStep) -> None:
         steps.append(bench_step(step, names))
-        log(step_line(steps[-1]))
+        work.done(f"batch {batch} {step_line(steps[-1]).strip()}")
 
     recorder = StepRecorder(config, variants, record)
     log(
@@ -288,15 +291,20 @@ def summarize_steps(steps: list[dict], inexact: Sequence[str] = (), seed: int = 
 
 
 def run_vllm_bench(
-    cfg: VLLMBenchConfig, log: Callable[[str], None] = print, on_batch: Callable[[dict], None] | None = None
+    cfg: VLLMBenchConfig,
+    log: Callable[[str], None] = print,
+    on_batch: Callable[[dict], None] | None = None,
+    work: Progress | None = None,
 ) -> dict:
-    """Every batch size's RL run; the result (also handed to `on_batch` after each run) is JSON-ready."""
+    """Every batch size's RL run; the result (also handed to `on_batch` after each run) is JSON-ready. `work`
+    hears of every RL step as it ends."""
     from ..backends import vllm_missing
     from ..models import load_model
 
     missing = vllm_missing()
     if missing:
         raise ValueError(missing)
+    work = work or Progress.unseen()
     methods = chosen_methods(cfg.methods)
     config = bench_env(cfg, max(cfg.batches))
     loaded = load_model(cfg.model or config.model, device=config.engine.device)
@@ -327,7 +335,8 @@ def run_vllm_bench(
         "runs": [],
     }
     for batch in cfg.batches:
-        result["runs"].append(run_batch(cfg, batch, methods, loaded, log))
+        work.now(f"batch {batch}: vLLM's start-up and step 1")
+        result["runs"].append(run_batch(cfg, batch, methods, loaded, log, work))
         if on_batch is not None:
             on_batch(result)
     return result

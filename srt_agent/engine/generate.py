@@ -3,10 +3,14 @@ if asked (:meth:`Engine.generate <srt_agent.engine.engine.Engine.generate>`)."""
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Hashable
 from typing import Protocol
 
+from rich.console import Console
+
+from ..console import no_bar, phase_bar
 from .params import RequestOutput, SamplingParams
 
 
@@ -38,36 +42,15 @@ def generate_all(
             engine.add_request(prompt, p, request_id, prompt_keys[i] if prompt_keys else None)
         except ValueError as exc:
             outputs[request_id] = RequestOutput(request_id, [], [], "error", error=str(exc))
-    bar = _progress(progress, len(prompts))
+    phase = functools.partial(phase_bar, Console()) if progress else no_bar
     try:
-        while any(r not in outputs for r in ids):
-            for out in engine.step():
-                if out.request_id in ids:
-                    outputs[out.request_id] = out
-                    bar.advance()
+        with phase("generating", len(prompts)) as update:
+            while any(r not in outputs for r in ids):
+                for out in engine.step():
+                    if out.request_id in ids:
+                        outputs[out.request_id] = out
+                        update(advance=1)
     finally:
-        bar.close()
         for request_id in ids:
             engine.release(request_id)
     return [outputs[r] for r in ids]
-
-
-class _progress:
-    """A rich progress bar, or nothing."""
-
-    def __init__(self, enabled: bool, total: int):
-        self._bar = None
-        if enabled:
-            from rich.progress import Progress
-
-            self._bar = Progress(transient=True)
-            self._bar.start()
-            self._task = self._bar.add_task("generating", total=total)
-
-    def advance(self) -> None:
-        if self._bar is not None:
-            self._bar.advance(self._task)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()

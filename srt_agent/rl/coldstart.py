@@ -20,13 +20,13 @@ import torch
 from ..agent.toolconfig import require_sandbox_runtime
 from ..agent.trajectory import Trajectory
 from ..config import EnvConfig
+from ..console import Phase, no_bar
 from ..files.atomic import atomic_folder, write_atomic
 from ..models import LoadedModel, cache_root
 from ..sources.arithmetic import arithmetic_tasks
 from .batch import Sample, trajectory_sample
 from .evaluate import ToolUseReport
 from .policy import FLOAT32_SAMPLER, Policy, SamplerNumerics
-from .progress import Phase, no_bar
 from .sft import sft_epochs
 from .traces import load_message_traces, procedural_traces, turn_end_token
 

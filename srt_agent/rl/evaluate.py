@@ -20,7 +20,7 @@ from ..agent.rewards import score_response
 from ..agent.trajectory import Trajectory
 from ..config import EnvConfig, RewardConfig
 from ..config.tasks import Task
-from .progress import Phase, no_bar
+from ..console import Phase, no_bar
 
 if TYPE_CHECKING:
     from .rollouts import PolicyRollouts, RolloutRun

@@ -17,9 +17,9 @@ from rich.console import Console
 from ..agent.rollout import write_jsonl
 from ..config import ConfigError, EnvConfig
 from ..config.tasks import Task
+from ..console import phase_bar
 from ..files.atomic import write_atomic
 from .evaluate import HELD_OUT_FIGURES, evaluate_policy, held_out_tasks, interval_text, reports_by_source
-from .progress import phase_bar
 
 TaskSet = Literal["held-out", "dataset"]
 
@@ -106,7 +106,7 @@ def run_eval(
             weights, step_folder = load_policy_weights(config, loaded, checkpoint)
             rollouts.update_weights(weights)
         seed = config.cold_start.eval_seed
-        phase = functools.partial(phase_bar, console)
+        phase = functools.partial(phase_bar, console, lines=None)  # a line per trajectory in a log
         report, run = evaluate_policy(
             rollouts, task_list, seed, n_samples=n_samples, phase=phase, label=f"{tasks} tasks"
         )

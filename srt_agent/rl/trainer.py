@@ -29,6 +29,7 @@ from ..agent.toolconfig import load_tools, require_sandbox_runtime
 from ..agent.trajectory import Trajectory
 from ..backends.base import run_tree_budget
 from ..config import ConfigError, EnvConfig, load_env_config
+from ..console import Progress, phase_bar
 from ..drafting import DRAFTERS, drafter_capabilities
 from ..models import LoadedModel, load_model
 from ..runner.device_info import resolve_engine_dtype
@@ -49,7 +50,6 @@ from .interrupt import cooperative_interrupt, deferred_interrupt
 from .memory import MemoryMeter, check_plan, memory_line, plan_memory, planned_engines
 from .metrics import merged_summary, rollout_metrics, run_ahead_metrics, speculation_metrics, tail_metrics
 from .policy import SamplerNumerics, build_policy, master_copy, require_peft
-from .progress import phase_bar
 from .record import RunParts, RunRecord
 from .report import step_table, step_warnings, story_lines, write_report
 from .rollout_trace import TraceBook
@@ -250,6 +250,7 @@ class Trainer(RunRecord):
         train, sampler = self.config.train, parts.sampler
         saved = first
         pending: SavedStep | None = None  # the last finished step that has no checkpoint yet
+        steps = Progress(self.console, "train", train.steps - first, True, None)  # a line per step, after its row
         try:
             with cooperative_interrupt() as check:
                 self._check_interrupt = check  # each rollout run starts with it
@@ -272,6 +273,7 @@ class Trainer(RunRecord):
                         for tracker in trackers:
                             tracker.log({k: v for k, v in metrics.items() if k != "step"}, step)
                         self.console.print(step_table(metrics, self.compared, header=len(self.history) == 1))
+                        steps.done(f"step {step} of {train.steps}")
                         self._warn(metrics)
                         self._announce_correction()
                         if step % train.checkpoint_every == 0 or step == train.steps or interrupted:
@@ -365,9 +367,14 @@ class Trainer(RunRecord):
         with self._phase(f"{label} ({drafter})", len(tasks) * n) as update:
             return rollouts.run(drafter, tasks, n, seed, on_done=lambda _: update(advance=1), upcoming=upcoming)
 
-    def _phase(self, label: str, total: float | None = None, detail: str = "", **fields):
-        """A transient progress bar on the run's console while a phase runs."""
-        return phase_bar(self.console, label, total, detail, **fields)
+    def _phase(self, label: str, total: float | None = None, detail: str = "", lines: bool | None = False, **fields):
+        """A transient progress bar on the run's console while a phase runs (`lines` None: a line per unit in
+        a log, for the slow phases: cold start, held-out evaluation)."""
+        return phase_bar(self.console, label, total, detail, lines, **fields)
+
+    def _slow_phase(self, label: str, total: float | None = None, detail: str = "", **fields):
+        """A phase whose units are few and slow: a bar on a terminal, a line per unit in a log."""
+        return self._phase(label, total, detail, None, **fields)
 
     def _compare(self, name: str, gen: StepRollouts, rollouts: PolicyRollouts) -> dict[str, float]:
         """Regenerate the step's rounds with variant `name`: same weights, same seeds."""
@@ -447,7 +454,7 @@ class Trainer(RunRecord):
             eos_token_ids=controller.eos_token_ids,
         )
         self.cold = run_cold_start(
-            cfg, self.loaded, args, evaluate, self._phase, self._log, rollouts.serves_module, sampler, masters
+            cfg, self.loaded, args, evaluate, self._slow_phase, self._log, rollouts.serves_module, sampler, masters
         )
         rollouts.update_weights(self.cold.weights)
         # The engines (and the module) hold them; a float32 copy only where the engines cast them.
@@ -485,7 +492,7 @@ class Trainer(RunRecord):
 
         def evaluate(label: str) -> ToolUseReport:
             self._check_interrupt()
-            return evaluate_policy(rollouts, tasks, seed, phase=self._phase, label=f"held-out tasks, {label}")[0]
+            return evaluate_policy(rollouts, tasks, seed, phase=self._slow_phase, label=f"held-out tasks, {label}")[0]
 
         return evaluate
 
