@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from progress_lines import progress_lines
+from helpers.progress_lines import progress_lines
 from typer.testing import CliRunner
 
 from srt_agent.bench.cache import (

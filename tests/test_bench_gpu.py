@@ -12,7 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from progress_lines import progress_lines
+from helpers.progress_lines import progress_lines
 from torch.autograd import DeviceType
 
 from srt_agent.bench import gpu, gpu_setup

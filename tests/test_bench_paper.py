@@ -8,7 +8,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from progress_lines import progress_lines
+from helpers.progress_lines import progress_lines
 from rich.console import Console
 
 from srt_agent.bench import paper as paper_bench

