@@ -77,6 +77,6 @@ def test_the_benchmarks_take_a_new_drafter_from_the_registry(registered):
     from srt_agent.bench.engine import EngineBenchConfig
     from srt_agent.drafting import exact_drafters
 
-    assert "mytrees" in EngineBenchConfig().methods and "mytrees" in available_drafters()
+    assert "mytrees" in EngineBenchConfig.everything().methods and "mytrees" in available_drafters()  # --all
     assert "spec-rl" not in exact_drafters()  # lenient: not exactly on-policy
     assert "none" not in available_drafters() and "self" not in available_drafters()  # nothing to draft; a model

@@ -40,15 +40,16 @@ def docker_client_or_skip():
 
 
 def recorded_containers(sandbox: DockerSandbox | Any) -> list[str]:
-    """The ids of the containers `sandbox` creates from now on (filled as it creates them)."""
-    created, create = [], sandbox.client.api.create_container
+    """The ids of the containers `sandbox` (or a docker client) creates from now on (filled as it creates them)."""
+    client = getattr(sandbox, "client", sandbox)
+    created, create = [], client.api.create_container
 
     def recording(*args, **kwargs):
         answer = create(*args, **kwargs)
         created.append(answer["Id"])
         return answer
 
-    sandbox.client.api.create_container = recording
+    client.api.create_container = recording
     return created
 
 
