@@ -126,7 +126,7 @@ def test_n_reaches_the_bench_config(monkeypatch, tmp_path):
 
     seen = []
 
-    def fake_run(config, log, on_batch):
+    def fake_run(config, log, on_batch, work=None):
         seen.append(config)
         return {"runs": []}
 
