@@ -54,7 +54,9 @@ DEFAULTS = EngineDefaults()  # the env YAML's engine: section takes its defaults
 class _Verified:
     """A step's verification of the real rows: their chunks and drafts (without drafts after a fallback), the
     tokens each emitted, the draft nodes each accepted, model faults by row, whether the pass was batched,
-    its seconds, and (filled when accepted) how many emitted tokens each row kept before a stop."""
+    its seconds, whether it was a timed decoding step (batched, faultless, one pending token a row: the steps
+    the cost model and `PaidDrafting` learn from), and (filled when accepted) how many emitted tokens each row
+    kept before a stop."""
 
     chunks: list
     drafts: list[Draft]
@@ -63,6 +65,7 @@ class _Verified:
     faults: dict[int, str]
     batched: bool
     forward_s: float
+    decoding: bool
     kept: list[int] = dataclasses.field(default_factory=list)
 
 
@@ -377,15 +380,16 @@ class Engine:
             emitted, accepted, faults = self.verifier.forward_one_by_one(seqs, chunks, drafts)
             batched = False
         forward_s = time.perf_counter() - t0  # the forward pass, the LM head and sampling
-        if batched and all(c.num_pending == 1 for c in all_chunks) and not faults:
-            # decoding and verifying only: the steps whose drafts the cost model sizes
+        # decoding and verifying only: the steps whose drafts the cost model sizes
+        decoding = batched and all(c.num_pending == 1 for c in all_chunks) and not faults
+        if decoding:
             self.cost_model.observe(sum(len(c) for c in all_chunks), forward_s, len(all_chunks))
         if ahead:
             broken = {i - len(seqs) for i in faults if i >= len(seqs)}
             self.run_ahead.absorb(ahead, emitted[len(seqs) :], 0.0 if seqs else forward_s, broken)
             emitted, accepted = emitted[: len(seqs)], accepted[: len(seqs)]
             faults = {i: f for i, f in faults.items() if i < len(seqs)}
-        return _Verified(chunks, drafts, emitted, accepted, faults, batched, forward_s)
+        return _Verified(chunks, drafts, emitted, accepted, faults, batched, forward_s, decoding)
 
     def _accept(self, seqs: list[Sequence], verified: _Verified) -> list[Sequence]:
         """Append each row's emitted tokens (the drafter learns what was accepted, KV keeps the accepted
@@ -432,14 +436,8 @@ class Engine:
         t.steps += 1
         drafted = sum(len(d) for d in verified.drafts)
         t.verify_s += self.cost_model.per_token_s * drafted  # the fit's price of a fed token
-        paid = self.drafting.paid
-        if (
-            paid is not None
-            and verified.batched
-            and not verified.faults
-            and all(c.num_pending == 1 for c in verified.chunks)
-        ):
-            paid.observe(len(seqs), drafted, sum(verified.kept), step_s)
+        if self.drafting.paid is not None and verified.decoding:
+            self.drafting.paid.observe(len(seqs), drafted, sum(verified.kept), step_s)
         t.tail.count(len(seqs), step_s, sum(verified.kept))
         t.draft_s += sum(draft_s)
         t.forward_s += verified.forward_s
