@@ -53,3 +53,19 @@ def test_a_slower_step_says_where_its_extra_time_went():
     assert "10.0 s longer than none" in line and "host 1.00 s" in line
     assert "rejected drafts 6.00 s (900 tokens)" in line and "the rest 3.00 s" in line
     assert slower_line({**metrics, "compare/none/gen_s": 31.0}, "srt", "none") is None
+
+
+def test_a_trace_records_drafting_host_time_from_every_backends_speculation_figures():
+    """The projection's host µs per row come from ``speculation.host_s``, which vLLM's proposer reports too."""
+    from srt_agent.config import EnvConfig
+    from srt_agent.rl.projection import host_s_per_row
+    from srt_agent.rl.rollout_trace import TraceBook
+    from srt_agent.rl.rollouts import RolloutVariant
+
+    book = TraceBook(EnvConfig(model="tiny-llama"), [RolloutVariant("srt", "srt")])
+    run = _run(dict(host_s=0.5, drafted=10, accepted=5, verify_s=0.1))
+    run.bookkeeping_s = 0.25
+    book.add(1, {"srt": [run, _run(dict(host_s=0.25, drafted=0, accepted=0, verify_s=0.0))]})
+    step = book.traces["srt"].steps[0]
+    assert (step.draft_s, step.bookkeeping_s) == (0.75, 0.25)
+    assert host_s_per_row(book.traces["srt"]) is None  # no forwards recorded: nothing to divide by

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..agent.trajectory import Trajectory
 from ..config import EnvConfig
 from ..drafting.choice.cost_model import ForwardCostModel
-from .rollouts import HOST_FIGURES, RolloutRun, RolloutVariant
+from .rollouts import RolloutRun, RolloutVariant
 
 
 @dataclass
@@ -71,7 +71,7 @@ class TracedStep:
     cost: dict  # ForwardCostModel figures when the step began (see `srt_agent.engine.stats.cost_table`)
     run_ahead: list[TracedRunAhead] = field(default_factory=list)
     wall_s: float = 0.0
-    draft_s: float = 0.0  # the engine's host seconds drafting (0 where the backend does not count them) …
+    draft_s: float = 0.0  # the backend's host seconds drafting (its speculation figures' host_s) …
     bookkeeping_s: float = 0.0  # … and on the rest of its steps beside the forward pass
     cost_after: dict = field(default_factory=dict)  # the cost table when the step ended (its steps measured)
     engine_s: float = 0.0  # of wall_s, the seconds the engine spent in steps that ran the step's sequences
@@ -165,9 +165,12 @@ class TraceBook:
                 )
             trajectories = [TracedTrajectory.of(t, t.prompt_key) for run in rs for t in run.trajectories]
             written = [TracedRunAhead(str(k), list(c), list(g)) for run in rs for k, c, g in run.run_ahead_written]
-            host = [sum(run.host.get(k, 0.0) for run in rs) for k in HOST_FIGURES]
+            draft_s = sum(run.speculation.get("host_s", 0.0) for run in rs)
+            bookkeeping_s = sum(run.bookkeeping_s for run in rs)
             engine_s = sum(run.tail.get("step_s", 0.0) for run in rs)
             wall_s = sum(r.wall_s for r in rs)
             self.traces[name].steps.append(
-                TracedStep(step, trajectories, rs[0].cost, written, wall_s, *host, rs[-1].cost_after, engine_s)
+                TracedStep(
+                    step, trajectories, rs[0].cost, written, wall_s, draft_s, bookkeeping_s, rs[-1].cost_after, engine_s
+                )
             )

@@ -70,9 +70,6 @@ def undrafted_owner(config: EnvConfig, variants: Sequence[RolloutVariant], index
     return None
 
 
-HOST_FIGURES = ("draft_s", "bookkeeping_s")  # the engine's host seconds a run records
-
-
 @dataclass
 class RolloutRun:
     """One variant's rollouts of one batch of tasks (and what its run-ahead did meanwhile)."""
@@ -88,7 +85,7 @@ class RolloutRun:
     settings: dict = field(default_factory=dict)  # the engine's batch, draft and tree settings
     tail: dict = field(default_factory=dict)  # its steps' time and tokens by sequences running (TailStats)
     speculation: dict = field(default_factory=dict)  # what drafting cost meanwhile (the backend's "speculation")
-    host: dict = field(default_factory=dict)  # the engine's host seconds: draft_s, bookkeeping_s (where counted)
+    bookkeeping_s: float = 0.0  # the engine's host seconds beside its forwards and drafting (where counted)
 
     @property
     def wall_s(self) -> float:
@@ -191,7 +188,7 @@ class PolicyRollouts:
         for key in ("tail", "speculation"):
             if key in stats_before and key in stats_after:
                 setattr(run, key, stats_delta(stats_before[key], stats_after[key]))
-        run.host = {k: stats_after[k] - stats_before[k] for k in HOST_FIGURES if k in stats_before and k in stats_after}
+        run.bookkeeping_s = stats_after.get("bookkeeping_s", 0.0) - stats_before.get("bookkeeping_s", 0.0)
         return run
 
     def open_run_ahead(
