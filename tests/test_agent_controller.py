@@ -23,7 +23,7 @@ from srt_agent.agent import (
 )
 from srt_agent.agent.chat import render_prompt
 from srt_agent.agent.env import Env
-from srt_agent.engine import AsyncEngine, Engine
+from srt_agent.engine import AsyncEngine, Engine, EngineOptions
 from srt_agent.models import load_model
 from srt_agent.sources.arithmetic import arithmetic_tasks
 
@@ -67,7 +67,7 @@ class Crashing(PrefilledReTool):
 
 def controller(tiny, env_class, tools=None, drafter="srt", **config) -> MultiTurnController:
     options = {"max_turns": 3, "max_tokens_per_turn": 8, "max_response_tokens": 160, "n_samples": 2, **config}
-    engine = Engine(tiny, drafter=drafter, device="cpu", max_batch=8, max_context=1024, calibrate=False)
+    engine = Engine(tiny, EngineOptions(drafter=drafter, device="cpu", max_batch=8, max_context=1024, calibrate=False))
     return MultiTurnController(
         AsyncEngine(engine), tiny.tokenizer, EnvConfig(**options), env_class, tools or {}, tiny.eos_token_ids
     )

@@ -7,7 +7,7 @@ import pytest
 from srt_agent.agent.env import ToolCallRecord
 from srt_agent.agent.trajectory import Trajectory
 from srt_agent.bench.replay import replay_sweep
-from srt_agent.engine import Engine, SamplingParams
+from srt_agent.engine import Engine, EngineOptions, SamplingParams
 from srt_agent.engine.options import RunAheadOptions
 from srt_agent.engine.stats import cost_table, engine_settings
 from srt_agent.rl.replay import ReplayOptions, replay
@@ -23,7 +23,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def recorded_run(model, steps: int = 3) -> RolloutTrace:
     """GRPO-shaped single-turn steps through the real engine (every draft verified: no timing in the
     schedule), recorded as a trace."""
-    engine = Engine(model, drafter="srt", max_batch=8, max_context=128, calibrate=False, adaptive_drafts=False)
+    engine = Engine(
+        model, EngineOptions(drafter="srt", max_batch=8, max_context=128, calibrate=False, adaptive_drafts=False)
+    )
     trace = RolloutTrace(
         "srt", "srt", limits=dict(max_tokens_per_turn=MAX_TOKENS, max_response_tokens=1000), **engine_settings(engine)
     )

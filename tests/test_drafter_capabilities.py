@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from srt_agent.backends.base import run_tree_budget
 from srt_agent.backends.engine_backend import engine_backend
 from srt_agent.backends.vllm.availability import refusal, vllm_missing
 from srt_agent.backends.vllm.proposer import SRTProposer
@@ -43,8 +42,8 @@ def registered(monkeypatch):
 def test_a_new_tree_drafter_gets_the_trees_their_budget_and_srts_proposer(registered, tiny_llama):
     config = load_env_config(ENVS / "retool_train.yaml", ["engine.tree_bytes=50000000"])
     assert runs_as_proposer("mytrees") and not runs_as_proposer("ngram")
-    options = run_tree_budget(config).drafter_options(drafter_capabilities("mytrees"))
-    assert options == {"max_bytes": 50_000_000, "global_bytes": run_tree_budget(config).global_bytes}
+    options = config.tree_budget().drafter_options(drafter_capabilities("mytrees"))
+    assert options == {"max_bytes": 50_000_000, "global_bytes": config.tree_budget().global_bytes}
     backend = engine_backend(
         config.model_copy(update={"engine": config.engine.model_copy(update={"max_batch": 2})}),
         tiny_llama,

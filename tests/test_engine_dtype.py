@@ -9,7 +9,7 @@ import torch
 
 from srt_agent.backends.engine_backend import engine_backend
 from srt_agent.config import EngineConfig, EnvConfig
-from srt_agent.engine import Engine
+from srt_agent.engine import Engine, EngineOptions
 from srt_agent.engine.params import SamplingParams
 from srt_agent.models import tiny_random_model
 from srt_agent.runner.device_info import ENGINE_DTYPES, resolve_engine_dtype
@@ -39,7 +39,8 @@ def test_auto_is_bfloat16_on_a_gpu_that_has_it_and_the_loaded_dtype_on_a_cpu(mon
 def test_the_engine_casts_its_model_and_keeps_the_rotary_frequencies():
     loaded = tiny_random_model("llama", seed=0, dtype=torch.float32)
     engine = Engine(
-        loaded, drafter="none", device="cpu", max_batch=2, max_context=64, calibrate=False, dtype="bfloat16"
+        loaded,
+        EngineOptions(drafter="none", device="cpu", max_batch=2, max_context=64, calibrate=False, dtype="bfloat16"),
     )
     assert {p.dtype for p in loaded.model.parameters()} == {torch.bfloat16}
     assert engine.runner.kv.keys[0].dtype == torch.bfloat16
@@ -54,7 +55,7 @@ def test_the_engine_casts_its_model_and_keeps_the_rotary_frequencies():
 
 def test_the_engine_keeps_the_loaded_dtype_unless_told():
     loaded = tiny_random_model("llama", seed=0)  # float64
-    Engine(loaded, drafter="none", device="cpu", max_batch=1, max_context=32, calibrate=False)
+    Engine(loaded, EngineOptions(drafter="none", device="cpu", max_batch=1, max_context=32, calibrate=False))
     assert {p.dtype for p in loaded.model.parameters()} == {torch.float64}
 
 

@@ -11,7 +11,7 @@ from helpers.scripted_drafter import ScriptedDrafter
 from srt_agent.drafting import DRAFTERS, Draft, is_lenient, make_drafter
 from srt_agent.drafting.choice.cost_model import ForwardCostModel
 from srt_agent.drafting.drafters.model_drafting import ModelDrafter
-from srt_agent.engine import Engine, SamplingParams
+from srt_agent.engine import Engine, EngineOptions, SamplingParams
 from srt_agent.models import tiny_random_model
 from srt_agent.models.architectures import VERIFIED
 
@@ -43,12 +43,9 @@ FIXED_COSTS = [(t, 0.010 + 1e-6 * t, s) for s in (1, 4, 8, 12) for t in (s, 2 * 
 def run(model, drafter, params_kw, epochs=1, adaptive=False, max_tokens=24):
     engine = Engine(
         model,
-        drafter=drafter,
-        max_batch=8,
-        max_context=96,
-        max_draft_tokens=8,
-        adaptive_drafts=adaptive,
-        calibrate=False,
+        EngineOptions(
+            drafter=drafter, max_batch=8, max_context=96, max_draft_tokens=8, adaptive_drafts=adaptive, calibrate=False
+        ),
     )
     if adaptive:
         engine.cost_model = FixedCosts()
@@ -180,7 +177,7 @@ def test_smollm2_speculative_matches_plain(smollm2):
     ]
     prompts = [tok.encode(p) for p in prompts for _ in range(2)]
     params = [SamplingParams(temperature=1.0, top_p=0.95, max_tokens=40, seed=i) for i in range(len(prompts))]
-    plain = Engine(smollm2, drafter=None, max_batch=8, max_context=256).generate(prompts, params)
+    plain = Engine(smollm2, EngineOptions(drafter=None, max_batch=8, max_context=256)).generate(prompts, params)
 
     def same_as_plain(outputs) -> None:
         assert [o.token_ids for o in outputs] == [o.token_ids for o in plain]
@@ -188,7 +185,9 @@ def test_smollm2_speculative_matches_plain(smollm2):
             assert b.logprobs == pytest.approx(a.logprobs, abs=2e-4)
             assert a.finish_reason == b.finish_reason
 
-    engine = Engine(smollm2, drafter="srt", max_batch=8, max_context=256, adaptive_drafts=False, max_draft_tokens=8)
+    engine = Engine(
+        smollm2, EngineOptions(drafter="srt", max_batch=8, max_context=256, adaptive_drafts=False, max_draft_tokens=8)
+    )
     same_as_plain(engine.generate(prompts, params))  # cold trees: siblings draft for each other
     cold = engine.stats()
     assert cold["draft_verified"] > cold["draft_accepted"] > 0
@@ -201,7 +200,8 @@ def test_smollm2_speculative_matches_plain(smollm2):
     for mode in ("tree", "wrong"):
         drafter = ScriptedDrafter(continuations, mode, vocab)
         engine = Engine(
-            smollm2, drafter=drafter, max_batch=8, max_context=256, adaptive_drafts=False, max_draft_tokens=4
+            smollm2,
+            EngineOptions(drafter=drafter, max_batch=8, max_context=256, adaptive_drafts=False, max_draft_tokens=4),
         )
         same_as_plain(engine.generate(prompts, params))
         stats = engine.stats()

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from srt_agent.engine import Engine, SamplingParams
+from srt_agent.engine import Engine, EngineOptions, SamplingParams
 from srt_agent.models import tiny_random_model
 from srt_agent.runner.packed_linear import PackedLinear, linear_bytes, pack_model_linears, set_packing
 
@@ -64,10 +64,12 @@ def test_packed_copy_follows_weight_updates():
 def test_engine_update_weights_reaches_packed_linears():
     """After update_weights, a packed engine decodes exactly what a fresh one over the new weights does."""
     params = SamplingParams(temperature=0.0, max_tokens=8)
-    engine = Engine(tiny_random_model("llama", seed=0, dtype=torch.float32), drafter=None, max_context=64)
+    engine = Engine(
+        tiny_random_model("llama", seed=0, dtype=torch.float32), EngineOptions(drafter=None, max_context=64)
+    )
     assert engine.runner.packed_linears
     engine.generate([[1, 2, 3]], params)
     new = tiny_random_model("llama", seed=5, dtype=torch.float32)
     engine.update_weights(new.model.state_dict())
-    fresh = Engine(tiny_random_model("llama", seed=5, dtype=torch.float32), drafter=None, max_context=64)
+    fresh = Engine(tiny_random_model("llama", seed=5, dtype=torch.float32), EngineOptions(drafter=None, max_context=64))
     assert engine.generate([[1, 2, 3]], params)[0].token_ids == fresh.generate([[1, 2, 3]], params)[0].token_ids

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from srt_agent.drafting import DRAFTERS, make_drafter
-from srt_agent.engine import Engine, SamplingParams
+from srt_agent.engine import Engine, EngineOptions, SamplingParams
 from srt_agent.engine.prefix_cache import PrefixCache
 from srt_agent.models import tiny_random_model
 
@@ -32,7 +32,7 @@ def params(max_tokens: int = 12, temperature: float = 1.0) -> list[SamplingParam
 
 def engine(model, drafter=None, sharing=True, **kw) -> Engine:
     kw = {**dict(max_batch=8, max_context=96, max_draft_tokens=6, calibrate=False, adaptive_drafts=False), **kw}
-    return Engine(model, drafter=drafter, prefix_sharing=sharing, prefix_block_size=BLOCK, **kw)
+    return Engine(model, EngineOptions(drafter=drafter, prefix_sharing=sharing, prefix_block_size=BLOCK, **kw))
 
 
 def run(model, drafter=None, sharing=True, epochs=2, **kw):
@@ -175,7 +175,7 @@ def test_prefix_cache_matches_exact_prefixes_only():
 
 def test_bad_prefix_options_are_refused(tiny_llama):
     with pytest.raises(ValueError, match="prefix_block_size"):
-        Engine(tiny_llama, drafter=None, prefix_block_size=0, calibrate=False)
+        Engine(tiny_llama, EngineOptions(drafter=None, prefix_block_size=0, calibrate=False))
 
 
 @pytest.mark.slow
@@ -199,7 +199,10 @@ def test_smollm2_float32_sharing_emits_the_same_tokens(smollm2):
     params = [SamplingParams(temperature=1.0, max_tokens=24, seed=i) for i in range(len(prompts))]
     runs = {}
     for sharing in (False, True):
-        e = Engine(smollm2, drafter="srt", max_batch=12, max_context=256, prefix_sharing=sharing, calibrate=False)
+        e = Engine(
+            smollm2,
+            EngineOptions(drafter="srt", max_batch=12, max_context=256, prefix_sharing=sharing, calibrate=False),
+        )
         runs[sharing] = e.generate(prompts, params)
     assert [o.token_ids for o in runs[True]] == [o.token_ids for o in runs[False]]
     for a, b in zip(runs[False], runs[True]):

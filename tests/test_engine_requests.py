@@ -11,7 +11,7 @@ import torch
 
 from srt_agent.drafting import Draft, make_drafter
 from srt_agent.drafting.tokens import check_tokens
-from srt_agent.engine import AsyncEngine, Engine, SamplingParams
+from srt_agent.engine import AsyncEngine, Engine, EngineOptions, SamplingParams
 from srt_agent.engine.params import check_prompt
 from srt_agent.models import LoadedModel, tiny_random_model
 
@@ -64,7 +64,7 @@ def one(engine, prompt, params, request_id=None, **kw):
 
 def test_forced_tokens_continue_a_held_sequence(tiny_llama):
     drafter = RecordingDrafter(make_drafter("srt"))
-    engine = Engine(tiny_llama, drafter=drafter, max_context=128)
+    engine = Engine(tiny_llama, EngineOptions(drafter=drafter, max_context=128))
     turn1 = one(engine, PROMPT, SamplingParams(max_tokens=10, seed=1), "traj")
     tool = [200, 201, 202, 203]
     history = PROMPT + turn1.token_ids + tool
@@ -76,7 +76,7 @@ def test_forced_tokens_continue_a_held_sequence(tiny_llama):
     added = [t for c in drafter.calls if c[0] == "add" for t in c[2]]
     assert added == turn1.token_ids + tool + turn2.token_ids  # every emitted and forced token, in order
     # Identical to a fresh request over the full history with the same seed (positions are absolute).
-    fresh = Engine(tiny_llama, drafter=None, max_context=128)
+    fresh = Engine(tiny_llama, EngineOptions(drafter=None, max_context=128))
     ref = one(fresh, history, SamplingParams(max_tokens=12, seed=1))
     assert turn2.token_ids == ref.token_ids
     assert turn2.logprobs == pytest.approx(ref.logprobs, abs=1e-9)
@@ -106,11 +106,16 @@ class Oracle(RecordingDrafter):
 def test_stop_inside_an_accepted_draft_then_a_continuation(tiny_llama):
     """A stop token in the middle of an accepted multi-token draft, then a multi-turn continuation: the
     KV of the accepted nodes after the stop must not count as cached for the forced tokens."""
-    free = one(Engine(tiny_llama, drafter=None, max_context=128), PROMPT, SamplingParams(max_tokens=20, seed=4))
+    free = one(
+        Engine(tiny_llama, EngineOptions(drafter=None, max_context=128)), PROMPT, SamplingParams(max_tokens=20, seed=4)
+    )
     stop = free.token_ids[5]
     first = free.token_ids.index(stop)
     engine = Engine(
-        tiny_llama, drafter=Oracle(PROMPT + free.token_ids), max_context=128, adaptive_drafts=False, max_draft_tokens=8
+        tiny_llama,
+        EngineOptions(
+            drafter=Oracle(PROMPT + free.token_ids), max_context=128, adaptive_drafts=False, max_draft_tokens=8
+        ),
     )
     turn1 = one(engine, PROMPT, SamplingParams(max_tokens=20, seed=4, stop_token_ids=[stop]), "t")
     assert turn1.token_ids == free.token_ids[: first + 1] and turn1.finish_reason == "stop"
@@ -118,13 +123,15 @@ def test_stop_inside_an_accepted_draft_then_a_continuation(tiny_llama):
     tool = [200, 201, 202]
     history = PROMPT + turn1.token_ids + tool
     turn2 = one(engine, history, SamplingParams(max_tokens=6, seed=4), "t")
-    ref = one(Engine(tiny_llama, drafter=None, max_context=128), history, SamplingParams(max_tokens=6, seed=4))
+    ref = one(
+        Engine(tiny_llama, EngineOptions(drafter=None, max_context=128)), history, SamplingParams(max_tokens=6, seed=4)
+    )
     assert turn2.token_ids == ref.token_ids
     assert turn2.metrics.prefill_tokens == len(tool)
 
 
 def test_evicted_sequence_is_prefilled_again(tiny_llama):
-    engine = Engine(tiny_llama, drafter=None, max_batch=2, max_context=64)
+    engine = Engine(tiny_llama, EngineOptions(drafter=None, max_batch=2, max_context=64))
     a = one(engine, PROMPT, SamplingParams(max_tokens=5, seed=1), "a")
     one(engine, [1, 2], SamplingParams(max_tokens=5, seed=2), "b")
     assert engine.idle_capacity() == 2  # held sequences are evictable
@@ -133,14 +140,16 @@ def test_evicted_sequence_is_prefilled_again(tiny_llama):
     history = PROMPT + a.token_ids + [7, 8]
     cont = one(engine, history, SamplingParams(max_tokens=6, seed=4), "a")
     assert cont.metrics.prefill_tokens == len(history) - 1
-    ref = one(Engine(tiny_llama, drafter=None, max_context=64), history, SamplingParams(max_tokens=6, seed=4))
+    ref = one(
+        Engine(tiny_llama, EngineOptions(drafter=None, max_context=64)), history, SamplingParams(max_tokens=6, seed=4)
+    )
     assert cont.token_ids == ref.token_ids
 
 
 def test_stop_strings_end_mid_token(tiny_text):
     tok = tiny_text.tokenizer
     base = SamplingParams(max_tokens=40, seed=11)
-    free = Engine(tiny_text, drafter=None, max_context=128).generate([PROMPT], base)[0]
+    free = Engine(tiny_text, EngineOptions(drafter=None, max_context=128)).generate([PROMPT], base)[0]
     pieces = [tok.decode([t]) for t in free.token_ids]
 
     def usable(i):  # a 3+ character token whose first two characters first appear in it
@@ -151,7 +160,7 @@ def test_stop_strings_end_mid_token(tiny_text):
     at = next(i for i in range(len(pieces)) if usable(i))
     stop, prefix = pieces[at][:2], "".join(pieces[:at])
     for include in (True, False):
-        engine = Engine(tiny_text, drafter="srt", max_context=128)
+        engine = Engine(tiny_text, EngineOptions(drafter="srt", max_context=128))
         params = SamplingParams(
             max_tokens=40, seed=11, stop=["never-in-output-xyz", stop], include_stop_str_in_output=include
         )
@@ -163,20 +172,20 @@ def test_stop_strings_end_mid_token(tiny_text):
 
 def test_stop_token_ids_eos_and_limits(tiny_llama):
     params = SamplingParams(max_tokens=30, seed=5)
-    free = Engine(tiny_llama, drafter=None, max_context=128).generate([PROMPT], params)[0]
+    free = Engine(tiny_llama, EngineOptions(drafter=None, max_context=128)).generate([PROMPT], params)[0]
     assert free.finish_reason == "length" and len(free.token_ids) == 30
     stop_token = free.token_ids[7]
     first = free.token_ids.index(stop_token)
-    engine = Engine(tiny_llama, drafter="ngram", max_context=128)
+    engine = Engine(tiny_llama, EngineOptions(drafter="ngram", max_context=128))
     out = engine.generate([PROMPT], SamplingParams(max_tokens=30, seed=5, stop_token_ids=[stop_token]))[0]
     assert (out.finish_reason, out.stop_reason, out.token_ids) == ("stop", stop_token, free.token_ids[: first + 1])
     with_eos = LoadedModel(tiny_llama.model, None, "tiny", "random", eos_token_ids=[stop_token])
-    eng = Engine(with_eos, drafter=None, max_context=128)
+    eng = Engine(with_eos, EngineOptions(drafter=None, max_context=128))
     out = eng.generate([PROMPT], params)[0]
     assert (out.finish_reason, out.stop_reason, len(out.token_ids)) == ("eos", stop_token, first + 1)
     out = eng.generate([PROMPT], SamplingParams(max_tokens=30, seed=5, ignore_eos=True))[0]
     assert out.token_ids == free.token_ids
-    small = Engine(tiny_llama, drafter=None, max_context=len(PROMPT) + 9)
+    small = Engine(tiny_llama, EngineOptions(drafter=None, max_context=len(PROMPT) + 9))
     out = small.generate([PROMPT], params)[0]
     assert (out.finish_reason, out.token_ids) == ("context", free.token_ids[:9])
 
@@ -188,8 +197,10 @@ def test_batching_is_invisible(tiny_llama):
     params = [
         SamplingParams(temperature=1.0, top_p=0.9, max_tokens=m, seed=i) for i, m in enumerate([12, 3, 20, 15, 7, 10])
     ]
-    alone = [one(Engine(tiny_llama, drafter=None, max_context=128), p, sp) for p, sp in zip(prompts, params)]
-    engine = Engine(tiny_llama, drafter="suffix", max_batch=3, max_context=128)
+    alone = [
+        one(Engine(tiny_llama, EngineOptions(drafter=None, max_context=128)), p, sp) for p, sp in zip(prompts, params)
+    ]
+    engine = Engine(tiny_llama, EngineOptions(drafter="suffix", max_batch=3, max_context=128))
     ids = [engine.add_request(p, sp) for p, sp in zip(prompts[:2], params[:2])]
     outputs = {}
     for step in range(200):
@@ -204,7 +215,7 @@ def test_batching_is_invisible(tiny_llama):
 
 
 def test_bad_requests_do_not_stop_good_ones(tiny_llama):
-    engine = Engine(tiny_llama, drafter="srt", max_context=32)
+    engine = Engine(tiny_llama, EngineOptions(drafter="srt", max_context=32))
     good = SamplingParams(max_tokens=5, seed=1)
     prompts = [PROMPT, [], [1, 2, 10**6], list(range(40)), PROMPT, [1, -3]]
     params = [good, good, good, good, SamplingParams(max_tokens=5, seed=1, stop=["x"]), good]
@@ -234,8 +245,10 @@ def test_a_request_keeps_the_params_it_was_given(tiny_llama):
     """The engine copies and checks params at add_request: changing the caller's object later (even to
     something invalid) does not reach the running request."""
     params = SamplingParams(max_tokens=12, seed=3)
-    ref = Engine(tiny_llama, drafter=None, max_context=64).generate([PROMPT], SamplingParams(max_tokens=12, seed=3))[0]
-    engine = Engine(tiny_llama, drafter="srt", max_context=64)
+    ref = Engine(tiny_llama, EngineOptions(drafter=None, max_context=64)).generate(
+        [PROMPT], SamplingParams(max_tokens=12, seed=3)
+    )[0]
+    engine = Engine(tiny_llama, EngineOptions(drafter="srt", max_context=64))
     rid = engine.add_request(PROMPT, params)
     engine.step()
     params.temperature, params.top_k, params.max_tokens = "hot", -1, 2
@@ -249,7 +262,7 @@ def test_a_request_keeps_the_params_it_was_given(tiny_llama):
 def test_weight_update_changes_outputs_and_keeps_trees():
     model = tiny_random_model("llama", seed=0)
     srt = make_drafter("srt")
-    engine = Engine(model, drafter=srt, max_context=64)
+    engine = Engine(model, EngineOptions(drafter=srt, max_context=64))
     params = [SamplingParams(max_tokens=10, seed=s) for s in range(4)]
     before = engine.generate([PROMPT] * 4, params)
     held = one(engine, PROMPT, SamplingParams(max_tokens=4, seed=9), "held")
@@ -260,13 +273,15 @@ def test_weight_update_changes_outputs_and_keeps_trees():
     engine.end_step()
     after = engine.generate([PROMPT] * 4, params)
     assert [o.token_ids for o in after] != [o.token_ids for o in before]
-    ref = Engine(tiny_random_model("llama", seed=7), drafter=None, max_context=64).generate([PROMPT] * 4, params)
+    ref = Engine(tiny_random_model("llama", seed=7), EngineOptions(drafter=None, max_context=64)).generate(
+        [PROMPT] * 4, params
+    )
     assert [o.token_ids for o in after] == [o.token_ids for o in ref]
     assert srt.cache.stats().tokens >= tokens > 0  # the trees survived the update
     # The held sequence re-prefills under the new policy.
     cont = one(engine, PROMPT + held.token_ids, SamplingParams(max_tokens=5, seed=9), "held")
     fresh = one(
-        Engine(tiny_random_model("llama", seed=7), drafter=None, max_context=64),
+        Engine(tiny_random_model("llama", seed=7), EngineOptions(drafter=None, max_context=64)),
         PROMPT + held.token_ids,
         SamplingParams(max_tokens=5, seed=9),
     )
@@ -280,8 +295,8 @@ def test_weight_update_changes_outputs_and_keeps_trees():
 def test_async_engine_serves_many_coroutines(tiny_llama):
     params = [SamplingParams(max_tokens=6 + i % 5, seed=i) for i in range(12)]
     prompts = [PROMPT[: 1 + i % 6] for i in range(12)]
-    ref = Engine(tiny_llama, drafter=None, max_context=64).generate(prompts, params)
-    front = AsyncEngine(Engine(tiny_llama, drafter="srt", max_batch=4, max_context=64))
+    ref = Engine(tiny_llama, EngineOptions(drafter=None, max_context=64)).generate(prompts, params)
+    front = AsyncEngine(Engine(tiny_llama, EngineOptions(drafter="srt", max_batch=4, max_context=64)))
 
     async def trajectory(i):
         first = await front.generate(f"r{i}", prompts[i], params[i])
@@ -314,7 +329,7 @@ def test_async_engine_serves_many_coroutines(tiny_llama):
 def test_releasing_a_running_request_answers_its_caller(tiny_llama):
     """A request released while it runs is cancelled, and whoever awaits it gets an "error" output (not a wait
     forever); the engine serves the next request as usual."""
-    front = AsyncEngine(Engine(tiny_llama, drafter="srt", max_batch=4, max_context=64))
+    front = AsyncEngine(Engine(tiny_llama, EngineOptions(drafter="srt", max_batch=4, max_context=64)))
 
     async def main():
         running = asyncio.ensure_future(front.generate("long", PROMPT, SamplingParams(max_tokens=50, seed=1)))
@@ -337,7 +352,7 @@ def test_releasing_a_running_request_answers_its_caller(tiny_llama):
 def test_the_tail_counts_the_steps_with_few_sequences_running(tiny_llama):
     """Six requests of 2 to 12 tokens: the steps with 5 or 6 running are not the tail, the rest are; every
     generated token is counted once, in the step that made it."""
-    engine = Engine(tiny_llama, drafter=None, max_context=128, max_batch=8)
+    engine = Engine(tiny_llama, EngineOptions(drafter=None, max_context=128, max_batch=8))
     lengths = [2, 4, 6, 8, 10, 12]
     for i, n in enumerate(lengths):
         engine.add_request(PROMPT, SamplingParams(max_tokens=n, seed=i, ignore_eos=True), f"r{i}")

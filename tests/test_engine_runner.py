@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from srt_agent.drafting import Draft
-from srt_agent.engine import Engine, SamplingParams
+from srt_agent.engine import Engine, EngineOptions, SamplingParams
 from srt_agent.models import tiny_random_model
 from srt_agent.models.architectures import VERIFIED, UnsupportedModel
 from srt_agent.runner.model_runner import Chunk, ModelRunner, check_model
@@ -157,16 +157,18 @@ def test_engine_logprobs_equal_transformers(tiny):
     equals log_softmax of the transformers forward over the full sequence."""
     prompt = TOKENS[:5]
     params = SamplingParams(temperature=0.0, max_tokens=20)
-    plain = Engine(tiny, drafter=None, max_context=64).generate([prompt], params)[0]
+    plain = Engine(tiny, EngineOptions(drafter=None, max_context=64)).generate([prompt], params)[0]
     full = prompt + plain.token_ids
-    engine = Engine(tiny, drafter=ChainDrafter(full), max_context=64, max_draft_tokens=8, adaptive_drafts=False)
+    engine = Engine(
+        tiny, EngineOptions(drafter=ChainDrafter(full), max_context=64, max_draft_tokens=8, adaptive_drafts=False)
+    )
     out = engine.generate([prompt], params)[0]
     assert out.token_ids == plain.token_ids
     assert out.metrics.forwards < len(out.token_ids) // 2
     ref = torch.log_softmax(hf_logits(tiny.model, full), -1)
     expected = [float(ref[len(prompt) - 1 + i, t]) for i, t in enumerate(out.token_ids)]
     assert out.logprobs == pytest.approx(expected, abs=max(1e-9, tol(tiny.model)))
-    sampled = Engine(tiny, drafter=ChainDrafter(full), max_context=64, adaptive_drafts=False).generate(
+    sampled = Engine(tiny, EngineOptions(drafter=ChainDrafter(full), max_context=64, adaptive_drafts=False)).generate(
         [prompt], SamplingParams(temperature=0.7, max_tokens=10, seed=3)
     )[0]
     seq = prompt + sampled.token_ids

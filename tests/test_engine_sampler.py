@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from srt_agent.drafting import Draft
-from srt_agent.engine import Engine, SamplingParams
+from srt_agent.engine import Engine, EngineOptions, SamplingParams
 from srt_agent.runner.sampler import (
     RowSampling,
     draw,
@@ -86,11 +86,9 @@ def test_next_token_distribution_through_a_draft_tree(tiny_llama, temperature, t
     n = 2000
     engine = Engine(
         tiny_llama,
-        drafter=FixedTreeDrafter(drafted),
-        max_batch=64,
-        max_context=32,
-        max_draft_tokens=8,
-        adaptive_drafts=False,
+        EngineOptions(
+            drafter=FixedTreeDrafter(drafted), max_batch=64, max_context=32, max_draft_tokens=8, adaptive_drafts=False
+        ),
     )
     # max_tokens leaves room for the whole tree (the engine drafts no deeper than it can emit).
     params = [SamplingParams(temperature=temperature, top_p=top_p, max_tokens=9, seed=s) for s in range(n)]

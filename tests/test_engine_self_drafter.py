@@ -10,7 +10,7 @@ from srt_agent.drafting import make_drafter
 from srt_agent.drafting.choice.cost_model import ForwardCostModel
 from srt_agent.drafting.draft import Draft
 from srt_agent.drafting.drafters.model_drafting import chain_gain, plan_model_drafts
-from srt_agent.engine import Engine, SamplingParams
+from srt_agent.engine import Engine, EngineOptions, SamplingParams
 from srt_agent.models import tiny_random_model
 from srt_agent.runner.quantize import keeps_float, quantized_copy
 
@@ -42,16 +42,18 @@ def test_bad_quantization_is_refused():
     with pytest.raises(ValueError, match="CUDA"):
         Engine(
             tiny_random_model("llama"),
-            drafter=make_drafter("self", quantization="int4"),
-            max_batch=2,
-            max_context=32,
-            calibrate=False,
+            EngineOptions(
+                drafter=make_drafter("self", quantization="int4"), max_batch=2, max_context=32, calibrate=False
+            ),
         )
 
 
 def generate(model, drafter, temperature=1.0):
     engine = Engine(
-        model, drafter=drafter, max_batch=4, max_context=64, max_draft_tokens=6, adaptive_drafts=False, calibrate=False
+        model,
+        EngineOptions(
+            drafter=drafter, max_batch=4, max_context=64, max_draft_tokens=6, adaptive_drafts=False, calibrate=False
+        ),
     )
     params = [SamplingParams(temperature=temperature, max_tokens=20, seed=7 + i) for i in range(len(PROMPTS))]
     return engine, [o.token_ids for o in engine.generate(PROMPTS, params)]

@@ -60,7 +60,7 @@ def test_eval_of_a_checkpoint_loads_the_trained_policy(tmp_path, monkeypatch):
     config = load_env_config(path)
     run = tmp_path / "run"
     Trainer(
-        config, run, compare=[], loaded=tiny_random_model("llama", seed=0, tokenizer=load_tokenizer("smollm2"))
+        config.for_run(compare=[]), run, loaded=tiny_random_model("llama", seed=0, tokenizer=load_tokenizer("smollm2"))
     ).run()
     saved = load_checkpoint(run)[0]["policy"]
 

@@ -31,7 +31,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from srt_agent.drafting import make_drafter
-from srt_agent.engine import Engine, SamplingParams, verification
+from srt_agent.engine import Engine, EngineOptions, SamplingParams, verification
 from srt_agent.models import tiny_random_model
 from srt_agent.runner.device_info import DeviceInfo
 
@@ -93,12 +93,14 @@ def counting(engine: Engine) -> Iterator[HostReads]:
 def speculative_engine(dtype: torch.dtype, drafter: str) -> Engine:
     return Engine(
         tiny_random_model("llama", seed=0, dtype=dtype),
-        drafter=make_drafter(drafter),
-        max_batch=8,
-        max_context=96,
-        max_draft_tokens=8,
-        adaptive_drafts=False,
-        calibrate=False,
+        EngineOptions(
+            drafter=make_drafter(drafter),
+            max_batch=8,
+            max_context=96,
+            max_draft_tokens=8,
+            adaptive_drafts=False,
+            calibrate=False,
+        ),
     )
 
 
@@ -166,12 +168,14 @@ def test_the_cut_off_is_the_devices_and_a_gpu_verifies_the_main_jobs_shape_in_on
     assert verification.eager_logits_rows(gpu, 49152) >= verification.eager_logits_rows(gpu, 151936) >= 16 * 17
     engine = Engine(
         tiny_random_model("llama", seed=0, dtype=torch.float32),
-        drafter=make_drafter("srt"),
-        max_batch=16,
-        max_context=96,
-        max_draft_tokens=16,
-        adaptive_drafts=False,
-        calibrate=False,
+        EngineOptions(
+            drafter=make_drafter("srt"),
+            max_batch=16,
+            max_context=96,
+            max_draft_tokens=16,
+            adaptive_drafts=False,
+            calibrate=False,
+        ),
     )
     engine.verifier.eager_rows = verification.eager_logits_rows(gpu, engine.runner.vocab_size)
     prompts = [[1 + i % 4, 2, 3] for i in range(16)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from srt_agent.engine import Engine, SamplingParams
+from srt_agent.engine import Engine, EngineOptions, SamplingParams
 from srt_agent.models import tiny_random_model
 from srt_agent.rl.identity import Rollout, Sampling, explain_pairs, faults, first_difference
 from srt_agent.runner.sampler import uniforms
@@ -21,7 +21,7 @@ AT = 4  # the response index the tests change
 def sampled():
     """A float32 tiny model and one trajectory it sampled (8 tokens, T = 1)."""
     loaded = tiny_random_model("llama", seed=0, dtype=torch.float32)
-    engine = Engine(loaded, drafter="none", device="cpu", max_batch=1, max_context=64, calibrate=False)
+    engine = Engine(loaded, EngineOptions(drafter="none", device="cpu", max_batch=1, max_context=64, calibrate=False))
     (out,) = engine.generate([PROMPT], SamplingParams(temperature=1.0, seed=SEED, max_tokens=8, ignore_eos=True))
     return loaded, Rollout(PROMPT, list(out.token_ids), [1] * len(out.token_ids), SEED)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers.scripted_drafter import ScriptedDrafter
 
-from srt_agent.engine import Engine
+from srt_agent.engine import Engine, EngineOptions
 from srt_agent.engine.params import SamplingParams
 from srt_agent.models import tiny_random_model
 from srt_agent.rl.batch import Sample
@@ -28,14 +28,16 @@ def _model():
 def _engine(loaded, drafter, batch_invariant: bool, **options) -> Engine:
     return Engine(
         loaded,
-        drafter=drafter,
-        device="cpu",
-        max_batch=3,
-        max_context=128,
-        calibrate=False,
-        dtype="bfloat16",
-        batch_invariant=batch_invariant,
-        **options,
+        EngineOptions(
+            drafter=drafter,
+            device="cpu",
+            max_batch=3,
+            max_context=128,
+            calibrate=False,
+            dtype="bfloat16",
+            batch_invariant=batch_invariant,
+            **options,
+        ),
     )
 
 

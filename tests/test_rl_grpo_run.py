@@ -13,6 +13,7 @@ from helpers.rl_envs import one_success_per_group, rollouts, tiny_env_file
 from rich.console import Console
 
 from srt_agent.bench.project import project_run
+from srt_agent.config import load_env_config
 from srt_agent.models import load_tokenizer, tiny_random_model
 from srt_agent.rl.checkpoint import load_checkpoint
 from srt_agent.rl.evaluate import wilson_interval
@@ -41,7 +42,7 @@ def run(tmp_path_factory):
     out = tmp_path / "run"
     with pytest.MonkeyPatch.context() as patch:
         one_success_per_group(patch)
-        report = Trainer.from_env_file(config, out, loaded=tiny, compare=["none"], console=console).run()
+        report = Trainer(load_env_config(config).for_run(compare=["none"]), out, loaded=tiny, console=console).run()
     return {"report": report, "out": out, "output": buffer.getvalue(), "before": before, "after": tiny}
 
 

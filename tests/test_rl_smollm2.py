@@ -47,7 +47,7 @@ def test_cold_start_teaches_the_tool_and_a_grpo_step_runs(tmp_path):
     config = main_job("train.prompts_per_step=2", "n_samples=2")
     # Its own copy: training changes the weights of the model the engines run.
     report = Trainer(
-        config, tmp_path / "run", steps=1, compare=["none"], loaded=load_model("smollm2", device="cpu")
+        config.for_run(steps=1, compare=["none"]), tmp_path / "run", loaded=load_model("smollm2", device="cpu")
     ).run()
     cold = report["cold_start"]
     losses = [s["loss"] for s in cold["sft"]]
@@ -73,7 +73,7 @@ def test_a_bfloat16_cold_start_teaches_the_tool_as_the_float32_one_does(tmp_path
     weights the cold start's updates rounded away and held-out tool calls stayed at 0% (float32: most)."""
     config = main_job("engine.backend=engine", "train.dtype=bfloat16")
     monkeypatch.setattr(Trainer, "_loop", lambda self, *args: None)  # the cold start and its report; no RL step
-    report = Trainer(config, tmp_path / "run", steps=1, loaded=load_model("smollm2", device="cpu")).run()
+    report = Trainer(config.for_run(steps=1), tmp_path / "run", loaded=load_model("smollm2", device="cpu")).run()
     cold = report["cold_start"]
     assert not cold["cached"]
     losses = [s["loss"] for s in cold["sft"]]

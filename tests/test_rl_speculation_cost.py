@@ -4,14 +4,14 @@ step's metrics carry them, and a step that ran slower than a compared plain vari
 from __future__ import annotations
 
 from srt_agent.agent.rollout import RolloutSummary
-from srt_agent.engine import Engine, SamplingParams
+from srt_agent.engine import Engine, EngineOptions, SamplingParams
 from srt_agent.rl.metrics import speculation_metrics
 from srt_agent.rl.report import slower_line
 from srt_agent.rl.rollouts import RolloutRun
 
 
 def test_our_engine_reports_what_drafting_cost(tiny_llama):
-    engine = Engine(tiny_llama, drafter="srt", max_context=128)
+    engine = Engine(tiny_llama, EngineOptions(drafter="srt", max_context=128))
     prompt = list(range(5, 25))
     params = SamplingParams(max_tokens=24, seed=3, temperature=0.0)
     for _ in range(3):  # greedy repeats: the tree drafts what was generated before

@@ -128,7 +128,7 @@ def test_bad_input_is_a_clear_error(tmp_path, tiny):
     with pytest.raises(ConfigError, match="unknown algorithm 'reinforce'"):
         load_env_config(env_file(tmp_path, algorithm="reinforce"))
     with pytest.raises(ConfigError, match="unknown drafter"):
-        Trainer.from_env_file(env_file(tmp_path), tmp_path / "run", compare=["medusa"])
+        Trainer(load_env_config(env_file(tmp_path)).for_run(compare=["medusa"]), tmp_path / "run")
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
     with pytest.raises(ConfigError, match="not writable"):

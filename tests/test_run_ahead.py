@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from srt_agent.drafting import make_drafter
-from srt_agent.engine import Engine, SamplingParams
+from srt_agent.engine import Engine, EngineOptions, SamplingParams
 from srt_agent.engine.options import RunAheadOptions
 from srt_agent.engine.run_ahead import WindowPrompt, branch_points, common_prefix
 
@@ -27,12 +27,14 @@ def engine(model, run_ahead: RunAheadOptions | None, **kw) -> Engine:
     # A fixed cost table: every row costs the same, so the slack decides how many rows ride along.
     e = Engine(
         model,
-        drafter=kw.pop("drafter", "srt"),
-        max_batch=kw.pop("max_batch", 8),
-        max_context=128,
-        calibrate=False,
-        run_ahead=run_ahead,
-        **kw,
+        EngineOptions(
+            drafter=kw.pop("drafter", "srt"),
+            max_batch=kw.pop("max_batch", 8),
+            max_context=128,
+            calibrate=False,
+            run_ahead=run_ahead,
+            **kw,
+        ),
     )
     e.cost_model.calibrate([(1, 0.010, 1), (2, 0.011, 2), (8, 0.018, 8)])
     e.cost_model.observe = lambda *args, **kwargs: None  # measured steps of a loaded machine would move the table
@@ -214,7 +216,7 @@ def test_budget_weight_updates_and_drafters_without_trees(tiny_llama):
     e.update_weights(tiny_llama.model)  # new weights: run-ahead KV is stale
     assert not e.run_ahead.active and e.run_ahead.stats.dropped > 0
     with pytest.raises(ValueError, match="keeps per-prompt trees"):
-        Engine(tiny_llama, drafter="ngram", max_context=64, calibrate=False, run_ahead=RunAheadOptions())
+        Engine(tiny_llama, EngineOptions(drafter="ngram", max_context=64, calibrate=False, run_ahead=RunAheadOptions()))
     with pytest.raises(ValueError, match="unknown run-ahead bubble"):
         RunAheadOptions(bubbles=("tail", "lunch"))
     with pytest.raises(ValueError, match="unknown run-ahead phase"):

@@ -20,7 +20,7 @@ import torch
 
 from srt_agent.agent import EnvConfig, MultiTurnController, ReToolEnv, load_tools
 from srt_agent.bench.sandbox_load import run_load
-from srt_agent.engine import AsyncEngine, Engine
+from srt_agent.engine import AsyncEngine, Engine, EngineOptions
 from srt_agent.models import load_model
 from srt_agent.rl.metrics import token_metrics
 from srt_agent.sources.arithmetic import arithmetic_tasks
@@ -262,7 +262,9 @@ def test_an_overloaded_sandbox_fails_the_rollout_not_the_model():
         interpreter = tools["code_interpreter"].interpreter
         interpreter.sandbox = SandboxFusionSandbox(url, timeout_s=1, compile_timeout_s=0.5, http_slack_s=5)
         interpreter.fault_retries = 1
-        engine = Engine(tiny, drafter="srt", device="cpu", max_batch=4, max_context=1024, calibrate=False)
+        engine = Engine(
+            tiny, EngineOptions(drafter="srt", device="cpu", max_batch=4, max_context=1024, calibrate=False)
+        )
         options = EnvConfig(max_turns=2, max_tokens_per_turn=8, max_response_tokens=160, n_samples=1)
         ctrl = MultiTurnController(
             AsyncEngine(engine), tiny.tokenizer, options, PrefilledReTool, tools, tiny.eos_token_ids

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from srt_agent.agent import EnvConfig, Task
 from srt_agent.agent.chat import render_prompt
 from srt_agent.cli import app
-from srt_agent.engine import Engine, SamplingParams
+from srt_agent.engine import Engine, EngineOptions, SamplingParams
 from srt_agent.models import load_model
 from srt_agent.serve import RolloutServer, run_agents
 from srt_agent.sources.arithmetic import arithmetic_tasks
@@ -64,7 +64,7 @@ def client(base_url: str, **options) -> openai.OpenAI:
 
 def reference(tiny, prompt_ids: list[int], params: SamplingParams):
     """What our engine generates for the same prompt ids and params, outside the server."""
-    engine = Engine(tiny, drafter="srt", device="cpu", max_batch=2, max_context=CONTEXT, calibrate=False)
+    engine = Engine(tiny, EngineOptions(drafter="srt", device="cpu", max_batch=2, max_context=CONTEXT, calibrate=False))
     return engine.generate([prompt_ids], params)[0]
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from srt_agent.drafting import is_lenient
 from srt_agent.drafting.drafters.spec_rl import SpecRLDrafter
-from srt_agent.engine import Engine, SamplingParams
+from srt_agent.engine import Engine, EngineOptions, SamplingParams
 from srt_agent.engine.lenient import acceptance_uniform, lenient_accept
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -69,7 +69,10 @@ def test_drafter_reuses_the_previous_epoch_by_start_order():
 
 def _engine(tiny, drafter):
     return Engine(
-        tiny, drafter=drafter, max_batch=4, max_context=64, max_draft_tokens=6, calibrate=False, adaptive_drafts=False
+        tiny,
+        EngineOptions(
+            drafter=drafter, max_batch=4, max_context=64, max_draft_tokens=6, calibrate=False, adaptive_drafts=False
+        ),
     )
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from srt_agent.backends.base import run_tree_budget
 from srt_agent.backends.vllm.backend import proposer_options
 from srt_agent.config import load_env_config
 from srt_agent.drafting import SRTDrafter, drafter_capabilities, make_drafter
@@ -43,7 +42,7 @@ def test_only_drafters_that_keep_trees_are_sized_and_srt_takes_its_global_share(
 
 def test_a_run_config_sets_the_budget_of_both_backends():
     config = load_env_config(ENVS / "retool_train.yaml", ["engine.tree_bytes=100000000"])
-    assert run_tree_budget(config).max_bytes == 100_000_000
+    assert config.tree_budget().max_bytes == 100_000_000
     assert proposer_options(config, "srt")["max_bytes"] == 100_000_000
     assert "max_bytes" not in proposer_options(config, "ngram")
     mine = load_env_config(ENVS / "retool_train.yaml", ["engine.vllm.proposer={max_bytes: 50000000}"])
@@ -53,4 +52,4 @@ def test_a_run_config_sets_the_budget_of_both_backends():
     assert proposer_options(always, "suffix") == {}  # SRT's options never reach vLLM's own methods
     default = load_env_config(ENVS / "retool_train.yaml")
     rollouts = default.train.prompts_per_step * default.n_samples
-    assert run_tree_budget(default).source.startswith(f"for {HISTORY_STEPS} steps of {rollouts} rollouts")
+    assert default.tree_budget().source.startswith(f"for {HISTORY_STEPS} steps of {rollouts} rollouts")

@@ -30,7 +30,7 @@ from srt_agent.agent import Env, StepResult  # noqa: E402
 from srt_agent.agent.retool import interpreter_block  # noqa: E402
 from srt_agent.drafting import RolloutCache  # noqa: E402
 from srt_agent.drafting.trees.keys import prompt_key  # noqa: E402
-from srt_agent.engine import Engine  # noqa: E402
+from srt_agent.engine import Engine, EngineOptions  # noqa: E402
 from srt_agent.integrations.verl.adapter import SRTServerAdapter  # noqa: E402
 from srt_agent.integrations.verl.affinity import ConsistentHashRing, PromptAffinityRouter  # noqa: E402
 from srt_agent.integrations.verl.replica import SRTReplica  # noqa: E402
@@ -312,7 +312,10 @@ def test_generation_follows_a_weight_update(cluster):
     before = sample_on_both(cluster, prompt_ids, "before")
     target = tiny_random_model("llama", dtype=torch.float32, tokenizer=cluster.model.tokenizer, seed=5)
     new_state = target.model.state_dict()
-    local = Engine(target, drafter=None, device="cpu", max_batch=8, max_context=512 + RESPONSE_LENGTH, calibrate=False)
+    local = Engine(
+        target,
+        EngineOptions(drafter=None, device="cpu", max_batch=8, max_context=512 + RESPONSE_LENGTH, calibrate=False),
+    )
     (want,) = local.generate([prompt_ids], from_verl_sampling(SAMPLING, RESPONSE_LENGTH))
     try:
         update_both(cluster, new_state, global_steps=7)

@@ -24,7 +24,7 @@ from srt_agent.backends import VLLMUnavailable, choose_backend, make_backend  # 
 from srt_agent.backends.vllm import tiny_model_dir  # noqa: E402
 from srt_agent.config import EnvConfig, load_env_config  # noqa: E402
 from srt_agent.drafting.trees.keys import prompt_key  # noqa: E402
-from srt_agent.engine import Engine, SamplingParams  # noqa: E402
+from srt_agent.engine import Engine, EngineOptions, SamplingParams  # noqa: E402
 from srt_agent.engine.options import RunAheadOptions  # noqa: E402
 from srt_agent.engine.run_ahead import WindowPrompt  # noqa: E402
 from srt_agent.models import load_model  # noqa: E402
@@ -111,7 +111,9 @@ def generate(backend, prompts, params, prefix="r"):
 
 
 def ours(tiny, prompts, params):
-    return Engine(tiny, drafter="none", max_batch=4, max_context=256, calibrate=False).generate(prompts, params)
+    return Engine(tiny, EngineOptions(drafter="none", max_batch=4, max_context=256, calibrate=False)).generate(
+        prompts, params
+    )
 
 
 def forward_logprobs(model, context: list[int], tokens: list[int], temperature: float) -> list[float]:
@@ -420,7 +422,7 @@ def test_training_with_vllm_reaches_the_engines_and_compares_with_none(tmp_path,
     )
     loaded = load_model(str(model_dir), dtype=torch.float32, device="cpu")
     start = {k: v.clone() for k, v in loaded.model.state_dict().items()}
-    report = Trainer(load_env_config(path), tmp_path / "run", loaded=loaded, compare=["none"]).run()
+    report = Trainer(load_env_config(path).for_run(compare=["none"]), tmp_path / "run", loaded=loaded).run()
     assert report["backend"] == "vllm"
     # The inference copy holds the served policy too (a cold start's Policy is built from it).
     assert any(not torch.equal(start[k], v) for k, v in loaded.model.state_dict().items())

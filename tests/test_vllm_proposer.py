@@ -15,7 +15,7 @@ from helpers.vllm_engines import engine, generate, srt_engine, tokens
 from srt_agent.backends.vllm import proposer_call, reload_weights, srt_proposer, tiny_model_dir
 from srt_agent.backends.vllm.plugin import check_seam, expand_reference, fix_state
 from srt_agent.backends.vllm.proposer import ProposerOptions, SRTProposer
-from srt_agent.backends.vllm.vllm_engine import VLLMEngine, VLLMUnsupported
+from srt_agent.backends.vllm.vllm_engine import VLLMEngine, VLLMEngineOptions, VLLMUnsupported
 from srt_agent.drafting import RolloutCache
 from srt_agent.drafting.choice.acceptance import AcceptanceModel
 from srt_agent.drafting.choice.step_cost import step_line, vllm_step_cost
@@ -282,7 +282,7 @@ def test_a_missing_seam_never_breaks_vllm_and_fails_our_start_in_one_line(monkey
     with pytest.raises(
         VLLMUnsupported, match=r"moved what srt-agent hooks: .*propose_draft_token_ids: (not found|is not a function)"
     ):
-        VLLMEngine(tiny_model_dir(), tokenizer(), [0], drafter="srt")  # our backend's start
+        VLLMEngine(tiny_model_dir(), tokenizer(), [0], VLLMEngineOptions(drafter="srt"))  # our backend's start
     assert "\n" not in str(raised.value)
 
 

@@ -22,19 +22,8 @@ if TYPE_CHECKING:
     import torch
 
     from ..drafting import RolloutCache
-    from ..drafting.trees.budget import TreeBudget
     from ..engine import RequestOutput, SamplingParams
     from ..engine.run_ahead import WindowPrompt
-
-
-def run_tree_budget(config) -> TreeBudget:
-    """The byte budget of SRT's trees for env config `config`: ``engine.tree_bytes``, else sized from its batch
-    (prompts per step × samples) and length (``engine.max_context``) within the host memory available."""
-    from ..drafting.trees.budget import tree_budget
-    from ..runner.packed_linear import available_memory_bytes
-
-    rollouts = config.train.prompts_per_step * config.n_samples
-    return tree_budget(rollouts, config.engine.max_context, config.engine.tree_bytes, available_memory_bytes())
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ..drafting import RolloutCache, capabilities, drafter_capabilities, make_drafter
-from ..engine import AsyncEngine, Engine
+from ..engine import AsyncEngine, Engine, EngineOptions
 from ..engine.run_ahead import WindowPrompt
 from ..engine.stats import cost_table, engine_settings
-from .base import Capabilities, Refusal, Registered, run_tree_budget
+from .base import Capabilities, Refusal, Registered
 
 
 class EngineRunAhead:
@@ -95,16 +95,18 @@ def engine_backend(config, loaded, drafter: str | None = None, run_ahead=None) -
     name = drafter or e.drafter
     engine = Engine(
         loaded,
-        drafter=make_drafter(name, **run_tree_budget(config).drafter_options(drafter_capabilities(name))),
-        device=e.device,
-        max_batch=e.max_batch,
-        max_context=e.max_context,
-        calibrate=e.calibrate,
-        run_ahead=run_ahead,
-        prefix_sharing=e.prefix_sharing,
-        prefix_cache_tokens=e.prefix_cache_tokens,
-        dtype=e.dtype,
-        batch_invariant=e.batch_invariant,
+        EngineOptions(
+            drafter=make_drafter(name, **config.tree_budget().drafter_options(drafter_capabilities(name))),
+            device=e.device,
+            max_batch=e.max_batch,
+            max_context=e.max_context,
+            calibrate=e.calibrate,
+            run_ahead=run_ahead,
+            prefix_sharing=e.prefix_sharing,
+            prefix_cache_tokens=e.prefix_cache_tokens,
+            dtype=e.dtype,
+            batch_invariant=e.batch_invariant,
+        ),
     )
     return EngineBackend(engine)
 

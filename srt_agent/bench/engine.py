@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..drafting import exact_drafters
-from ..engine import Engine
+from ..engine import Engine, EngineOptions
 from ..engine.params import SamplingParams
 from ..models import LoadedModel, load_model
 from ..rl.evaluate import ratio_text
@@ -156,13 +156,15 @@ def open_engine(loaded, config, method, batch, max_context) -> Engine:
     """A fresh engine with drafter `method` at batch size `batch` (it calibrates its cost model)."""
     return Engine(
         loaded,
-        drafter=method,
-        device=config.device,
-        max_batch=batch,
-        max_context=max_context,
-        max_draft_tokens=config.max_draft_tokens,
-        adaptive_drafts=config.adaptive_drafts,
-        batch_invariant=config.batch_invariant,
+        EngineOptions(
+            drafter=method,
+            device=config.device,
+            max_batch=batch,
+            max_context=max_context,
+            max_draft_tokens=config.max_draft_tokens,
+            adaptive_drafts=config.adaptive_drafts,
+            batch_invariant=config.batch_invariant,
+        ),
     )
 
 

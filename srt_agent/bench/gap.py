@@ -23,7 +23,7 @@ import torch
 
 from ..config import TrainConfig
 from ..console import Progress
-from ..engine import Engine, SamplingParams
+from ..engine import Engine, EngineOptions, SamplingParams
 from ..models import cast_weights, load_model
 from ..rl.batch import Sample
 from ..rl.policy import Policy, SamplerNumerics, master_copy
@@ -107,12 +107,14 @@ def run_gap(config: GapConfig, work: Progress | None = None) -> dict:
     else:
         engine = Engine(
             loaded,
-            drafter="none",
-            max_batch=len(prompts),
-            max_context=max(map(len, prompts)) + config.max_tokens + 8,
-            calibrate=False,
-            dtype=dtype,
-            batch_invariant=config.batch_invariant,
+            EngineOptions(
+                drafter="none",
+                max_batch=len(prompts),
+                max_context=max(map(len, prompts)) + config.max_tokens + 8,
+                calibrate=False,
+                dtype=dtype,
+                batch_invariant=config.batch_invariant,
+            ),
         )
         outs, exact, weights = engine.generate(prompts, params), engine.runner.exact_attention, loaded.model
     samples = [Sample(p, o.token_ids, [1] * len(o.token_ids), o.logprobs) for p, o in zip(prompts, outs)]
@@ -131,18 +133,15 @@ def _chat(tokenizer, question: str) -> list[int]:
 def _vllm_samples(loaded, config: GapConfig, prompts, params):
     """The prompts sampled by vLLM in the configured dtype, exact sampling on (its LM head in float32)."""
     from ..backends.vllm.models import vllm_model_dir
-    from ..backends.vllm.vllm_engine import VLLMEngine
+    from ..backends.vllm.vllm_engine import VLLMEngine, VLLMEngineOptions
 
-    engine = VLLMEngine(
-        vllm_model_dir(config.model),
-        loaded.tokenizer,
-        loaded.eos_token_ids,
-        drafter="none",
+    options = VLLMEngineOptions(
         max_batch=len(prompts),
         max_context=max(map(len, prompts)) + config.max_tokens + 8,
         dtype=config.dtype,
         kv_cache_gib=0.5,
     )
+    engine = VLLMEngine(vllm_model_dir(config.model), loaded.tokenizer, loaded.eos_token_ids, options)
     try:
         ids = [engine.add_request(p, s) for p, s in zip(prompts, params)]
         done = {}

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..engine import Engine, SamplingParams
+from ..engine import Engine, EngineOptions, SamplingParams
 from ..models import tiny_random_model
 from .engine import identical_share
 from .gpu_setup import Deadline, GpuCheckConfig, check_outputs, sharpen_head
@@ -43,13 +43,15 @@ def epochs_of(model, device, drafter: str | None, setting: dict, epochs: int = 2
     each pass and the engine's stats."""
     engine = Engine(
         model,
-        drafter=drafter,
-        device=device,
-        max_batch=8,
-        max_context=96,
-        max_draft_tokens=8,
-        adaptive_drafts=False,
-        calibrate=False,
+        EngineOptions(
+            drafter=drafter,
+            device=device,
+            max_batch=8,
+            max_context=96,
+            max_draft_tokens=8,
+            adaptive_drafts=False,
+            calibrate=False,
+        ),
     )
     prompts = [p for p in PROMPTS for _ in range(GROUP)]
     params = [SamplingParams(max_tokens=max_tokens, seed=100 + i, **setting) for i in range(len(prompts))]
@@ -164,17 +166,21 @@ def bf16_checks(device: torch.device, samples: int) -> dict:
         spec, stats = epochs_of(model, device, "srt", SETTINGS[setting])
         identity[setting] = dict(**compare(plain, spec), draft_accepted=stats["draft_accepted"])
     chi = {}
-    plain_engine = Engine(model, drafter=None, device=device, max_batch=64, max_context=16, calibrate=False)
+    plain_engine = Engine(
+        model, EngineOptions(drafter=None, device=device, max_batch=64, max_context=16, calibrate=False)
+    )
     for name, sampling in {"T1": dict(temperature=1.0), "T0.7-top-p0.9": dict(temperature=0.7, top_p=0.9)}.items():
         srt = Engine(
             model,
-            drafter="srt",
-            device=device,
-            max_batch=64,
-            max_context=16,
-            max_draft_tokens=4,
-            adaptive_drafts=False,  # verify every drafted node: drafts are accepted and rejected
-            calibrate=False,
+            EngineOptions(
+                drafter="srt",
+                device=device,
+                max_batch=64,
+                max_context=16,
+                max_draft_tokens=4,
+                adaptive_drafts=False,
+                calibrate=False,
+            ),
         )
         first_tokens(srt, samples // 2, 10_000, **sampling)  # warm the prompt's tree
         before = srt.stats()

@@ -19,7 +19,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from ..engine import Engine, SamplingParams
+from ..engine import Engine, EngineOptions, SamplingParams
 from .gpu_setup import Deadline, GpuCheckConfig, check_outputs, random_model, sharpen_head, synchronize
 
 LABEL = "bench_gpu.step"
@@ -93,11 +93,13 @@ def profile_method(loaded, config: GpuCheckConfig, device: torch.device, method:
     batch, max_tokens = config.profile_batch, max(config.max_tokens, 32)
     engine = Engine(
         loaded,
-        drafter=method,
-        device=device,
-        max_batch=batch,
-        max_context=config.prompt_tokens + max_tokens + 8,
-        max_draft_tokens=config.max_draft_tokens,
+        EngineOptions(
+            drafter=method,
+            device=device,
+            max_batch=batch,
+            max_context=config.prompt_tokens + max_tokens + 8,
+            max_draft_tokens=config.max_draft_tokens,
+        ),
     )
     rows = [((j // config.group) % len(prompts), j) for j in range(batch)]  # (prompt, request): GRPO groups
     params = [SamplingParams(max_tokens=max_tokens, seed=config.seed + j) for _, j in rows]

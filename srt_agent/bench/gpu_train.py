@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 
 from ..config import EnvConfig, TrainConfig
-from ..engine import Engine, SamplingParams
+from ..engine import Engine, EngineOptions, SamplingParams
 from ..rl.batch import Sample
 from ..rl.policy import SamplerNumerics, build_policy, master_copy
 from ..rl.update import update_step
@@ -129,13 +129,15 @@ def _engine(config: GpuCheckConfig, loaded, device: torch.device, dtype: torch.d
     """An SRT engine for one GRPO group per prompt at the check's lengths."""
     return Engine(
         loaded,
-        drafter="srt",
-        device=device,
-        max_batch=PROMPTS * config.group,
-        max_context=config.prompt_tokens + config.max_tokens + 8,
-        calibrate=False,
-        dtype=dtype,
-        batch_invariant=batch_invariant,
+        EngineOptions(
+            drafter="srt",
+            device=device,
+            max_batch=PROMPTS * config.group,
+            max_context=config.prompt_tokens + config.max_tokens + 8,
+            calibrate=False,
+            dtype=dtype,
+            batch_invariant=batch_invariant,
+        ),
     )
 
 

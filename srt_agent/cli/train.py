@@ -74,16 +74,8 @@ def train(
             out = out or run_folder(resume)
             claim_out_dir(out, resume, replace_run=False)  # before its log: another run's folder stays untouched
             with third_party_output_to(command_log("train", out), console, verbose):
-                trainer = Trainer(
-                    config,
-                    out,
-                    steps=steps,
-                    compare=names,
-                    resume=resume,
-                    model=model,
-                    cold_start=cold_start,
-                    console=console,
-                )
+                config = config.for_run(steps=steps, compare=names, cold_start=cold_start)
+                trainer = Trainer(config, out, resume=resume, model=model, console=console)
                 report = trainer.run()
     except KeyboardInterrupt:
         console.print(interrupted_line(out), highlight=False, soft_wrap=True)

@@ -7,10 +7,10 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from ..engine.options import EngineDefaults, RunAheadOptions
+from ..engine.options import EngineOptions, RunAheadOptions
 from .strict import Strict
 
-_ENGINE = EngineDefaults()  # the engine's own defaults, which engine: takes
+_ENGINE = EngineOptions()  # the engine's own defaults, which engine: takes
 _RUN_AHEAD = RunAheadOptions()
 
 

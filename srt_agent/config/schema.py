@@ -12,11 +12,13 @@ Relative paths inside a config (dataset, tools, cold-start traces) are resolved 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from ..drafting.trees.budget import TreeBudget, tree_budget
 from .algorithm_registry import AdvantageEstimator, get_adv_estimator, get_policy_loss
 from .engine_config import EngineConfig
 from .source_registry import EnvSource, episode_source, names_source, task_source
@@ -294,6 +296,8 @@ class ColdStartConfig(Strict):
 class EnvConfig(Strict):
     """One rollout environment: model, tasks, tools, turn and token limits, sampling, rewards."""
 
+    _tree_budget: TreeBudget | None = PrivateAttr(None)  # worked out once (tree_budget)
+
     name: str = "env"
     env: str = Field(
         "srt_agent.agent.retool.ReToolEnv",
@@ -372,3 +376,32 @@ class EnvConfig(Strict):
     def env_class(self) -> type:
         """Import the Env class named by ``env`` (an ``env:`` naming a source names no Env: the default one)."""
         return import_dotted(EnvConfig.model_fields["env"].default if names_source(self.env) else self.env)
+
+    def tree_budget(self) -> TreeBudget:
+        """The byte budget of SRT's trees per engine, with its shares: ``engine.tree_bytes``, else sized from
+        the batch (prompts per step × samples) and length (``engine.max_context``) within the host memory
+        available. Worked out once per config, so every engine, the proposer and the memory plan get the
+        same figures."""
+        if self._tree_budget is None:
+            from ..runner.packed_linear import available_memory_bytes
+
+            rollouts = self.train.prompts_per_step * self.n_samples
+            self._tree_budget = tree_budget(
+                rollouts, self.engine.max_context, self.engine.tree_bytes, available_memory_bytes()
+            )
+        return self._tree_budget
+
+    def for_run(
+        self, steps: int | None = None, compare: Sequence[str] | None = None, cold_start: bool | None = None
+    ) -> EnvConfig:
+        """A copy with a run's overrides (the ``train`` command's flags): RL steps, compared drafters, whether
+        the cold start runs; None keeps the config's own."""
+        config = self.model_copy(deep=True)
+        config._tree_budget = None  # the batch may change below
+        if steps is not None:
+            config.train.steps = steps
+        if compare is not None:
+            config.train.compare = list(compare)
+        if cold_start is not None:
+            config.cold_start.enabled = cold_start
+        return config

@@ -11,12 +11,22 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .options import EngineOptions, RunAheadOptions
 from .params import RequestMetrics, RequestOutput, SamplingParams
 
 #: names this package exports from modules that import torch, loaded on first use
 _LAZY = {"AsyncEngine": ".async_engine", "SteppingEngine": ".async_engine", "Engine": ".engine"}
 
-__all__ = ["AsyncEngine", "Engine", "RequestMetrics", "RequestOutput", "SamplingParams", "SteppingEngine"]
+__all__ = [
+    "AsyncEngine",
+    "Engine",
+    "EngineOptions",
+    "RequestMetrics",
+    "RequestOutput",
+    "RunAheadOptions",
+    "SamplingParams",
+    "SteppingEngine",
+]
 
 
 def __getattr__(name: str) -> Any:

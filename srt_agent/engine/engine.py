@@ -35,7 +35,7 @@ from ..runner.model_runner import ModelRunner
 from .calibration import CALIBRATION_SIZES, measure_step_costs
 from .drafting import Drafting, resolve_drafter
 from .generate import generate_all
-from .options import EngineDefaults, RunAheadOptions
+from .options import EngineOptions
 from .params import RequestOutput, SamplingParams, check_prompt
 from .prefix_cache import PrefixCache
 from .prefix_sharing import PrefixSharing
@@ -47,7 +47,6 @@ from .stops import StopChecker
 from .verification import Verifier, chunks_of
 
 log = logging.getLogger(__name__)
-DEFAULTS = EngineDefaults()  # the env YAML's engine: section takes its defaults from these
 
 
 @dataclasses.dataclass
@@ -70,48 +69,22 @@ class _Verified:
 
 
 class Engine:
-    """Batched, speculative, exactly on-policy generation over a Hugging Face causal LM.
+    """Batched, speculative, exactly on-policy generation over a Hugging Face causal LM, run as `options` say
+    (:class:`~.options.EngineOptions`).
 
-    `max_draft_tokens` caps draft nodes per sequence and step; with `adaptive_drafts` the cost model
-    picks which of them to verify (possibly none), by their scores as calibrated against the
-    acceptance observed so far, and only where it expects at least `min_draft_gain` more tokens per
-    second than without drafts; otherwise all are verified.
-
-    `run_ahead` (options) lets the engine fill idle capacity with continuations of the prompts named by
-    ``engine.run_ahead.open(...)``; they enter the drafter's trees only (see `run_ahead.RunAhead`).
-
-    With `prefix_sharing`, a new sequence copies the KV of its longest cached prefix (another sequence's
-    slot, or blocks of `prefix_block_size` tokens kept in a pool of `prefix_cache_tokens` tokens) and
-    prefills only the rest (`prefix_sharing.py`, `prefix_cache.py`).
-
-    `dtype` (a dtype or an ``engine.dtype`` name such as ``auto``) casts the model in place before the
-    engine starts (it runs on the module it is given); None keeps the dtype it was loaded in.
-    `batch_invariant` (True, False or ``auto``): attention in float64 (`runner/numerics.py`).
+    The cost model picks which draft nodes to verify (possibly none), by their scores as calibrated against
+    the acceptance observed so far, where it expects at least ``min_draft_gain`` more tokens per second than
+    without drafts. Run-ahead fills idle capacity with continuations of the prompts named by
+    ``engine.run_ahead.open(...)``; they enter the drafter's trees only (see `run_ahead.RunAhead`). With
+    prefix sharing, a new sequence copies the KV of its longest cached prefix (another sequence's slot, or
+    blocks kept in a pool) and prefills only the rest (`prefix_sharing.py`, `prefix_cache.py`). A ``dtype``
+    casts the model in place (the engine runs on the module it is given).
     """
 
-    def __init__(
-        self,
-        model: LoadedModel,
-        drafter: str | Drafter | None = DEFAULTS.drafter,
-        device: str | torch.device = DEFAULTS.device,
-        max_batch: int = DEFAULTS.max_batch,
-        max_context: int = DEFAULTS.max_context,
-        max_draft_tokens: int = 16,
-        adaptive_drafts: bool = True,
-        min_draft_gain: float = 0.1,
-        max_prefill_tokens: int = 4096,
-        calibrate: bool = DEFAULTS.calibrate,
-        run_ahead: RunAheadOptions | None = None,
-        prefix_sharing: bool = DEFAULTS.prefix_sharing,
-        prefix_block_size: int = 16,
-        prefix_cache_tokens: int = DEFAULTS.prefix_cache_tokens,
-        dtype: str | torch.dtype | None = None,
-        batch_invariant: bool | str = DEFAULTS.batch_invariant,
-    ):
-        if max_batch < 1 or max_context < 2 or max_draft_tokens < 0:
-            raise ValueError("need max_batch >= 1, max_context >= 2 and max_draft_tokens >= 0")
-        if prefix_block_size < 1 or prefix_cache_tokens < 0:
-            raise ValueError("need prefix_block_size >= 1 and prefix_cache_tokens >= 0")
+    def __init__(self, model: LoadedModel, options: EngineOptions | None = None):
+        self.options = o = options or EngineOptions()
+        drafter, device, max_batch, max_context = o.drafter, o.device, o.max_batch, o.max_context
+        max_draft_tokens, calibrate, run_ahead, dtype = o.max_draft_tokens, o.calibrate, o.run_ahead, o.dtype
         self.loaded = model
         self.device = resolve_device(device)
         if dtype is not None:
@@ -120,13 +93,13 @@ class Engine:
         drafter = resolve_drafter(drafter)
         self.max_context = max_context
         self.max_draft_tokens = max_draft_tokens
-        self.adaptive_drafts = adaptive_drafts
-        self.min_draft_gain = min_draft_gain
+        self.adaptive_drafts = o.adaptive_drafts
+        self.min_draft_gain = o.min_draft_gain
         self.runner = ModelRunner(
-            model.model, max_batch, max_context, max_draft_tokens + 1, self.device, exact_attention=batch_invariant
+            model.model, max_batch, max_context, max_draft_tokens + 1, self.device, exact_attention=o.batch_invariant
         )
-        self.prefix = self._prefix_sharing(prefix_block_size, prefix_cache_tokens) if prefix_sharing else None
-        self.scheduler = Scheduler(max_batch, max_prefill_tokens, self.prefix)
+        self.prefix = self._prefix_sharing(o.prefix_block_size, o.prefix_cache_tokens) if o.prefix_sharing else None
+        self.scheduler = Scheduler(max_batch, o.max_prefill_tokens, self.prefix)
         self.stops = StopChecker(frozenset(model.eos_token_ids), max_context, model.tokenizer)
         self.sequences: dict[str, Sequence] = {}
         self.totals = EngineStats()
@@ -137,8 +110,8 @@ class Engine:
             self.runner.vocab_size,
             max_draft_tokens,
             max_context,
-            adaptive_drafts,
-            min_draft_gain,
+            o.adaptive_drafts,
+            o.min_draft_gain,
         )
         self.verifier = Verifier(self.runner, drafter, self.totals)
         self.run_ahead = None

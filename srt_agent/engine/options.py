@@ -1,4 +1,4 @@
-"""What our engine can be asked for, with its defaults: the engine's own knobs (:class:`EngineDefaults`) and
+"""What our engine can be asked for, with its defaults: the engine's own knobs (:class:`EngineOptions`) and
 run-ahead's (:class:`RunAheadOptions`).
 
 They live here, with the engine that reads them, and import nothing: the env YAML's ``engine:`` section
@@ -8,24 +8,52 @@ They live here, with the engine that reads them, and import nothing: the env YAM
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..drafting import Drafter
 
 RUN_AHEAD_BUBBLES = ("tail", "tools", "update")
 RUN_AHEAD_STARTS = ("prompt", "branch")
 
 
 @dataclass(frozen=True)
-class EngineDefaults:
-    """The defaults of :class:`~srt_agent.engine.Engine`'s arguments that an env YAML's ``engine:`` section
-    also sets."""
+class EngineOptions:
+    """What an :class:`~srt_agent.engine.Engine` runs (an env YAML's ``engine:`` section takes its defaults from
+    these).
 
-    drafter: str = "srt"
-    device: str = "auto"
+    `drafter`: a registry name, a Drafter, or None (plain decoding); `max_draft_tokens` bounds a row's draft,
+    `adaptive_drafts` sizes drafts by the cost model (a draft must gain `min_draft_gain` of a step);
+    `calibrate` measures step costs at start-up; `run_ahead` (options, or None) fills idle capacity;
+    `prefix_sharing` reuses cached prompt prefixes' KV in blocks of `prefix_block_size`, up to
+    `prefix_cache_tokens`; `dtype` (a dtype or an ``engine.dtype`` name such as ``auto``) casts the model in
+    place before the engine starts, None keeps the dtype it was loaded in; `batch_invariant` (True, False or
+    ``auto``): attention in float64 (``runner/numerics.py``).
+    """
+
+    drafter: str | Drafter | None = "srt"
+    device: str | torch.device = "auto"
     max_batch: int = 32
     max_context: int = 2048
+    max_draft_tokens: int = 16
+    adaptive_drafts: bool = True
+    min_draft_gain: float = 0.1
+    max_prefill_tokens: int = 4096
     calibrate: bool = True
+    run_ahead: RunAheadOptions | None = None
     prefix_sharing: bool = True
+    prefix_block_size: int = 16
     prefix_cache_tokens: int = 8192
+    dtype: str | torch.dtype | None = None
     batch_invariant: bool | str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_context < 2 or self.max_draft_tokens < 0:
+            raise ValueError("need max_batch >= 1, max_context >= 2 and max_draft_tokens >= 0")
+        if self.prefix_block_size < 1 or self.prefix_cache_tokens < 0:
+            raise ValueError("need prefix_block_size >= 1 and prefix_cache_tokens >= 0")
 
 
 @dataclass

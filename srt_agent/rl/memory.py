@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..backends.base import run_tree_budget
 from ..backends.vllm.kv_cache import kv_bytes_per_token, kv_cache_gib
 from ..config import ConfigError
 from ..models.training_bytes import trainer_state_bytes
@@ -149,7 +148,7 @@ def plan_memory(
     parts.update(trainer_state_bytes(params, copy, train.needs_reference and full, full))
     parts["activations (one micro-batch)"] = activation_bytes(model.config, train.micro_batch_tokens)
     if tree_engines:
-        trees = run_tree_budget(config).max_bytes
+        trees = config.tree_budget().max_bytes
         host[f"SRT's trees ({tree_engines} × {trees / 2**30:.2f} GiB at most)"] = trees * tree_engines
     now = int(resource_rss() if now is None else now)
     if on_device:

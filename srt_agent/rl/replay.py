@@ -24,7 +24,7 @@ from ..drafting import drafter_capabilities, make_drafter
 from ..drafting.choice.cost_model import ForwardCostModel
 from ..drafting.draft import Draft
 from ..engine.drafting import Drafting
-from ..engine.options import RunAheadOptions
+from ..engine.options import EngineOptions, RunAheadOptions
 from ..engine.params import SamplingParams
 from ..engine.run_ahead import RowCost
 from ..engine.scheduler import Scheduler
@@ -32,7 +32,10 @@ from ..engine.sequence import Sequence
 from ..engine.stats import EngineStats
 from .rollout_trace import RolloutTrace, TracedRunAhead, TracedStep, TracedTrajectory, cost_model_of
 
-ENGINE_DEFAULTS = dict(max_batch=32, max_context=2048, max_draft_tokens=16, min_draft_gain=0.1, adaptive_drafts=True)
+ENGINE_DEFAULTS = {
+    k: getattr(EngineOptions(), k)
+    for k in ("max_batch", "max_context", "max_draft_tokens", "min_draft_gain", "adaptive_drafts")
+}
 ANY_TOKEN = sys.maxsize  # the vocabulary bound drafts are checked against: a trace's trees hold only its tokens
 
 

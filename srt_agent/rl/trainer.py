@@ -27,7 +27,6 @@ from rich.console import Console
 from ..agent.rollout import write_jsonl
 from ..agent.toolconfig import load_tools, require_sandbox_runtime
 from ..agent.trajectory import Trajectory
-from ..backends.base import run_tree_budget
 from ..config import ConfigError, EnvConfig, load_env_config
 from ..console import Progress, phase_bar
 from ..drafting import DRAFTERS, drafter_capabilities
@@ -91,12 +90,9 @@ class Trainer(RunRecord):
         config: EnvConfig,
         out_dir: str | Path,
         *,
-        steps: int | None = None,
-        compare: Sequence[str] | None = None,
         resume: str | Path | None = None,
         model: str | None = None,
         loaded: LoadedModel | None = None,
-        cold_start: bool | None = None,
         console: Console | None = None,
         variants: Sequence[RolloutVariant] | None = None,
         on_step: Callable[[int, dict[str, float], dict[str, list[RolloutRun]]], None] | None = None,
@@ -104,12 +100,6 @@ class Trainer(RunRecord):
     ):
         self.config = config.model_copy(deep=True)
         train = self.config.train
-        if steps is not None:
-            train.steps = steps
-        if compare is not None:
-            train.compare = list(compare)
-        if cold_start is not None:
-            self.config.cold_start.enabled = cold_start
         main = self.config.engine.drafter
         unknown = [d for d in train.compare if d not in DRAFTERS]
         if unknown:
@@ -207,7 +197,7 @@ class Trainer(RunRecord):
                 + (f", compared with {', '.join(others)}" if others else "")
             )
             if tree_engines:
-                self._log(run_tree_budget(cfg).line())
+                self._log(cfg.tree_budget().line())
             self._announce_correction()
             state, saved_caches = load_checkpoint(self.resume) if self.resume is not None else (None, {})
             evaluate = self._evaluator(rollouts) if cfg.cold_start.eval_tasks else None

@@ -20,6 +20,7 @@ from ..agent.rollout import RolloutSummary, summarize
 from ..agent.trajectory import Trajectory
 from ..config import import_dotted
 from ..config.tasks import Task
+from .sampling import TurnLimits
 from .server import RolloutServer
 
 AgentFunction = Callable[[str, Task], Awaitable[float]]
@@ -152,17 +153,8 @@ def agent_rollouts(
     environment: :mod:`srt_agent.sources`): `agent` runs against a server over `backend` (an already started
     backend, left open) with the config's turn and response limits, seeded by `seed` per (task, sample);
     returns what `run_rollouts` returns."""
-    vocab = getattr(getattr(loaded.model, "config", None), "vocab_size", None)
-    server = RolloutServer(
-        backend,
-        loaded.tokenizer,
-        model_name=config.model,
-        max_context=config.engine.max_context,
-        eos_token_ids=list(loaded.eos_token_ids),
-        vocab_size=vocab,
-        max_tokens_per_turn=config.max_tokens_per_turn,
-        max_response_tokens=config.max_response_tokens,
-    )
+    limits = TurnLimits.of(loaded, config.engine.max_context, config.max_tokens_per_turn, config.max_response_tokens)
+    server = RolloutServer(backend, loaded.tokenizer, model_name=config.model, limits=limits)
     try:
         run = run_agents(
             agent,

@@ -23,6 +23,19 @@ class TurnLimits:
     max_tokens_per_turn: int | None = None
     max_response_tokens: int | None = None
 
+    @classmethod
+    def of(
+        cls,
+        loaded,
+        max_context: int,
+        max_tokens_per_turn: int | None = None,
+        max_response_tokens: int | None = None,
+    ) -> TurnLimits:
+        """The limits for `loaded`'s model: its vocabulary (the model config's, else the tokenizer's) and
+        end-of-turn tokens."""
+        vocab = getattr(getattr(loaded.model, "config", None), "vocab_size", None) or len(loaded.tokenizer)
+        return cls(max_context, vocab, list(loaded.eos_token_ids), max_tokens_per_turn, max_response_tokens)
+
     def check_prompt(self, turn: Turn) -> None:
         """A 400 for a prompt the backend cannot take: empty, or with ids outside the vocabulary."""
         bad = [

@@ -41,10 +41,10 @@ class RolloutServer:
     """The server over one backend: the FastAPI `app`, its sessions, and what a trainer calls between steps
     (`update_weights`, `end_step`, `end_session`). `running()` serves it from a background thread.
 
-    `max_context` bounds prompt and reply (a prompt that leaves no room gets a 400); `max_tokens_per_turn`
-    caps a reply's tokens and `max_response_tokens` a session's branch's response (sampled and inserted
-    tokens, as the env config's limits do; a request past it gets a 400); `max_sessions` caps the sessions
-    kept (the least recently used idle one is forgotten beyond it); `owns_backend`: `close()` closes it.
+    `limits` bound every turn (:class:`~.sampling.TurnLimits`: context, vocabulary, end-of-turn tokens, a
+    reply's and a session's branch's tokens; a request past them gets a 400); `max_sessions` caps the
+    sessions kept (the least recently used idle one is forgotten beyond it); `owns_backend`: `close()`
+    closes it.
     """
 
     def __init__(
@@ -53,11 +53,7 @@ class RolloutServer:
         tokenizer,
         *,
         model_name: str,
-        max_context: int,
-        eos_token_ids: list[int] = (),
-        vocab_size: int | None = None,
-        max_tokens_per_turn: int | None = None,
-        max_response_tokens: int | None = None,
+        limits: TurnLimits,
         max_sessions: int = 100_000,
         max_request_bytes: int = 32 << 20,
         owns_backend: bool = False,
@@ -66,13 +62,6 @@ class RolloutServer:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.owns_backend = owns_backend
-        limits = TurnLimits(
-            max_context,
-            vocab_size or len(tokenizer),
-            list(eos_token_ids),
-            max_tokens_per_turn=max_tokens_per_turn,
-            max_response_tokens=max_response_tokens,
-        )
         self.endpoints = Endpoints(backend, tokenizer, model_name, limits, max_sessions)
         self.sessions = self.endpoints.sessions
         self.app = create_app(self.endpoints, max_request_bytes)
@@ -86,16 +75,9 @@ class RolloutServer:
 
         loaded = loaded or load_model(model or config.model, device=config.engine.device)
         backend = make_backend(config, loaded, log=log)
-        vocab = getattr(getattr(loaded.model, "config", None), "vocab_size", None)
+        limits = TurnLimits.of(loaded, config.engine.max_context)
         return cls(
-            backend,
-            loaded.tokenizer,
-            model_name=model or config.model,
-            max_context=config.engine.max_context,
-            eos_token_ids=list(loaded.eos_token_ids),
-            vocab_size=vocab,
-            owns_backend=True,
-            **options,
+            backend, loaded.tokenizer, model_name=model or config.model, limits=limits, owns_backend=True, **options
         )
 
     # ----- what a trainer calls -------------------------------------------------------------------

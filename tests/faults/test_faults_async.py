@@ -17,7 +17,7 @@ from helpers.fault_injection import HostState, InjectedFault, engine_leaks, host
 from helpers.faults_report import FaultRecord
 
 from srt_agent.drafting import make_drafter
-from srt_agent.engine import AsyncEngine, Engine
+from srt_agent.engine import AsyncEngine, Engine, EngineOptions
 
 MIX = tuple(Req(f"r{i}", tuple(PROMPTS[i % len(PROMPTS)]), 6 + i % 5, 100 + i, i % 3 == 0) for i in range(8))
 ANSWER_WITHIN_S = 30.0  # a hang shows up as a timeout, never as a stuck suite
@@ -26,7 +26,7 @@ ANSWER_WITHIN_S = 30.0  # a hang shows up as a timeout, never as a stuck suite
 def front(model, drafter="srt") -> AsyncEngine:
     drafter = make_drafter(drafter) if isinstance(drafter, str) else drafter
     return AsyncEngine(
-        Engine(model, drafter=drafter, max_batch=4, max_context=128, max_draft_tokens=6, calibrate=False)
+        Engine(model, EngineOptions(drafter=drafter, max_batch=4, max_context=128, max_draft_tokens=6, calibrate=False))
     )
 
 
@@ -141,7 +141,9 @@ def test_a_stuck_engine_is_restarted(tiny_llama, ledger, monkeypatch):
 
     def restart(old: Engine) -> Engine:
         started.append(old)
-        return Engine(tiny_llama, drafter="srt", max_batch=4, max_context=128, max_draft_tokens=6, calibrate=False)
+        return Engine(
+            tiny_llama, EngineOptions(drafter="srt", max_batch=4, max_context=128, max_draft_tokens=6, calibrate=False)
+        )
 
     engine = AsyncEngine(front(tiny_llama).engine, restart=restart)
     failing_steps(engine, monkeypatch, failing={3, 4})

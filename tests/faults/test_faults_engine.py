@@ -15,7 +15,7 @@ from helpers.faults_report import FaultRecord
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from srt_agent.drafting import make_drafter
-from srt_agent.engine import Engine, RequestOutput
+from srt_agent.engine import Engine, EngineOptions, RequestOutput
 
 FAULTY_PROMPT = list(range(64, 104))  # long, so stale KV in its slot would reach the next, shorter user
 DRAFTER_METHODS = ("start_request", "add_tokens", "draft", "stop_request")
@@ -39,12 +39,14 @@ def request_mixes(min_size: int = 3, max_size: int = 7):
 def speculative_engine(model, drafter) -> Engine:
     return Engine(
         model,
-        drafter=drafter,
-        max_batch=4,
-        max_context=128,
-        max_draft_tokens=MAX_DRAFT_TOKENS,
-        adaptive_drafts=False,
-        calibrate=False,
+        EngineOptions(
+            drafter=drafter,
+            max_batch=4,
+            max_context=128,
+            max_draft_tokens=MAX_DRAFT_TOKENS,
+            adaptive_drafts=False,
+            calibrate=False,
+        ),
     )
 
 

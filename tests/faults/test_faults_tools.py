@@ -24,7 +24,7 @@ from helpers.faults_report import FaultRecord
 from srt_agent.agent import EnvConfig, MultiTurnController, ReToolEnv, load_tools
 from srt_agent.agent.env import ToolResult
 from srt_agent.config import InterpreterConfig
-from srt_agent.engine import AsyncEngine, Engine
+from srt_agent.engine import AsyncEngine, Engine, EngineOptions
 from srt_agent.models import load_model
 from srt_agent.sources.arithmetic import arithmetic_tasks
 from srt_agent.tools import LocalSandbox
@@ -82,7 +82,7 @@ def tasks(faulty: int | None):
 
 
 def run(tiny, tools, task_list):
-    engine = Engine(tiny, drafter="srt", device="cpu", max_batch=4, max_context=1024, calibrate=False)
+    engine = Engine(tiny, EngineOptions(drafter="srt", device="cpu", max_batch=4, max_context=1024, calibrate=False))
     config = EnvConfig(
         max_turns=3, max_tokens_per_turn=8, max_response_tokens=160, n_samples=2, tool_timeout_s=TOOL_TIMEOUT_S
     )

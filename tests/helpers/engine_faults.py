@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import srt_agent.engine.verification as verification_module
 from helpers.fault_injection import InjectedFault
-from srt_agent.engine import Engine, RequestOutput, SamplingParams
+from srt_agent.engine import Engine, EngineOptions, RequestOutput, SamplingParams
 
 PROMPTS = ([1, 2, 3, 4], [10, 11, 12, 13, 14, 15, 16, 17], [30, 30, 30, 31, 32], list(range(40, 60)))
 
@@ -49,7 +49,9 @@ def reference(model, reqs) -> dict[str, RequestOutput]:
     """Fault-free plain decoding of `reqs`, alone."""
     key = (id(model), reqs)
     if key not in _references:
-        _references[key] = drive(Engine(model, drafter=None, max_batch=4, max_context=128, calibrate=False), reqs)
+        _references[key] = drive(
+            Engine(model, EngineOptions(drafter=None, max_batch=4, max_context=128, calibrate=False)), reqs
+        )
     return _references[key]
 
 

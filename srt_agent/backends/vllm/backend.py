@@ -15,13 +15,13 @@ from ...drafting import drafter_capabilities, runs_as_proposer
 from ...drafting.request_kind import RequestKind
 from ...engine import AsyncEngine, RequestOutput, SamplingParams
 from ...engine.stats import cost_table
-from ..base import Capabilities, Registered, run_tree_budget
+from ..base import Capabilities, Registered
 from ..engine_backend import EngineRunAhead
 from .availability import refusal, vllm_version
 from .kv_cache import kv_cache_gib
 from .models import loaded_model_dir
 from .speculative import check_drafter
-from .vllm_engine import VLLMEngine
+from .vllm_engine import VLLMEngine, VLLMEngineOptions
 
 
 class VLLMBackend(AsyncEngine[VLLMEngine]):
@@ -184,7 +184,7 @@ def proposer_options(config, drafter: str) -> dict:
         return {}
     options = dict(config.engine.vllm.proposer)
     if "max_bytes" not in options:
-        options.update(run_tree_budget(config).drafter_options(drafter_capabilities(drafter)))
+        options.update(config.tree_budget().drafter_options(drafter_capabilities(drafter)))
     return options
 
 
@@ -197,10 +197,7 @@ def vllm_backend(config, loaded, drafter: str | None = None, run_ahead=None) -> 
     check_drafter(drafter)
     source = str(getattr(loaded, "source", "")).partition(":")[2]
     model_dir = Path(source) if source and (Path(source) / "config.json").exists() else loaded_model_dir(loaded)
-    engine = VLLMEngine(
-        model_dir,
-        loaded.tokenizer,
-        loaded.eos_token_ids,
+    options = VLLMEngineOptions(
         drafter=drafter,
         max_batch=e.max_batch,
         max_context=e.max_context,
@@ -216,7 +213,7 @@ def vllm_backend(config, loaded, drafter: str | None = None, run_ahead=None) -> 
         gpu_memory_utilization=e.vllm.gpu_memory_utilization,
         batch_invariant=e.vllm.batch_invariant,
     )
-    return VLLMBackend(engine)
+    return VLLMBackend(VLLMEngine(model_dir, loaded.tokenizer, loaded.eos_token_ids, options))
 
 
 REGISTERED = Registered(

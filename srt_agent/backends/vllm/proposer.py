@@ -27,7 +27,7 @@ from ...drafting.choice.cost_model import choose_drafts, joint_rate_bound
 from ...drafting.choice.guard import PaidDrafting
 from ...drafting.choice.step_cost import StepClock, vllm_step_cost
 from ...drafting.draft import EMPTY_DRAFT, Draft
-from ...drafting.drafters.srt import prompt_tree_bytes
+from ...drafting.trees.budget import prompt_tree_bytes
 from .plugin import check_seam
 from .proposer_options import ProposerOptions
 from .row_plan import RowPlan

@@ -69,31 +69,36 @@ class VLLMStats:
         return out
 
 
+@dataclass(frozen=True)
+class VLLMEngineOptions:
+    """What a :class:`VLLMEngine` runs: the drafter and its draft length, batch and context, and the knobs of
+    vLLM's engine (None: the device decides, ``device_settings.py``)."""
+
+    drafter: str = "none"
+    max_batch: int = 32
+    max_context: int = 2048
+    speculative_tokens: int = 8
+    enforce_eager: bool | None = None
+    kv_cache_gib: float = 2.0
+    threads: int | None = None
+    exact_sampling: bool = True
+    block_size: int | None = 32
+    proposer_options: Mapping[str, Any] | None = None
+    run_ahead: RunAheadOptions | None = None
+    dtype: str = "auto"
+    gpu_memory_utilization: float | None = None
+    batch_invariant: bool = False
+
+
 class VLLMEngine:
     """vLLM's LLMEngine behind the stepping interface of our Engine (`add_request`, `step`, `release`,
     `has_work`, `idle_capacity`), so :class:`~srt_agent.engine.AsyncEngine` can drive it."""
 
-    def __init__(
-        self,
-        model_dir: str | Path,
-        tokenizer,
-        eos_token_ids,
-        drafter: str = "none",
-        max_batch: int = 32,
-        max_context: int = 2048,
-        speculative_tokens: int = 8,
-        enforce_eager: bool | None = None,
-        kv_cache_gib: float = 2.0,
-        threads: int | None = None,
-        exact_sampling: bool = True,
-        block_size: int | None = 32,
-        proposer_options: Mapping[str, Any] | None = None,
-        run_ahead: RunAheadOptions | None = None,
-        dtype: str = "auto",
-        gpu_memory_utilization: float | None = None,
-        batch_invariant: bool = False,
-    ):
-        self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # for `restarted`
+    def __init__(self, model_dir: str | Path, tokenizer, eos_token_ids, options: VLLMEngineOptions | None = None):
+        self.model_dir, self.tokenizer = model_dir, tokenizer  # what a restart starts from, with `options`
+        self.options = o = options or VLLMEngineOptions()
+        drafter, run_ahead, exact_sampling = o.drafter, o.run_ahead, o.exact_sampling
+        max_batch, max_context, speculative_tokens = o.max_batch, o.max_context, o.speculative_tokens
         check_drafter(drafter)
         if run_ahead is not None:
             check_run_ahead(run_ahead, drafter)
@@ -104,12 +109,12 @@ class VLLMEngine:
 
         self.settings = vllm_settings(
             device_facts(model_dir),
-            dtype,
-            kv_cache_gib,
-            threads,
-            enforce_eager,
-            gpu_memory_utilization,
-            batch_invariant,
+            o.dtype,
+            o.kv_cache_gib,
+            o.threads,
+            o.enforce_eager,
+            o.gpu_memory_utilization,
+            o.batch_invariant,
         )
         self.drafter_name = drafter
         self.exact_sampling = exact_sampling
@@ -126,11 +131,11 @@ class VLLMEngine:
             max_num_seqs=max_batch,
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=True,
-            speculative_config=speculative_config(drafter, speculative_tokens, **dict(proposer_options or {})),
+            speculative_config=speculative_config(drafter, speculative_tokens, **dict(o.proposer_options or {})),
             disable_log_stats=True,
             seed=0,
             async_scheduling=False if exact_sampling else None,
-            block_size=block_size,
+            block_size=o.block_size,
             use_tqdm_on_load=False,
             settings=self.settings,
         )
@@ -431,7 +436,7 @@ class VLLMEngine:
             self.close()
         except Exception as exc:  # noqa: BLE001 - a dead core may not shut down cleanly; the new one starts anyway
             warnings.warn(f"the stuck vLLM engine did not shut down cleanly: {exc}", RuntimeWarning, stacklevel=2)
-        engine = VLLMEngine(**self._args)
+        engine = VLLMEngine(self.model_dir, self.tokenizer, self.eos_token_ids, self.options)
         if cache is not None:
             engine.proposer().cache = cache
         engine.held, engine.totals = self.held, self.totals

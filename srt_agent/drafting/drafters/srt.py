@@ -25,12 +25,11 @@ import numpy as np
 
 from ..draft import Draft
 from ..drafter import DrafterCapabilities
-from ..trees.budget import GLOBAL_FEEDERS, GLOBAL_SHARE
+from ..trees.budget import GLOBAL_FEEDERS, global_tree_bytes, held_turn_bytes, prompt_tree_bytes
 from ..trees.held_turns import HeldTurns
 from ..trees.keys import prompt_key as hash_key
 from ..trees.rollout_cache import CacheStats, RolloutCache
 
-HELD_SHARE = 8  # held turns take at most 1/HELD_SHARE of the byte budget
 GLOBAL_NODE_BYTES = 96  # bytes a global-tree node may take (43-81 measured): sets its node cap
 GLOBAL_KEY = "responses"
 COUNTERS = (
@@ -42,18 +41,6 @@ COUNTERS = (
     "rewound",  # continuations that left out tokens sampled past a stop (they stay in the tree)
     "dropped_past_stop",  # turns rewound to the caller's stop (end_turn)
 )
-
-
-def global_tree_bytes(max_bytes: int, global_fallback: bool, global_bytes: int | None = None) -> int:
-    """The global tree's part of `max_bytes`: `global_bytes` if given (a `TreeBudget`'s), else a 32nd."""
-    if not global_fallback:
-        return 0
-    return max_bytes // GLOBAL_SHARE if global_bytes is None else global_bytes
-
-
-def prompt_tree_bytes(max_bytes: int, global_fallback: bool, global_bytes: int | None = None) -> int:
-    """The prompt trees' part of `max_bytes`: what the held turns and the global tree leave."""
-    return max_bytes - max_bytes // HELD_SHARE - global_tree_bytes(max_bytes, global_fallback, global_bytes)
 
 
 @dataclass
@@ -129,7 +116,7 @@ class SRTDrafter:
             raise ValueError(f"min_prob must be in [0, 1], got {min_prob}")
         if max_overshoot < 0:
             raise ValueError(f"max_overshoot must be >= 0, got {max_overshoot}")
-        held_bytes = max_bytes // HELD_SHARE
+        held_bytes = held_turn_bytes(max_bytes)
         if global_bytes is not None and not 0 < global_bytes <= max_bytes // 2:
             raise ValueError(f"global_bytes must be in (0, max_bytes / 2], got {global_bytes} of {max_bytes}")
         prompt_bytes = prompt_tree_bytes(max_bytes, global_fallback, global_bytes)

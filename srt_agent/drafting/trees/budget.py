@@ -1,4 +1,5 @@
-"""`TreeBudget`: the bytes SRT's trees may hold in one engine, from the run's batch and length or the user's word.
+"""`TreeBudget`: the bytes SRT's trees may hold in one engine, from the run's batch and length or the user's word,
+and every share of them (prompt trees, held turns, the global tree of responses), worked out here only.
 
 The trees hold every rollout of a step (``rollouts_per_step`` of up to ``tokens_per_rollout`` tokens) for
 ``HISTORY_STEPS`` steps at ``BYTES_PER_TOKEN`` (what `bench cache` measures per stored token), within
@@ -17,6 +18,25 @@ MIN_BYTES = 64 << 20
 HOST_SHARE = 8  # at most an eighth of the host memory available, unless the user says more
 GLOBAL_FEEDERS = 64  # running turns that feed the global tree at once
 GLOBAL_SHARE = 32  # the global tree's share of a budget nobody sized for the run
+HELD_SHARE = 8  # held turns take at most 1/HELD_SHARE of the byte budget
+GLOBAL_RANGE = (64, 8)  # a sized global tree takes between a 64th and an eighth of the budget
+
+
+def global_tree_bytes(max_bytes: int, global_fallback: bool, global_bytes: int | None = None) -> int:
+    """The global tree's part of `max_bytes`: `global_bytes` if given (a `TreeBudget`'s), else a 32nd."""
+    if not global_fallback:
+        return 0
+    return max_bytes // GLOBAL_SHARE if global_bytes is None else global_bytes
+
+
+def held_turn_bytes(max_bytes: int) -> int:
+    """The held turns' part of `max_bytes`."""
+    return max_bytes // HELD_SHARE
+
+
+def prompt_tree_bytes(max_bytes: int, global_fallback: bool, global_bytes: int | None = None) -> int:
+    """The prompt trees' part of `max_bytes`: what the held turns and the global tree leave."""
+    return max_bytes - held_turn_bytes(max_bytes) - global_tree_bytes(max_bytes, global_fallback, global_bytes)
 
 
 @dataclass(frozen=True)
@@ -39,7 +59,8 @@ class TreeBudget:
         mib = 1 << 20
         return (
             f"SRT's trees: up to {self.max_bytes / mib:,.0f} MiB per engine (global tree of responses "
-            f"{self.global_bytes / mib:,.0f} MiB, held turns {self.max_bytes // 8 / mib:,.0f} MiB), {self.source}"
+            f"{self.global_bytes / mib:,.0f} MiB, held turns {held_turn_bytes(self.max_bytes) / mib:,.0f} MiB), "
+            f"{self.source}"
         )
 
 
@@ -63,8 +84,16 @@ def tree_budget(
             total = max(MIN_BYTES, available // HOST_SHARE)
             source += f", capped at an eighth of the {available / (1 << 30):,.1f} GiB available"
     global_need = min(GLOBAL_FEEDERS, rollouts_per_step) * tokens_per_rollout * BYTES_PER_TOKEN
-    global_bytes = min(max(total // 64, global_need), total // 8)
+    least, most = GLOBAL_RANGE
+    global_bytes = min(max(total // least, global_need), total // most)
     return TreeBudget(total, global_bytes, source)
 
 
-__all__ = ["GLOBAL_FEEDERS", "GLOBAL_SHARE", "TreeBudget", "tree_budget"]
+__all__ = [
+    "GLOBAL_FEEDERS",
+    "TreeBudget",
+    "global_tree_bytes",
+    "held_turn_bytes",
+    "prompt_tree_bytes",
+    "tree_budget",
+]

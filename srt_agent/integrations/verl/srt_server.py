@@ -20,7 +20,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from ...drafting import capabilities
 from ...drafting.trees.held_turns import HeldTurns
-from ...engine import AsyncEngine, Engine, RequestOutput
+from ...engine import AsyncEngine, Engine, EngineOptions, RequestOutput
 from ...models import load_model
 from .wire import from_verl_sampling, to_token_output
 
@@ -63,11 +63,13 @@ class SRTServer:
         loaded = load_model(model_path(model_config), dtype=config.dtype, device=device)
         self.engine = Engine(
             loaded,
-            drafter=options.pop("drafter", "srt"),
-            device=device,
-            max_batch=max_batch,
-            max_context=max_context,
-            **options,
+            EngineOptions(
+                drafter=options.pop("drafter", "srt"),
+                device=device,
+                max_batch=max_batch,
+                max_context=max_context,
+                **options,
+            ),
         )
         self.front = AsyncEngine(self.engine)
         self.held = HeldTurns(max_held)  # engine request id -> its tokens
