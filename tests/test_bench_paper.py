@@ -41,7 +41,7 @@ TINY = [
 
 def test_methods_missing_from_the_build_are_skipped_with_the_reason(monkeypatch):
     monkeypatch.setattr(
-        paper_bench, "METHODS", paper_bench.METHODS + (Method("future", "A future drafter", "no-such"),)
+        paper_bench, "PAPER_METHODS", paper_bench.PAPER_METHODS + (Method("future", "A future drafter", "no-such"),)
     )
     runnable, skipped = available_methods(("srt", "future"))
     assert [m.name for m in runnable] == ["none", "srt"]  # the baseline always runs first: it trains
@@ -69,7 +69,7 @@ def test_paper_bench_on_a_tiny_model(tmp_path):
     assert progress_lines(shown.getvalue(), "bench paper") == 4  # a line per RL step: 2 of GRPO, 2 of its n-ablation
     names = [m["name"] for m in result["methods"]]
     assert names[0] == "none" and {"srt", "srt+run-ahead", "spec-rl", "suffix", "history", "ngram"} <= set(names)
-    assert set(names) | set(result["skipped"]) == {m.name for m in paper_bench.METHODS}
+    assert set(names) | set(result["skipped"]) == {m.name for m in paper_bench.PAPER_METHODS}
     for run in result["runs"]:
         assert run["samples"] == 2 and len(run["reward"]) == 2
         # the training rollouts come from an engine of their own; every measured method regenerates them

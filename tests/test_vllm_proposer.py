@@ -321,22 +321,22 @@ def test_the_top_k_filter_passes_an_empty_batch():
 
 
 def test_speculative_configs_and_the_proposers_options_travel_in_the_environment(monkeypatch):
-    from srt_agent.backends.vllm import PROPOSER_CLASS, speculative_config
+    from srt_agent.backends.vllm import PROPOSER_CLASS, configure_speculation
     from srt_agent.backends.vllm.settings import proposer_options
 
     monkeypatch.delenv("SRT_VLLM_PROPOSER", raising=False)
-    assert speculative_config("none", 4) is None
-    assert speculative_config("ngram", 4)["prompt_lookup_max"] == 4
-    assert speculative_config("srt", 5, policy="always", max_held=7) == {
+    assert configure_speculation("none", 4) is None
+    assert configure_speculation("ngram", 4)["prompt_lookup_max"] == 4
+    assert configure_speculation("srt", 5, policy="always", max_held=7) == {
         "method": "custom_class",
         "model": PROPOSER_CLASS,
         "num_speculative_tokens": 5,
     }
     assert proposer_options() == ProposerOptions(policy="always", max_held=7)
     with pytest.raises(ValueError, match="policy"):
-        speculative_config("srt", 4, policy="sometimes")
+        configure_speculation("srt", 4, policy="sometimes")
     with pytest.raises(ValueError, match="unknown speculative method"):
-        speculative_config("eagle", 4)
+        configure_speculation("eagle", 4)
 
 
 def test_cpu_and_preload_environments():

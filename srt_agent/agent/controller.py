@@ -15,36 +15,20 @@ import inspect
 import random
 import time
 import uuid
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from ..config import EnvConfig
 from ..config.tasks import Task
 from ..drafting.trees.keys import prompt_key
+from ..engine.interfaces import TurnEngine
 from .chat import render_prompt, user_turn_text
 from .env import Env, StepResult, Tool
 from .trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from srt_agent.engine import RequestOutput, SamplingParams
-
-
-class TurnEngine(Protocol):
-    """What the controller needs from a generation backend: :class:`srt_agent.engine.AsyncEngine`, or an
-    adapter over another server (e.g. verl's ``server_manager``, see ``srt_agent.integrations.verl``)."""
-
-    async def generate(
-        self,
-        request_id: str,
-        prompt_ids: list[int],
-        params: SamplingParams | None = None,
-        prompt_key: Hashable | None = None,
-    ) -> RequestOutput: ...
-
-    def release(self, request_id: str) -> None: ...
-
-    def idle_capacity(self) -> int: ...
+    from srt_agent.engine import SamplingParams
 
 
 @dataclass

@@ -14,15 +14,16 @@ why it cannot serve a run, a :class:`Refusal`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from ..engine.interfaces import TurnEngine
 
 if TYPE_CHECKING:
     import torch
 
     from ..drafting import RolloutCache
-    from ..engine import RequestOutput, SamplingParams
     from ..engine.run_ahead import WindowPrompt
 
 
@@ -77,28 +78,14 @@ class RunAheadControl(Protocol):
 
 
 @runtime_checkable
-class RolloutBackend(Protocol):
-    """A generation backend for rollouts and training (see the module docstring)."""
+class RolloutBackend(TurnEngine, Protocol):
+    """A generation backend for rollouts and training (see the module docstring): turns (`generate`,
+    `release`, `idle_capacity`, as :class:`~srt_agent.engine.TurnEngine`), and what a trainer calls."""
 
     name: str  # its name in the registry ("engine", "vllm"): for logs and reports, never to branch on
     drafter_name: str
     capabilities: Capabilities
     run_ahead: RunAheadControl | None
-
-    async def generate(
-        self,
-        request_id: str,
-        prompt_ids: list[int],
-        params: SamplingParams | None = None,
-        prompt_key: Hashable | None = None,
-    ) -> RequestOutput:
-        """One turn; a failure of this request comes back as finish_reason "error", never as a raise."""
-
-    def release(self, request_id: str) -> None:
-        """The request is over: free what the backend holds for it."""
-
-    def idle_capacity(self) -> int:
-        """Batch slots no running or queued request needs now."""
 
     def update_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Load new policy weights (names of the Hugging Face state dict) in place; the trees survive."""

@@ -20,7 +20,7 @@ from ..engine.options import RunAheadOptions
 from ..rl.replay import replay
 from ..rl.rollout_trace import RolloutTrace
 from ..rl.rollouts import RolloutVariant, window_prompt
-from .methods import METHODS, bench_env
+from .methods import ALL_METHODS, bench_env
 from .recorder import StepRecorder
 
 STAGES = ("history", "srt", "srt+run-ahead")
@@ -65,7 +65,7 @@ class AblationConfig:
 def ablation_variants(config: EnvConfig, starts: tuple[str, ...]) -> list[RolloutVariant]:
     """Plain decoding (trains; the identity reference), then the stages; run-ahead as the config sets it
     (turned on), once per start."""
-    methods = {m.name: m for m in METHODS}
+    methods = {m.name: m for m in ALL_METHODS}
     run_ahead = config.engine.run_ahead.model_copy(update={"enabled": True})
     stages = [methods[name].variant(None) for name in ("none", "history", "srt")]
     ahead = methods["srt+run-ahead"]

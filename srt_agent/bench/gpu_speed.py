@@ -34,7 +34,7 @@ from .gpu_setup import (
 )
 from .roofline import ModelCost, _best_time, measure_bandwidth, measure_gemm
 
-METHODS = ["none", "srt"]
+GPU_SPEED_METHODS = ["none", "srt"]
 
 
 def bench_config(config: GpuCheckConfig, device: torch.device) -> EngineBenchConfig:
@@ -43,7 +43,7 @@ def bench_config(config: GpuCheckConfig, device: torch.device) -> EngineBenchCon
         epochs=2,
         max_tokens=config.max_tokens,
         batches=config.batches,
-        methods=tuple(METHODS),
+        methods=tuple(GPU_SPEED_METHODS),
         hf_baseline=False,
         max_draft_tokens=config.max_draft_tokens,
         adaptive_drafts=True,
@@ -63,7 +63,7 @@ def batch_runs(loaded, config: GpuCheckConfig, device, batch: int, prompts, log)
     def report(run: dict) -> None:
         log(f"{loaded.name} b={batch} {run['method']} epoch {run['epoch']}: {run['tokens_per_s']:.0f} tok/s")
 
-    runs, calibration = run_batch(loaded, bench, METHODS, batch, groups, max_context, report)
+    runs, calibration = run_batch(loaded, bench, GPU_SPEED_METHODS, batch, groups, max_context, report)
     failed = [f"{r['method']} epoch {r['epoch']}" for r in runs if r["errors"]]
     if failed:
         raise RuntimeError(f"{loaded.name} batch {batch}: requests failed in {', '.join(failed)}")

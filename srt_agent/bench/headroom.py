@@ -122,9 +122,9 @@ class History:
 
     def __init__(self, method: str, folder: Path, max_match: int = 32):
         base, _, last = method.partition("-last")
-        if base not in METHODS or (last and not (last.isdigit() and int(last) > 0)):
+        if base not in HEADROOM_METHODS or (last and not (last.isdigit() and int(last) > 0)):
             raise ValueError(
-                f"unknown method {method!r}; choose one of {', '.join(METHODS)}, "
+                f"unknown method {method!r}; choose one of {', '.join(HEADROOM_METHODS)}, "
                 "each with -lastN to hold only the last N steps' rollouts"
             )
         self.method, self.name, self.folder, self.max_match = base, method, folder, max_match
@@ -189,7 +189,7 @@ class History:
         return Structure(pairs, self.max_match)
 
 
-METHODS = ("srt", "suffix", "srt+prompt", "srt+global")
+HEADROOM_METHODS = ("srt", "suffix", "srt+prompt", "srt+global")
 GLOBAL_METHODS = ("suffix", "srt+global")  # those with a global tree of earlier responses
 
 
@@ -218,7 +218,7 @@ def simulate(history: History, traj: Traced, k: int, choices: Sequence[str] = ()
 def headroom(
     run_dir: str | Path,
     k: int = 8,
-    methods: Sequence[str] = METHODS,
+    methods: Sequence[str] = HEADROOM_METHODS,
     choices: Sequence[str] = (),
     work: Progress | None = None,
 ) -> dict:

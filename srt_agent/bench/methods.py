@@ -50,7 +50,7 @@ class Method:
 # vLLM methods are built in this order. vLLM's ngram proposer imports numba, whose llvmlite holds an object
 # that vLLM 0.31's kernel re-binding scan (run whenever an engine starts) cannot read: no vLLM engine can
 # start in this process after it, so it comes last of them.
-METHODS = (
+ALL_METHODS = (
     Method("none", "Baseline (no speculation)", "none"),
     Method("ngram", "N-gram prompt lookup", "ngram"),
     Method("suffix", "SuffixDecoding (ours)", "suffix"),

@@ -21,10 +21,10 @@ from ..config import ALGORITHMS, EnvConfig
 from ..console import Progress
 from ..drafting import DRAFTERS, drafter_unavailable, make_drafter
 from ..rl.rollouts import RolloutVariant
-from .methods import METHODS as ALL_METHODS, Method, bench_env as load_bench_env, pick
+from .methods import ALL_METHODS, Method, bench_env as load_bench_env, pick
 from .recorder import RecordedStep, StepRecorder
 
-METHODS = tuple(m for m in ALL_METHODS if m.backend is None)  # every drafter on the env's backend
+PAPER_METHODS = tuple(m for m in ALL_METHODS if m.backend is None)  # every drafter on the env's backend
 BASELINE = "none"
 TRAINER = "trainer"  # the variant whose rollouts train: plain decoding, first in every step, not measured
 
@@ -33,7 +33,7 @@ TRAINER = "trainer"  # the variant whose rollouts train: plain decoding, first i
 class PaperBenchConfig:
     env: str = "envs/retool_train.yaml"
     algorithms: tuple[str, ...] = ALGORITHMS
-    methods: tuple[str, ...] = tuple(m.name for m in METHODS)
+    methods: tuple[str, ...] = tuple(m.name for m in PAPER_METHODS)
     steps: int = 3
     prompts_per_step: int = 4
     samples: int = 4
@@ -71,7 +71,7 @@ def paper_plan(cfg: PaperBenchConfig) -> str:
 def available_methods(names: tuple[str, ...]) -> tuple[list[Method], dict[str, str]]:
     """The methods that can run here, and why each other one cannot (unknown drafter, missing package)."""
     runnable, skipped = [], {}
-    for method in pick(names, METHODS, BASELINE, as_named=True):
+    for method in pick(names, PAPER_METHODS, BASELINE, as_named=True):
         if method.drafter not in DRAFTERS:
             skipped[method.name] = (
                 f"drafter {method.drafter!r} is not in this build (drafters: {', '.join(sorted(DRAFTERS))})"

@@ -38,7 +38,7 @@ class ProposerBenchSpec:
 def run_proposer_bench(spec: ProposerBenchSpec, work: Progress | None = None) -> dict:
     """Generate the steps with SRT inside vLLM; per step the proposer's host µs per row and vLLM's step ms
     (`work` hears of each step as it ends)."""
-    from ..backends.vllm import cpu_env, speculative_config, srt_proposer, tiny_model_dir
+    from ..backends.vllm import configure_speculation, cpu_env, srt_proposer, tiny_model_dir
 
     work = work or Progress.unseen()
     work.now("vLLM's start-up")
@@ -53,7 +53,7 @@ def run_proposer_bench(spec: ProposerBenchSpec, work: Progress | None = None) ->
         max_num_seqs=rows,
         dtype="float32",
         seed=spec.seed,
-        speculative_config=speculative_config("srt", spec.speculative_tokens),
+        speculative_config=configure_speculation("srt", spec.speculative_tokens),
     )
     proposer = srt_proposer(llm)
     rng = random.Random(spec.seed)

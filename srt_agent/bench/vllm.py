@@ -25,10 +25,10 @@ from ..rl.evaluate import bootstrap_statistic, ratio_text
 from ..rl.metrics import StepFigures
 from ..rl.rollouts import RolloutVariant
 from ..runner.device_info import detect_device
-from .methods import METHODS as ALL_METHODS, Method, bench_env as load_bench_env, pick
+from .methods import ALL_METHODS, Method, bench_env as load_bench_env, pick
 from .recorder import RecordedStep, StepRecorder
 
-METHODS = tuple(m for m in ALL_METHODS if m.backend is not None)  # each names the backend it runs on
+VLLM_METHODS = tuple(m for m in ALL_METHODS if m.backend is not None)  # each names the backend it runs on
 BASELINE = "vllm:none"
 TRAINER = "trainer"  # vLLM without speculation, generating the training rollouts first in every step
 # Pairs of methods compared head to head (the first's time over the second's), when both ran: SRT against
@@ -47,7 +47,7 @@ DRAWS = 2000  # bootstrap draws per interval
 class VLLMBenchConfig:
     env: str = "envs/retool_train.yaml"
     batches: tuple[int, ...] = (16, 1)  # 16: the main job's step (4 prompts × 4 samples)
-    methods: tuple[str, ...] = tuple(m.name for m in METHODS)
+    methods: tuple[str, ...] = tuple(m.name for m in VLLM_METHODS)
     steps: int = 8
     prompts_per_step: int = 4
     samples: int = 4  # the group size n: samples per prompt
@@ -64,7 +64,7 @@ TAIL_TIME = ("tail_s", "tail_tokens")
 
 def chosen_methods(names: Sequence[str]) -> list[Method]:
     """The named methods, vLLM without speculation first, the others in the order engines can be built."""
-    return pick(names, METHODS, BASELINE)
+    return pick(names, VLLM_METHODS, BASELINE)
 
 
 def bench_env(cfg: VLLMBenchConfig, batch: int) -> EnvConfig:

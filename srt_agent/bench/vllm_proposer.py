@@ -19,7 +19,7 @@ import os
 import time
 from typing import Any
 
-from ..backends.vllm import cpu_env, speculative_config, vllm_model_dir
+from ..backends.vllm import configure_speculation, cpu_env, vllm_model_dir
 from ..drafting import runs_as_proposer
 
 FORCED_CLASS = "srt_agent.bench.vllm_proposer.ForcedDraftProposer"
@@ -183,7 +183,7 @@ def workload(
         # process fails (its scan of sys.modules trips over llvmlite, which the ngram proposer imports)
         for method in sorted(methods, key=lambda m: m == "ngram"):
             options = (srt_options or {}) if runs_as_proposer(method) else {}
-            engines[method] = _engine(model, speculative_config(method, k, **options), batch, 1024, kv_cache_gib)
+            engines[method] = _engine(model, configure_speculation(method, k, **options), batch, 1024, kv_cache_gib)
             counters[method] = _counter(engines[method], method)
         prompts = [p for p in chat_prompts(engines[methods[0]], questions) for _ in range(samples)]
         for llm in engines.values():

@@ -270,13 +270,13 @@ def bench_vllm(
 ):
     """vLLM (none, stock, ngram, suffix, SRT as its proposer) and our engine (none, SRT) in the same RL steps,
     each ratio with a 95% paired bootstrap interval over the steps."""
-    from ..bench.vllm import METHODS, VLLMBenchConfig, plot_vllm, run_vllm_bench, vllm_table
+    from ..bench.vllm import VLLM_METHODS, VLLMBenchConfig, plot_vllm, run_vllm_bench, vllm_table
 
     preload_for_vllm()
     config = VLLMBenchConfig(
         env=str(env_file),
         batches=tuple(batch),
-        methods=tuple(method) if method else tuple(m.name for m in METHODS),
+        methods=tuple(method) if method else tuple(m.name for m in VLLM_METHODS),
         steps=steps,
         prompts_per_step=prompts,
         samples=samples,
@@ -323,10 +323,10 @@ def bench_headroom(
 ):
     """What a linear draft could have gained per step (the oracle), what the most frequent path gains, and what the
     run achieved, in tokens per forward, for SRT's trees and SuffixDecoding's, from a run's rollouts."""
-    from ..bench.headroom import METHODS, headroom, headroom_table
+    from ..bench.headroom import HEADROOM_METHODS, headroom, headroom_table
 
     with reported(), progress(console, "bench headroom", plan=f"the steps of {run}: seconds a step") as work:
-        result = headroom(run, k, method or METHODS, choice, work)
+        result = headroom(run, k, method or HEADROOM_METHODS, choice, work)
     console.print(headroom_table(result))
     write_json(result, json_path)
 

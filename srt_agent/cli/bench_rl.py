@@ -110,7 +110,7 @@ def bench_paper(
     verbose: bool = IN_OUT,
 ):
     """SRT's Table 1 measured here: every rollout method side by side in GRPO, DAPO and PPO runs."""
-    from ..bench.paper import METHODS, PaperBenchConfig, merge_results, paper_plan, paper_steps, run_paper_bench
+    from ..bench.paper import PAPER_METHODS, PaperBenchConfig, merge_results, paper_plan, paper_steps, run_paper_bench
 
     if from_json:
         paper_report(merge_results([json.loads(p.read_text()) for p in from_json]), json_path, plot)
@@ -134,7 +134,7 @@ def bench_paper(
         model=model,
         overrides=base.overrides + list(set_),
         out=str(out) if out is not None else base.out,
-        methods=tuple(method) if method else tuple(m.name for m in METHODS),
+        methods=tuple(method) if method else tuple(m.name for m in PAPER_METHODS),
     )
     with (
         reported(),

@@ -1,9 +1,9 @@
 """Batched, lossless speculative generation: sequences, scheduler, verification, drafting behind a fault
 boundary, run-ahead.
 
-The request types (:mod:`.params`) and the options (:mod:`.options`) import no torch; ``Engine``,
-``AsyncEngine`` and ``SteppingEngine`` load with it on first use, so the config reads the engine's
-defaults without it.
+The request types (:mod:`.params`), the options (:mod:`.options`) and the stepping interface
+(:mod:`.interfaces`) import no torch; ``Engine`` and ``AsyncEngine`` load with it on first use, so the config
+reads the engine's defaults without it.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .interfaces import SteppingEngine, TurnEngine
 from .options import EngineOptions, RunAheadOptions
 from .params import RequestMetrics, RequestOutput, SamplingParams
 
 #: names this package exports from modules that import torch, loaded on first use
-_LAZY = {"AsyncEngine": ".async_engine", "SteppingEngine": ".async_engine", "Engine": ".engine"}
+_LAZY = {"AsyncEngine": ".async_engine", "Engine": ".engine"}
 
 __all__ = [
     "AsyncEngine",
@@ -26,6 +27,7 @@ __all__ = [
     "RunAheadOptions",
     "SamplingParams",
     "SteppingEngine",
+    "TurnEngine",
 ]
 
 

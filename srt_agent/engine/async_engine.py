@@ -1,6 +1,6 @@
 """AsyncEngine: an engine's step loop in a background thread, awaited by many coroutines at once.
 
-It drives anything with the stepping interface (:class:`SteppingEngine`): our :class:`~.engine.Engine`, or
+It drives anything with the stepping interface (:class:`~.interfaces.SteppingEngine`): our :class:`~.engine.Engine`, or
 an adapter over another engine (``srt_agent.backends.vllm.vllm_engine.VLLMEngine``)."""
 
 from __future__ import annotations
@@ -10,40 +10,15 @@ import concurrent.futures
 import logging
 import queue
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 from ..drafting.request_kind import RequestKind
+from .interfaces import SteppingEngine
 from .params import RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
-
-
-class SteppingEngine(Protocol):
-    """What AsyncEngine calls on its thread: requests in, one step at a time, finished turns out."""
-
-    def add_request(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams | None = None,
-        request_id: str | None = None,
-        prompt_key: Hashable | None = None,
-        kind: RequestKind = RequestKind.ROLLOUT,
-    ) -> str:
-        """Start one turn (a later turn of a request passes the whole token list so far); ValueError on bad input."""
-
-    def step(self) -> list[RequestOutput]:
-        """One step; the turns it finished."""
-
-    def release(self, request_id: str) -> None:
-        """Forget a request (aborts its turn if one is running)."""
-
-    def has_work(self) -> bool:
-        """Whether a step would do anything now."""
-
-    def idle_capacity(self) -> int:
-        """Batch slots no running or queued request needs now."""
 
 
 E = TypeVar("E", bound=SteppingEngine)

@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
-class _Verified:
+class _StepRecord:
     """A step's verification of the real rows: their chunks and drafts (without drafts after a fallback), the
     tokens each emitted, the draft nodes each accepted, model faults by row, whether the pass was batched,
     its seconds, whether it was a timed decoding step (batched, faultless, one pending token a row: the steps
@@ -333,7 +333,7 @@ class Engine:
         self._count_step(seqs, verified, draft_s, time.perf_counter() - started)
         return outputs
 
-    def _verify(self, seqs: list[Sequence], chunks: list, drafts: list[Draft], ahead: list) -> _Verified:
+    def _verify(self, seqs: list[Sequence], chunks: list, drafts: list[Draft], ahead: list) -> _StepRecord:
         """One forward pass over the real rows and the run-ahead rows riding along, each draft verified; if the
         batched pass fails, the real rows again one by one without drafts (run-ahead rows are dropped) to find
         whose fault it was. Run-ahead rows' tokens go to run-ahead; what comes back is the real rows'."""
@@ -362,9 +362,9 @@ class Engine:
             self.run_ahead.absorb(ahead, emitted[len(seqs) :], 0.0 if seqs else forward_s, broken)
             emitted, accepted = emitted[: len(seqs)], accepted[: len(seqs)]
             faults = {i: f for i, f in faults.items() if i < len(seqs)}
-        return _Verified(chunks, drafts, emitted, accepted, faults, batched, forward_s, decoding)
+        return _StepRecord(chunks, drafts, emitted, accepted, faults, batched, forward_s, decoding)
 
-    def _accept(self, seqs: list[Sequence], verified: _Verified) -> list[Sequence]:
+    def _accept(self, seqs: list[Sequence], verified: _StepRecord) -> list[Sequence]:
         """Append each row's emitted tokens (the drafter learns what was accepted, KV keeps the accepted
         nodes, the prefix cache what the step computed); returns the sequences that finished."""
         if verified.batched:
@@ -386,7 +386,7 @@ class Engine:
             self.prefix.store(seqs)
         return finished
 
-    def _count_step(self, seqs: list[Sequence], verified: _Verified, draft_s: list[float], step_s: float) -> None:
+    def _count_step(self, seqs: list[Sequence], verified: _StepRecord, draft_s: list[float], step_s: float) -> None:
         """Per-sequence and total figures of the step: forwards, drafted and accepted tokens, prefill, time."""
         t = self.totals
         book_s = step_s - verified.forward_s - sum(draft_s)

@@ -6,24 +6,16 @@ from __future__ import annotations
 import functools
 import uuid
 from collections.abc import Hashable
-from typing import Protocol
 
 from rich.console import Console
 
 from ..console import no_bar, phase_bar
+from .interfaces import SteppingEngine
 from .params import RequestOutput, SamplingParams
 
 
-class Stepped(Protocol):
-    """What batch generation drives: the engine's requests and steps."""
-
-    def add_request(self, prompt_ids, params, request_id, prompt_key=None) -> str: ...
-    def step(self) -> list[RequestOutput]: ...
-    def release(self, request_id: str) -> None: ...
-
-
 def generate_all(
-    engine: Stepped,
+    engine: SteppingEngine,
     prompts: list[list[int]],
     params: SamplingParams | list[SamplingParams] | None = None,
     prompt_keys: list[Hashable] | None = None,

@@ -42,7 +42,7 @@ def eager_logits_rows(info: DeviceInfo, vocab_size: int) -> int:
 
 # Per sequence: the emitted (token, log-probability) pairs and the accepted draft nodes; and the
 # sequences (by index) whose pass or logits failed, with what went wrong.
-Verified = tuple[list[list[tuple[int, float]]], list[list[int]], dict[int, str]]
+VerifiedRows = tuple[list[list[tuple[int, float]]], list[list[int]], dict[int, str]]
 
 
 def chunks_of(seqs: list[Sequence], drafts: list[Draft]) -> list[Chunk]:
@@ -63,7 +63,7 @@ class Verifier:
         self.totals = totals
         self.eager_rows = eager_logits_rows(runner.device_info, runner.vocab_size)
 
-    def forward_and_verify(self, seqs: list[Sequence], chunks: list[Chunk], drafts: list[Draft]) -> Verified:
+    def forward_and_verify(self, seqs: list[Sequence], chunks: list[Chunk], drafts: list[Draft]) -> VerifiedRows:
         """One forward pass and the walk of every draft tree. Changes no sequence: on a raise the step can
         run again (the pass writes KV only at positions no sequence counts as cached)."""
         hidden = self.runner.forward(chunks)
@@ -71,7 +71,7 @@ class Verifier:
         self.runner.synchronize()
         return out
 
-    def forward_one_by_one(self, seqs: list[Sequence], chunks: list[Chunk], drafts: list[Draft]) -> Verified:
+    def forward_one_by_one(self, seqs: list[Sequence], chunks: list[Chunk], drafts: list[Draft]) -> VerifiedRows:
         """The step's pass for each sequence alone (after the batched one raised): only a sequence whose own
         pass fails is charged with the fault."""
         emitted, accepted, faults = [], [], {}
@@ -98,7 +98,9 @@ class Verifier:
                     dst.append(base + depth)
         self.runner.move_kv(slots, src, dst)
 
-    def _verify(self, seqs: list[Sequence], chunks: list[Chunk], drafts: list[Draft], hidden: torch.Tensor) -> Verified:
+    def _verify(
+        self, seqs: list[Sequence], chunks: list[Chunk], drafts: list[Draft], hidden: torch.Tensor
+    ) -> VerifiedRows:
         """Walk every sequence's draft tree with the lossless sampler.
 
         Returns per sequence the emitted (token, logprob) pairs and the accepted draft nodes, and the

@@ -20,7 +20,7 @@ from .rollout_trace import RolloutTrace, TracedStep, cost_model_of
 from .roofline_cost import FIXED_S, GPU, RooflineCost, device, load_model_config
 
 VALIDATION_TARGET = 0.15  # the largest relative error of a validated step's predicted generation time
-METHODS = ("none", "srt", "srt+run-ahead", "suffix")  # "srt+run-ahead" only where the run recorded run-ahead
+PROJECTED_METHODS = ("none", "srt", "srt+run-ahead", "suffix")  # "srt+run-ahead" only where the run recorded run-ahead
 DRAFTING = ("srt", "srt+run-ahead", "suffix")  # the methods that pay the drafter's host time per row
 
 
@@ -71,7 +71,7 @@ def project(trace: RolloutTrace, settings: ProjectionSettings | None = None) -> 
     if ahead:
         runs["srt+run-ahead"] = (trace, "srt")
     methods = {}
-    for method in (m for m in METHODS if m in runs):
+    for method in (m for m in PROJECTED_METHODS if m in runs):
         source, drafter = runs[method]
         row_s = host if method in DRAFTING else 0.0
 
@@ -143,7 +143,7 @@ def projection_lines(projection: dict) -> list[str]:
         )
 
     lines = [
-        f"projected on {projection['device']['name']} ({projection['model']['name']} shape): {parts('decode_s', METHODS)}"
+        f"projected on {projection['device']['name']} ({projection['model']['name']} shape): {parts('decode_s', PROJECTED_METHODS)}"
         f" decoding; with this run's tool waits {parts('gen_s', ('none', 'srt'))}"
     ]
     v = projection.get("validation") or {}

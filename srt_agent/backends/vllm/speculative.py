@@ -1,4 +1,4 @@
-"""vLLM's ``speculative_config`` for a drafter of the registry that vLLM runs (:func:`speculative_config`)."""
+"""vLLM's ``speculative_config`` for a drafter of the registry that vLLM runs (:func:`configure_speculation`)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,11 @@ def run_ahead_problem(drafter: str) -> str | None:
     return f"run-ahead needs a drafter that keeps per-prompt trees and takes run-ahead sequences (srt); {drafter!r} does not"
 
 
-def speculative_config(drafter: str, num_speculative_tokens: int = 8, **options: Any) -> dict | None:
+def configure_speculation(drafter: str, num_speculative_tokens: int = 8, **options: Any) -> dict | None:
     """vLLM's ``speculative_config`` for `drafter`; `options` go to its method (ngram: ``prompt_lookup_min``/
-    ``max``; suffix: ``suffix_decoding_*``; srt: ``ProposerOptions`` fields)."""
+    ``max``; suffix: ``suffix_decoding_*``; srt: ``ProposerOptions`` fields, which this checks and sets in
+    ``SRT_VLLM_PROPOSER`` for the proposers of vLLM engines started from now on: vLLM's config has no place
+    for them)."""
     if drafter not in vllm_drafters():
         raise ValueError(f"unknown speculative method {drafter!r}; choose one of {vllm_drafters()}")
     method = DRAFTERS[drafter].vllm_method

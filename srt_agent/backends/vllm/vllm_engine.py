@@ -36,7 +36,7 @@ from .availability import VLLMUnavailable, VLLMUnsupported, vllm_missing, vllm_v
 from .device_settings import VLLMSettings, apply_env
 from .run_ahead import VLLMRunAhead, check_run_ahead
 from .settings import EXACT_SAMPLING_ENV, kind_args
-from .speculative import check_drafter, speculative_config
+from .speculative import check_drafter, configure_speculation
 from .workers import check_runner
 
 
@@ -131,7 +131,7 @@ class VLLMEngine:
             max_num_seqs=max_batch,
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=True,
-            speculative_config=speculative_config(drafter, speculative_tokens, **dict(o.proposer_options or {})),
+            speculative_config=configure_speculation(drafter, speculative_tokens, **dict(o.proposer_options or {})),
             disable_log_stats=True,
             seed=0,
             async_scheduling=False if exact_sampling else None,
