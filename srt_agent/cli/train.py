@@ -67,6 +67,7 @@ def train(
             if config.engine.backend in ("vllm", "auto"):
                 preload_for_vllm()
             names = [c.strip() for c in compare.split(",") if c.strip()] if compare is not None else None
+            config = config.for_run(steps=steps, compare=names, cold_start=cold_start)
             if out is None and resume is None:  # the default folder: a new run never lands on an old one
                 out = fresh_run_folder(Path("runs") / config.name)
                 if out.name != config.name:
@@ -74,7 +75,6 @@ def train(
             out = out or run_folder(resume)
             claim_out_dir(out, resume, replace_run=False)  # before its log: another run's folder stays untouched
             with third_party_output_to(command_log("train", out), console, verbose):
-                config = config.for_run(steps=steps, compare=names, cold_start=cold_start)
                 trainer = Trainer(config, out, resume=resume, model=model, console=console)
                 report = trainer.run()
     except KeyboardInterrupt:

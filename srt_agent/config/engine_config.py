@@ -170,5 +170,5 @@ class EngineConfig(Strict):
         from ..drafting import DRAFTERS
 
         if value not in DRAFTERS:
-            raise ValueError(f"unknown drafter {value!r}; choose one of {sorted(DRAFTERS)}")
+            raise DRAFTERS.unknown(value)
         return value

@@ -18,12 +18,22 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from ..drafting.registry import DRAFTERS
 from ..drafting.trees.budget import TreeBudget, tree_budget
 from .algorithm_registry import AdvantageEstimator, get_adv_estimator, get_policy_loss
 from .engine_config import EngineConfig
 from .source_registry import EnvSource, episode_source, names_source, task_source
-from .strict import Strict, import_dotted
+from .strict import ConfigError, Strict, import_dotted
 from .tasks import Task
+
+
+def checked_drafters(names: list[str]) -> list[str]:
+    """`names`, or a ValueError naming the first that no drafter is registered under."""
+    for name in names:
+        if name not in DRAFTERS:
+            raise DRAFTERS.unknown(name)
+    return names
+
 
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean")
 KL_PENALTIES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
@@ -233,6 +243,11 @@ class TrainConfig(Strict):
             data = {**PRESETS[algorithm], **{k: v for k, v in data.items() if v is not None}}
         return data
 
+    @field_validator("compare")
+    @classmethod
+    def _known_drafters(cls, value: list[str]) -> list[str]:
+        return checked_drafters(value)
+
     @field_validator("adv_estimator")
     @classmethod
     def _registered_estimator(cls, value: str | None) -> str | None:
@@ -401,7 +416,10 @@ class EnvConfig(Strict):
         if steps is not None:
             config.train.steps = steps
         if compare is not None:
-            config.train.compare = list(compare)
+            try:
+                config.train.compare = checked_drafters(list(compare))
+            except ValueError as exc:
+                raise ConfigError(f"train.compare: {exc}") from None
         if cold_start is not None:
             config.cold_start.enabled = cold_start
         return config

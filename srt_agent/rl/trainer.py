@@ -29,7 +29,7 @@ from ..agent.toolconfig import load_tools, require_sandbox_runtime
 from ..agent.trajectory import Trajectory
 from ..config import ConfigError, EnvConfig, load_env_config
 from ..console import Progress, phase_bar
-from ..drafting import DRAFTERS, drafter_capabilities
+from ..drafting import drafter_capabilities
 from ..models import LoadedModel, load_model
 from ..runner.device_info import resolve_engine_dtype
 from .batch import Sample
@@ -101,9 +101,6 @@ class Trainer(RunRecord):
         self.config = config.model_copy(deep=True)
         train = self.config.train
         main = self.config.engine.drafter
-        unknown = [d for d in train.compare if d not in DRAFTERS]
-        if unknown:
-            raise ConfigError(f"unknown drafter(s) to compare {unknown}; choose from {sorted(DRAFTERS)}")
         train.compare = [d for d in dict.fromkeys(train.compare) if d != main]
         if self.config.sampling.temperature <= 0:
             raise ConfigError("sampling.temperature: RL needs temperature > 0 (a greedy policy has no log-probs)")
