@@ -12,6 +12,7 @@ import torch
 from helpers.rl_envs import one_success_per_group, rollouts, tiny_env_file
 from rich.console import Console
 
+from srt_agent.bench.headroom import headroom
 from srt_agent.bench.project import project_run
 from srt_agent.config import load_env_config
 from srt_agent.models import load_tokenizer, tiny_random_model
@@ -184,3 +185,13 @@ def test_the_run_projects_its_rollouts_onto_a_gpu_and_validates_the_replay(run):
 def test_each_step_says_what_speculation_cost(steps):
     for m in steps:
         assert m["srt/draft_host_s"] >= 0 and m["srt/rejected_tokens"] >= 0 and m["srt/rejected_s"] >= 0
+
+
+def test_a_runs_trace_compressed_gives_the_headroom_of_its_rollouts(run, tmp_path):
+    """A trace (what ships as ``retool_long``) holds what the run's rollouts hold: headroom reads either."""
+    trace = RolloutTrace.load(run["out"] / "traces" / "srt.json")
+    packed = trace.save(tmp_path / "srt.json.xz")
+    assert RolloutTrace.load(packed) == trace
+    from_rollouts, from_trace = headroom(run["out"], k=4), headroom(packed, k=4)
+    for a, b in zip(from_rollouts["steps"], from_trace["steps"], strict=True):
+        assert (a["revisit"], a["achieved"], a["methods"]) == (b["revisit"], b["achieved"], b["methods"])

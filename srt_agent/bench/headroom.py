@@ -1,5 +1,6 @@
 """Headroom: how many tokens per forward a linear draft could have gained, per method and step, beside
-what the run achieved, from a finished run's rollouts (``OUT/rollouts/step-N.jsonl``) without the model.
+what the run achieved, from a finished run's rollouts (``OUT/rollouts/step-N.jsonl``, or a rollout trace: a
+file, or a shipped one by name) without the model.
 
 Speculation is lossless, so the sampled tokens are known; at each generated position a method's structure
 (``srt``, ``suffix``, ``srt+prompt``, ``srt+global``) is asked what the best path it holds (**oracle**) and
@@ -20,8 +21,10 @@ from pathlib import Path
 from ..console import Progress
 from ..drafting import RolloutCache
 from ..drafting.trees.keys import prompt_key
+from ..rl.rollout_trace import RolloutTrace, TracedTrajectory
 from .cache import accepted_tokens
 from .chain_choice import Choice, chain_choice, frequent
+from .shipped_traces import recorded
 
 GLOBAL = "responses"
 
@@ -39,6 +42,19 @@ class Traced:
     generated: int
 
     @classmethod
+    def of_trace(cls, t: TracedTrajectory) -> Traced:
+        """A trace's trajectory as rollouts hold it: a forced opening, then model turns and observations."""
+        cut = len(t.prompt_ids) - t.prefix_len
+        response, mask = list(t.prompt_ids[cut:]), [0] * t.prefix_len
+        for i, turn in enumerate(t.turns):
+            response += turn
+            mask += [1] * len(turn)
+            if i < len(t.observations):
+                response += t.observations[i]
+                mask += [0] * len(t.observations[i])
+        return cls(t.prompt_key, list(t.prompt_ids[:cut]), response, mask, t.forwards, sum(map(len, t.turns)))
+
+    @classmethod
     def of(cls, row: dict) -> Traced:
         prompt = list(row["prompt_ids"])
         mask = list(row["response_mask"])
@@ -53,7 +69,11 @@ class Traced:
 
 
 def read_steps(run_dir: Path) -> list[list[Traced]]:
-    """The run's rollouts, one list of trajectories per step, in step order."""
+    """The run's rollouts, one list of trajectories per step, in step order: a run folder's, or a rollout
+    trace's (a file, or a shipped trace's name)."""
+    run_dir = recorded(run_dir)
+    if run_dir.is_file():
+        return [[Traced.of_trace(t) for t in step.trajectories] for step in RolloutTrace.load(run_dir).steps]
     files = sorted((Path(run_dir) / "rollouts").glob("step-*.jsonl"))
     if not files:
         raise ValueError(f"{run_dir}: no rollouts/step-*.jsonl (a run folder of srt-agent train)")

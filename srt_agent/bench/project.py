@@ -16,15 +16,21 @@ from ..agent.trajectory import Trajectory
 from ..drafting.trees.keys import prompt_key
 from ..rl.projection import ProjectionSettings, project, validate
 from ..rl.rollout_trace import RolloutTrace, TracedStep, TracedTrajectory
+from .shipped_traces import recorded
 
 VERL_BATCH = 256  # vLLM's max_num_seqs on a GPU: a verl step's rollouts run this many at once
 
 
-def run_traces(run: Path, tokenizer=None, max_batch: int | None = None) -> tuple[dict[str, RolloutTrace], str]:
-    """Every variant's trace of the run folder `run` and the name of the training one."""
+def run_traces(run: str | Path, tokenizer=None, max_batch: int | None = None) -> tuple[dict[str, RolloutTrace], str]:
+    """Every variant's trace of the run folder `run` (or the one trace of a trace file, or a shipped trace's
+    name) and the name of the training one."""
+    run = recorded(run)
     report = json.loads((run / "report.json").read_text()) if (run / "report.json").is_file() else {}
     saved = sorted((run / "traces").glob("*.json"))
-    if saved:
+    if run.is_file():
+        trace = RolloutTrace.load(run)
+        traces, main = {trace.variant: trace}, trace.variant
+    elif saved:
         traces = {t.variant: t for t in map(RolloutTrace.load, saved)}
         main = report.get("drafter") if report.get("drafter") in traces else next(iter(traces))
     elif sorted((run / "rollouts").glob("step-*.jsonl")):
@@ -93,7 +99,7 @@ def verl_trace(folder: Path, tokenizer, max_batch: int) -> RolloutTrace:
 
 def project_run(run: str | Path, settings: ProjectionSettings, tokenizer=None, max_batch: int | None = None) -> dict:
     """The projection of a recorded run, with the validation where its traces hold measured step costs."""
-    traces, main = run_traces(Path(run), tokenizer, max_batch)
+    traces, main = run_traces(run, tokenizer, max_batch)
     result = project(traces[main], settings)
     result["validation"] = validate(traces)
     result["run"], result["variant"] = str(run), main

@@ -308,7 +308,10 @@ def bench_vllm(
 
 @bench_app.command("headroom")
 def bench_headroom(
-    run: Path = typer.Argument(..., help="A run folder of srt-agent train (its rollouts/step-N.jsonl)."),
+    run: Path = typer.Argument(
+        ...,
+        help="A run folder of srt-agent train (its rollouts/step-N.jsonl), a rollout trace, or a shipped trace's name (retool_long).",
+    ),
     k: int = typer.Option(8, min=1, help="Draft length (vLLM's num_speculative_tokens; 8 by default)."),
     method: list[str] = typer.Option(
         [],
@@ -333,7 +336,9 @@ def bench_headroom(
 
 @bench_app.command("replay")
 def bench_replay(
-    trace: Path = typer.Argument(..., help="A rollout trace (bench ablation writes them under OUT/traces/)."),
+    trace: Path = typer.Argument(
+        ..., help="A rollout trace (every run writes them under OUT/traces/), or a shipped trace's name (retool_long)."
+    ),
     drafter: list[str] = typer.Option([], "--drafter", help="Drafters to replay with (default: the trace's)."),
     max_draft_tokens: list[int] = typer.Option([], "--max-draft-tokens", help="Draft budgets to sweep."),
     max_depth: list[int] = typer.Option([], "--max-depth", help="Tree depths to sweep."),
@@ -349,13 +354,14 @@ def bench_replay(
 ):
     """Replay a recorded run without the model, sweeping draft budgets, tree limits and run-ahead settings."""
     from ..bench.replay import replay_sweep, sweep_table
+    from ..bench.shipped_traces import recorded
     from ..rl.rollout_trace import RolloutTrace
 
     with reported(), progress(console, "bench replay", plan=f"{trace} once per setting: seconds each") as work:
-        loaded = RolloutTrace.load(trace)
+        loaded = RolloutTrace.load(recorded(trace))
         result = replay_sweep(
             loaded,
-            RolloutTrace.load(pool) if pool else None,
+            RolloutTrace.load(recorded(pool)) if pool else None,
             work,
             drafter=drafter,
             max_draft_tokens=max_draft_tokens,

@@ -12,7 +12,10 @@ from .common import bench_app, console, reported, write_json
 
 @bench_app.command("project")
 def bench_project(
-    run: Path = typer.Argument(..., help="A run folder of srt-agent train, or a verl trainer.rollout_data_dir."),
+    run: Path = typer.Argument(
+        ...,
+        help="A run folder of srt-agent train, a rollout trace or a shipped trace's name (retool_long), or a verl trainer.rollout_data_dir.",
+    ),
     device: str = typer.Option("H100", help="The GPU to project onto: H100, H200, A100 or L40S."),
     model: Path | None = typer.Option(None, help="The model shape: a Hugging Face config.json (default Qwen2.5-1.5B)."),
     tokenizer: str | None = typer.Option(

@@ -10,6 +10,7 @@ the trees, and the figures the replay is checked against (forwards and accepted 
 from __future__ import annotations
 
 import json
+import lzma
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -100,15 +101,18 @@ class RolloutTrace:
     steps: list[TracedStep] = field(default_factory=list)
 
     def save(self, path: str | Path) -> Path:
+        """Write the trace as JSON (xz-compressed where `path` ends in ``.xz``)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self)))
+        data = json.dumps(asdict(self)).encode()
+        path.write_bytes(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME) if path.suffix == ".xz" else data)
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> RolloutTrace:
         try:
-            data = json.loads(Path(path).read_text())
+            raw = Path(path).read_bytes()
+            data = json.loads(lzma.decompress(raw) if Path(path).suffix == ".xz" else raw)
             steps = [
                 TracedStep(
                     s["step"],
@@ -124,7 +128,7 @@ class RolloutTrace:
                 for s in data.pop("steps")
             ]
             return cls(**data, steps=steps)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, lzma.LZMAError) as exc:
             raise ValueError(f"{path} is not a rollout trace: {exc}") from None
 
 
