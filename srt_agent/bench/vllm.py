@@ -40,6 +40,7 @@ PAIRS = (
     ("vllm:srt", "vllm:ngram"),
     ("vllm:none", "vllm:stock"),
 )
+DEFAULT_VLLM_METHODS = ("vllm:none", "vllm:suffix", "vllm:srt")  # what `bench vllm` runs without --method or --all
 DRAWS = 2000  # bootstrap draws per interval
 
 

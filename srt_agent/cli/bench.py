@@ -245,16 +245,22 @@ def bench_vllm(
         Path("envs/retool_train.yaml"), "--env", help="Env config (YAML) whose RL steps are measured."
     ),
     batch: list[int] = typer.Option(
-        [16, 1], "--batch", min=1, help="Sequences each engine runs at once (one RL run per value)."
+        [],
+        "--batch",
+        min=1,
+        help="Sequences each engine runs at once, one RL run per value (default 16; --all: 16 and 1).",
     ),
     method: list[str] = typer.Option(
         [],
         "--method",
-        help="Methods (default: all): vllm:none, vllm:stock (vLLM's own sampler), vllm:ngram, vllm:suffix, "
-        "vllm:srt, vllm:srt+ahead (SRT with run-ahead), engine:none, engine:srt.",
+        help="Methods (default: vllm:none, vllm:suffix, vllm:srt; --all: every one): vllm:none, vllm:stock (vLLM's "
+        "own sampler), vllm:ngram, vllm:suffix, vllm:srt, vllm:srt+ahead (SRT with run-ahead), engine:none, engine:srt.",
     ),
-    steps: int = typer.Option(
-        8, min=1, help="RL steps per run (the units the 95% intervals resample: fewer steps, wider intervals)."
+    everything: bool = typer.Option(False, "--all", help="Every method at batch 16 and 1, 8 steps: hours on 2 cores."),
+    steps: int | None = typer.Option(
+        None,
+        min=1,
+        help="RL steps per run, the units the 95% intervals resample: fewer steps, wider intervals (default 4; --all 8).",
     ),
     prompts: int = typer.Option(4, min=1, help="Prompts per step."),
     samples: int = typer.Option(
@@ -270,13 +276,14 @@ def bench_vllm(
 ):
     """vLLM (none, stock, ngram, suffix, SRT as its proposer) and our engine (none, SRT) in the same RL steps,
     each ratio with a 95% paired bootstrap interval over the steps."""
-    from ..bench.vllm import VLLM_METHODS, VLLMBenchConfig, plot_vllm, run_vllm_bench, vllm_table
+    from ..bench.vllm import DEFAULT_VLLM_METHODS, VLLM_METHODS, VLLMBenchConfig, plot_vllm, run_vllm_bench, vllm_table
 
     preload_for_vllm()
+    steps = steps or (8 if everything else 4)
     config = VLLMBenchConfig(
         env=str(env_file),
-        batches=tuple(batch),
-        methods=tuple(method) if method else tuple(m.name for m in VLLM_METHODS),
+        batches=tuple(batch) or ((16, 1) if everything else (16,)),
+        methods=tuple(method) or (tuple(m.name for m in VLLM_METHODS) if everything else DEFAULT_VLLM_METHODS),
         steps=steps,
         prompts_per_step=prompts,
         samples=samples,
@@ -287,7 +294,8 @@ def bench_vllm(
     )
     plan = (
         f"batch {', '.join(map(str, config.batches))}: {config.steps} RL steps each of {prompts} prompts × n = "
-        f"{samples}, methods {', '.join(config.methods)}; about an hour per batch size on 2 cores, estimated"
+        f"{samples}, methods {', '.join(config.methods)}; "
+        + ("about an hour per batch size on 2 cores, estimated" if everything else "about 10 minutes on 2 cores")
     )
     with (
         reported(),
