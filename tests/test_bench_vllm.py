@@ -133,8 +133,10 @@ def test_n_reaches_the_bench_config(monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "run_vllm_bench", fake_run)
     result = CliRunner().invoke(app, ["bench", "vllm", "--n", "8", "--batch", "16"])
     assert result.exit_code == 0, result.output
-    assert seen[-1].samples == 8 and seen[-1].steps == 8  # the CLI's default: 8 steps
-    assert "vllm:stock" in seen[-1].methods
+    assert seen[-1].samples == 8 and seen[-1].steps == 4  # the CLI's default: 4 steps …
+    assert seen[-1].methods == ("vllm:none", "vllm:suffix", "vllm:srt") and seen[-1].batches == (16,)
+    result = CliRunner().invoke(app, ["bench", "vllm", "--all"])  # … every method, batch 16 and 1, 8 steps
+    assert "vllm:stock" in seen[-1].methods and seen[-1].batches == (16, 1) and seen[-1].steps == 8
     result = CliRunner().invoke(app, ["bench", "vllm", "--samples", "2", "--steps", "3"])  # the earlier name
     assert result.exit_code == 0 and seen[-1].samples == 2 and seen[-1].steps == 3
     assert bench.bench_env(VLLMBenchConfig(env=str(_tiny_env(tmp_path)), samples=8), 16).n_samples == 8

@@ -69,3 +69,34 @@ def test_a_trace_records_drafting_host_time_from_every_backends_speculation_figu
     step = book.traces["srt"].steps[0]
     assert (step.draft_s, step.bookkeeping_s) == (0.75, 0.25)
     assert host_s_per_row(book.traces["srt"]) is None  # no forwards recorded: nothing to divide by
+
+
+def test_a_step_time_splits_into_speed_at_equal_load_and_work():
+    """Ours ran 16 sequences at half their speed, and a tail of 1 sequence they never ran: that tail is counted
+    at our own speed, the 16-row steps at theirs."""
+    from srt_agent.engine.tail import TailStats, at_their_speed
+
+    ours, theirs = TailStats(), TailStats()
+    ours.count(16, 2.0, 100)  # 50 tok/s at 16 running
+    ours.count(1, 1.0, 10)
+    theirs.count(16, 1.0, 100)  # 100 tok/s at 16 running
+    theirs.count(16, 0.5, 50)
+    assert at_their_speed(ours.as_dict(), theirs.as_dict()) == 100 / (150 / 1.5) + 1.0
+    assert at_their_speed(ours.as_dict(), TailStats().as_dict()) is None
+
+
+def test_a_slower_step_splits_into_speed_work_and_the_rest():
+    metrics = {
+        "step": 2.0,
+        "timing_s/gen": 10.0,
+        "compare/none/gen_s": 7.0,
+        "compare/none/step_s": 6.0,
+        "compare/none/ours_step_s": 9.0,
+        "compare/none/ours_at_their_speed_s": 8.5,
+        "compare/none/identical": 0.25,
+        "srt/draft_host_s": 0.1,
+        "srt/rejected_s": 0.2,
+    }
+    line = slower_line(metrics, "srt", "none")
+    assert "3.0 s longer than none" in line and "speed +0.50 s" in line and "work +2.50 s" in line
+    assert "25% of trajectories identical" in line and "the rest +0.00 s" in line and "host 0.10 s" in line

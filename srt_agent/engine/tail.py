@@ -8,7 +8,7 @@ caller's sequences running in it (run-ahead rows and requests waiting on a tool 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 TAIL_SEQUENCES = 4  # a step with at most this many sequences running is in the tail
 
@@ -23,11 +23,16 @@ class TailStats:
     tail_s: float = 0.0
     tail_tokens: int = 0
     tail_steps: int = 0
+    # per number of sequences running (a str, as JSON keys are): the steps' seconds and generated tokens
+    by_running: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def count(self, running: int, seconds: float, tokens: int) -> None:
         """One step that ran `running` sequences for `seconds` and gave them `tokens` new tokens."""
         if running <= 0:
             return
+        load = self.by_running.setdefault(str(running), {"s": 0.0, "tokens": 0})
+        load["s"] += seconds
+        load["tokens"] += tokens
         self.step_s += seconds
         self.step_tokens += tokens
         self.steps += 1
@@ -38,6 +43,22 @@ class TailStats:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def at_their_speed(ours: dict, theirs: dict) -> float | None:
+    """The seconds our steps' tokens would have taken at their steps' speed with as many sequences running
+    (our own seconds where they never ran that many), from two `TailStats.as_dict` (or differences): beside
+    both step times it splits a difference into speed (ours − this) and work (this − theirs: other tokens,
+    or a longer tail). None where either counted no load."""
+    mine, other = ours.get("by_running") or {}, theirs.get("by_running") or {}
+    if not mine or not other:
+        return None
+    total = 0.0
+    for running, load in mine.items():
+        their = other.get(running)
+        speed = their["tokens"] / their["s"] if their and their["tokens"] and their["s"] > 0 else None
+        total += load["tokens"] / speed if speed else load["s"]
+    return total
 
 
 def tail_figures(tail: dict) -> dict[str, float | None]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ..agent.rollout import RolloutSummary, summarize
 from ..agent.trajectory import Trajectory
-from ..engine.tail import tail_figures
+from ..engine.tail import at_their_speed, tail_figures
 from .batch import Sample
 from .evaluate import bootstrap_statistic, tool_use_report
 from .rollouts import RolloutRun
@@ -161,8 +161,14 @@ def step_figures(runs: Sequence[RolloutRun], reference: Sequence[RolloutRun] | N
 
 
 def _added(stats: Sequence[dict]) -> dict:
-    """Flat dicts of numbers added key by key; {} for none."""
-    return {k: sum(s[k] for s in stats) for k in stats[0]} if stats else {}
+    """Dicts of numbers added key by key (nested dicts too; a key some lack counts as zero there); {} for none."""
+    keys = dict.fromkeys(k for s in stats for k in s)
+    return {
+        k: _added([s[k] for s in stats if k in s])
+        if any(isinstance(s.get(k), dict) for s in stats)
+        else sum(s.get(k, 0) for s in stats)
+        for k in keys
+    }
 
 
 def _summed(stats: Sequence[dict]) -> dict:
@@ -251,7 +257,21 @@ def compare_metrics(name: str, main: Sequence[RolloutRun], runs: Sequence[Rollou
     }
     out.update({f"compare/{name}/{k}": v for k, v in _run_ahead_metrics(theirs.run_ahead, wall).items()})
     out.update(_tail_metrics(theirs.tail, f"compare/{name}"))
+    out.update(_load_metrics(ours.tail, theirs.tail, f"compare/{name}"))
     return out
+
+
+def _load_metrics(ours: dict, theirs: dict, prefix: str) -> dict[str, float]:
+    """Both variants' engine step seconds, and ours at their speed with as many sequences running
+    (`at_their_speed`): what splits a slower step into speed and work."""
+    at = at_their_speed(ours, theirs) if ours and theirs else None
+    if at is None:
+        return {}
+    return {
+        f"{prefix}/step_s": theirs["step_s"],
+        f"{prefix}/ours_step_s": ours["step_s"],
+        f"{prefix}/ours_at_their_speed_s": at,
+    }
 
 
 def speed_totals(history: Sequence[dict[str, float]], compared: Sequence[str]) -> dict:

@@ -298,17 +298,32 @@ def write_report(out_dir: Path, report: dict) -> dict[str, Path]:
 
 
 def slower_line(metrics: dict[str, float], drafter: str, name: str) -> str | None:
-    """Where `drafter`'s extra generation time over compared variant `name` went in a step it was slower: host
-    time drafting, verifying drafts that were rejected, and the rest (None when it was not slower)."""
+    """Where `drafter`'s extra generation time over compared variant `name` went in a step it was slower (None
+    when it was not). Where both counted their engine steps by sequences running: speed (our steps against
+    theirs with as many sequences running: host drafting and rejected drafts within it), work (our tokens
+    and tail, at their speed, against theirs: other trajectories) and the rest (tool waits, scheduling);
+    else host drafting, rejected drafts and the rest."""
     theirs, ours = metrics.get(f"compare/{name}/gen_s"), metrics.get("timing_s/gen")
     if theirs is None or ours is None or ours <= theirs:
         return None
     extra = ours - theirs
     host, rejected = metrics.get("srt/draft_host_s", 0.0), metrics.get("srt/rejected_s", 0.0)
-    return (
-        f"[yellow]step {metrics['step']:.0f}: {drafter} generated {extra:.1f} s longer than {name} "
-        f"({ours:.1f} s vs {theirs:.1f} s): drafting on the host {host:.2f} s, verifying rejected drafts "
-        f"{rejected:.2f} s ({metrics.get('srt/rejected_tokens', 0):.0f} tokens), the rest {extra - host - rejected:.2f} s[/yellow]"
+    drafting = (
+        f"drafting on the host {host:.2f} s, verifying rejected drafts {rejected:.2f} s "
+        f"({metrics.get('srt/rejected_tokens', 0):.0f} tokens)"
+    )
+    head = f"[yellow]step {metrics['step']:.0f}: {drafter} generated {extra:.1f} s longer than {name} ({ours:.1f} s vs {theirs:.1f} s): "
+    at = metrics.get(f"compare/{name}/ours_at_their_speed_s")
+    if at is None:
+        return head + f"{drafting}, the rest {extra - host - rejected:.2f} s[/yellow]"
+    speed = metrics[f"compare/{name}/ours_step_s"] - at
+    work = at - metrics[f"compare/{name}/step_s"]
+    identical = metrics.get(f"compare/{name}/identical")
+    same = f", {identical:.0%} of trajectories identical" if identical is not None else ""
+    return head + (
+        f"speed {speed:+.2f} s (its steps against {name}'s with as many sequences running; {drafting}), "
+        f"work {work:+.2f} s (other tokens or a longer tail at {name}'s speed{same}), "
+        f"the rest {extra - speed - work:+.2f} s[/yellow]"
     )
 
 

@@ -259,5 +259,7 @@ def window_prompt(controller: MultiTurnController, task: Task, upcoming: bool = 
 
 
 def stats_delta(before: dict, after: dict) -> dict:
-    """`after - before` for every number (nested dicts too)."""
-    return {k: stats_delta(before[k], v) if isinstance(v, dict) else v - before[k] for k, v in after.items()}
+    """`after - before` for every number (nested dicts too; what `before` lacks counts as zero)."""
+    return {
+        k: stats_delta(before.get(k, {}), v) if isinstance(v, dict) else v - before.get(k, 0) for k, v in after.items()
+    }
