@@ -147,44 +147,44 @@ class PolicyRollouts:
         """Whether one of the backends runs on `loaded`'s module (our engine does; vLLM loads its own copy)."""
         return any(self.backend(name).capabilities.serves_module for name in self.controllers)
 
-    def backend(self, drafter: str) -> RolloutBackend:
-        """Variant `drafter`'s rollout backend."""
-        return self.controllers[drafter].engine
+    def backend(self, variant: str) -> RolloutBackend:
+        """The rollout backend of `variant` (a variant's name)."""
+        return self.controllers[variant].engine
 
     def run(
         self,
-        drafter: str,
+        variant: str,
         tasks: Sequence[Task],
         n_samples: int,
         seed: int,
         on_done: Callable[[Trajectory], None] | None = None,
         upcoming: Sequence[Task] | None = None,
     ) -> RolloutRun:
-        """`n_samples` multi-turn rollouts of every task with variant `drafter`'s engine, seeded by `seed`.
+        """`n_samples` multi-turn rollouts of every task with `variant`'s engine, seeded by `seed`.
 
         Given `upcoming` (and run-ahead options), the variant runs ahead meanwhile: its window holds
         `tasks` (while their groups run) and `upcoming`."""
-        ahead = self.variants[drafter].run_ahead is not None and upcoming is not None
-        if drafter in self.shared:
-            self.backend(drafter).forget_prefixes()
-        cost, settings = self.backend(drafter).step_costs()
-        stats_before = self.engine_stats(drafter)
+        ahead = self.variants[variant].run_ahead is not None and upcoming is not None
+        if variant in self.shared:
+            self.backend(variant).forget_prefixes()
+        cost, settings = self.backend(variant).step_costs()
+        stats_before = self.engine_stats(variant)
         if ahead:
-            before = self.run_ahead_stats(drafter)
-            self.open_run_ahead(drafter, tasks, upcoming)
+            before = self.run_ahead_stats(variant)
+            self.open_run_ahead(variant, tasks, upcoming)
         try:
-            controller = self.controllers[drafter]
+            controller = self.controllers[variant]
             source = controller.config.episode_source()
             trajectories, summary = source.run(controller, self.loaded, tasks, n_samples, seed, on_done)
         finally:
-            written = self.close_run_ahead(drafter) if ahead else []
+            written = self.close_run_ahead(variant) if ahead else []
         run = RolloutRun(
-            drafter, trajectories, summary, list(tasks), run_ahead_written=written, cost=cost, settings=settings
+            variant, trajectories, summary, list(tasks), run_ahead_written=written, cost=cost, settings=settings
         )
         if ahead:
-            run.run_ahead = stats_delta(before, self.run_ahead_stats(drafter))
-        stats_after = self.engine_stats(drafter)
-        run.cost_after = self.backend(drafter).step_costs()[0]
+            run.run_ahead = stats_delta(before, self.run_ahead_stats(variant))
+        stats_after = self.engine_stats(variant)
+        run.cost_after = self.backend(variant).step_costs()[0]
         for key in ("tail", "speculation"):
             if key in stats_before and key in stats_after:
                 setattr(run, key, stats_delta(stats_before[key], stats_after[key]))
@@ -192,27 +192,27 @@ class PolicyRollouts:
         return run
 
     def open_run_ahead(
-        self, drafter: str, current: Sequence[Task], upcoming: Sequence[Task], phase: str = "rollout"
+        self, variant: str, current: Sequence[Task], upcoming: Sequence[Task], phase: str = "rollout"
     ) -> None:
-        """Open variant `drafter`'s run-ahead window: `current` tasks (served while their groups run) and
+        """Open `variant`'s run-ahead window: `current` tasks (served while their groups run) and
         `upcoming` ones (a prompt in both counts as upcoming)."""
-        controller = self.controllers[drafter]
+        controller = self.controllers[variant]
         ahead = {t.key for t in upcoming}
         prompts = [window_prompt(controller, t, upcoming=False) for t in current if t.key not in ahead]
         prompts += [window_prompt(controller, t, upcoming=True) for t in {t.key: t for t in upcoming}.values()]
-        self._run_ahead(drafter).open(prompts, phase)
+        self._run_ahead(variant).open(prompts, phase)
 
-    def close_run_ahead(self, drafter: str) -> list[tuple]:
+    def close_run_ahead(self, variant: str) -> list[tuple]:
         """Close the window; returns what it wrote into the trees: (prompt key, context, tokens) per sequence."""
-        return self._run_ahead(drafter).close()
+        return self._run_ahead(variant).close()
 
-    def run_ahead_stats(self, drafter: str) -> dict:
-        return self._run_ahead(drafter).stats()
+    def run_ahead_stats(self, variant: str) -> dict:
+        return self._run_ahead(variant).stats()
 
-    def _run_ahead(self, drafter: str) -> RunAheadControl:
-        control = self.backend(drafter).run_ahead
+    def _run_ahead(self, variant: str) -> RunAheadControl:
+        control = self.backend(variant).run_ahead
         if control is None:
-            raise ValueError(f"variant {drafter!r} runs no run-ahead (its backend: {self.backend(drafter).name})")
+            raise ValueError(f"variant {variant!r} runs no run-ahead (its backend: {self.backend(variant).name})")
         return control
 
     def update_weights(self, weights: dict[str, torch.Tensor], module: bool = True) -> float:
@@ -240,12 +240,12 @@ class PolicyRollouts:
         trees = {name: self.backend(name).trees() for name in self.controllers}
         return {name: cache for name, cache in trees.items() if cache is not None}
 
-    def restore_cache(self, drafter: str, cache: RolloutCache) -> None:
-        """Put saved trees back into a drafter (on resume)."""
-        self.backend(drafter).restore_trees(cache)
+    def restore_cache(self, variant: str, cache: RolloutCache) -> None:
+        """Put saved trees back into a variant (on resume)."""
+        self.backend(variant).restore_trees(cache)
 
-    def engine_stats(self, drafter: str) -> dict:
-        return self.backend(drafter).stats()
+    def engine_stats(self, variant: str) -> dict:
+        return self.backend(variant).stats()
 
     def close(self) -> None:
         for controller in self.controllers.values():
