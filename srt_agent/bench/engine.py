@@ -154,18 +154,8 @@ def workload(config: EngineBenchConfig, prompts: list[list[int]], batch: int, ep
 
 def open_engine(loaded, config, method, batch, max_context) -> Engine:
     """A fresh engine with drafter `method` at batch size `batch` (it calibrates its cost model)."""
-    return Engine(
-        loaded,
-        EngineOptions(
-            drafter=method,
-            device=config.device,
-            max_batch=batch,
-            max_context=max_context,
-            max_draft_tokens=config.max_draft_tokens,
-            adaptive_drafts=config.adaptive_drafts,
-            batch_invariant=config.batch_invariant,
-        ),
-    )
+    knobs = {k: getattr(config, k) for k in ("device", "max_draft_tokens", "adaptive_drafts", "batch_invariant")}
+    return Engine(loaded, EngineOptions(drafter=method, max_batch=batch, max_context=max_context, **knobs))
 
 
 def run_epoch(engine: Engine, loaded, config, method, batch, prompts, epoch, report) -> dict:
