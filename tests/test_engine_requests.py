@@ -365,6 +365,8 @@ def test_the_tail_counts_the_steps_with_few_sequences_running(tiny_llama):
     assert tail["tail_steps"] == max(lengths) - 4
     assert tail["tail_tokens"] == sum(lengths) - 6 * 2 - 5 * 2
     assert 0 < tail["tail_s"] < tail["step_s"]
+    by_running = {r: load["tokens"] for r, load in tail["by_running"].items()}
+    assert by_running == {"6": 12, "5": 10, "4": 8, "3": 6, "2": 4, "1": 2}  # two steps at each count
 
 
 def test_a_prompt_takes_the_token_ids_the_trees_take():

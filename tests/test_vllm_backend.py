@@ -260,13 +260,18 @@ def test_run_ahead_is_refused_without_trees_and_in_the_update_bubble(model_dir, 
 
 def test_the_tail_counts_the_sequences_vllm_ran_not_those_it_queued(narrow):
     """Five requests on a vLLM running two at a time: every step ran at most 2, so all of it is the tail,
-    and every generated token is counted once."""
+    every generated token is counted once, and the steps by sequences running say so too."""
     params = SamplingParams(temperature=1.0, max_tokens=6, seed=3, ignore_eos=True)
     before = narrow.stats()["tail"]
     outs = generate(narrow, [PROMPTS[0]] * 5, params, prefix="tail-")
-    tail = {k: v - before[k] for k, v in narrow.stats()["tail"].items()}
+    after = narrow.stats()["tail"]
+    tail = {k: v - before[k] for k, v in after.items() if k != "by_running"}
     assert tail["step_tokens"] == tail["tail_tokens"] == sum(len(o.token_ids) for o in outs) == 30
     assert tail["tail_steps"] == tail["steps"] >= 15 and tail["tail_s"] == pytest.approx(tail["step_s"])
+    loads = {
+        r: load["tokens"] - before["by_running"].get(r, {}).get("tokens", 0) for r, load in after["by_running"].items()
+    }
+    assert set(r for r, tokens in loads.items() if tokens) <= {"1", "2"} and sum(loads.values()) == 30
 
 
 def test_forced_tokens_of_a_second_turn_are_context(backend, tiny):
