@@ -167,8 +167,14 @@ class EngineConfig(Strict):
     @field_validator("drafter")
     @classmethod
     def _known_drafter(cls, value: str) -> str:
-        from ..drafting import DRAFTERS
+        return checked_drafters([value])[0]
 
-        if value not in DRAFTERS:
-            raise DRAFTERS.unknown(value)
-        return value
+
+def checked_drafters(names: list[str]) -> list[str]:
+    """`names`, or a ValueError naming the first that no drafter is registered under."""
+    from ..drafting import DRAFTERS
+
+    for name in names:
+        if name not in DRAFTERS:
+            raise DRAFTERS.unknown(name)
+    return names

@@ -18,22 +18,12 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from ..drafting.registry import DRAFTERS
 from ..drafting.trees.budget import TreeBudget, tree_budget
 from .algorithm_registry import AdvantageEstimator, get_adv_estimator, get_policy_loss
-from .engine_config import EngineConfig
+from .engine_config import EngineConfig, checked_drafters
 from .source_registry import EnvSource, episode_source, names_source, task_source
 from .strict import ConfigError, Strict, import_dotted
 from .tasks import Task
-
-
-def checked_drafters(names: list[str]) -> list[str]:
-    """`names`, or a ValueError naming the first that no drafter is registered under."""
-    for name in names:
-        if name not in DRAFTERS:
-            raise DRAFTERS.unknown(name)
-    return names
-
 
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean")
 KL_PENALTIES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
